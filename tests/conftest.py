@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny seeded ViTs, checkpoints written to tmp folders, generated images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from vit_explorer.models.checkpoint import CONFIG_KEY
+from vit_explorer.vit import ViT
+
+TINY = {"image_size": 64, "patch_size": 16, "num_classes": 5, "dim": 32, "depth": 3, "heads": 4, "dim_head": 8, "mlp_dim": 64}
+CLI_MODEL = {"image_size": 256, "patch_size": 16, "num_classes": 4, "dim": 32, "depth": 6, "heads": 4, "dim_head": 8, "mlp_dim": 64}
+
+
+def make_vit(config: dict, seed: int = 0) -> ViT:
+    torch.manual_seed(seed)
+    return ViT(**config).eval()
+
+
+def write_checkpoint(path: Path, config: dict, seed: int = 0, labels: list[str] | None = None) -> Path:
+    """A safetensors checkpoint of a seeded random ViT with its config embedded."""
+    model = make_vit(config, seed)
+    meta = {"vit": config, "labels": labels or [f"thing {i}" for i in range(config["num_classes"])]}
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata={CONFIG_KEY: json.dumps(meta)})
+    return path
+
+
+def photo(size: tuple[int, int] = (96, 80), seed: int = 0) -> Image.Image:
+    """A smooth random RGB picture of ``size`` (width, height)."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    return Image.fromarray(coarse).resize(size, Image.Resampling.BICUBIC)
+
+
+@pytest.fixture
+def tiny_vit() -> ViT:
+    return make_vit(TINY)
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path: Path) -> Path:
+    return write_checkpoint(tmp_path / "tiny.safetensors", TINY)
+
+
+@pytest.fixture
+def image_file(tmp_path: Path) -> Path:
+    path = tmp_path / "photo.png"
+    photo().save(path)
+    return path

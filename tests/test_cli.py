@@ -1,0 +1,66 @@
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import CLI_MODEL, photo, write_checkpoint
+from test_images import encoded, png_header_claiming
+from vit_explorer.cli import main
+
+
+@pytest.fixture
+def cli_checkpoint(tmp_path):
+    return write_checkpoint(tmp_path / "six-layers.safetensors", CLI_MODEL)
+
+
+def test_analyze_writes_the_three_files_and_prints_only_progress(tmp_path, cli_checkpoint):
+    image = tmp_path / "input.png"
+    photo((256, 256)).save(image)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "vit_explorer.cli", "analyze", str(image), "--model", str(cli_checkpoint), "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr
+    assert sorted(path.name for path in out.iterdir()) == ["attention.npz", "heads.png", "rollout.png"]
+    saved = np.load(out / "attention.npz")
+    assert saved["attentions"].shape == (6, 4, 257, 257)
+    assert saved["grid"].tolist() == [16, 16] and int(saved["num_prefix_tokens"]) == 1
+    assert saved["labels"].tolist() == [f"thing {i}" for i in range(4)]
+    np.testing.assert_allclose(saved["probs"].sum(), 1.0, rtol=1e-5)
+    heads = Image.open(out / "heads.png")
+    assert heads.width > 4 * 64 and heads.height > 6 * 64  # 6 rows × 4 columns of tiles plus labels
+    assert Image.open(out / "rollout.png").mode == "RGB"
+
+
+BAD_INPUTS = {
+    "missing": None,
+    "not-an-image.png": b"<html><body>hello</body></html>",
+    "truncated.jpg": encoded(photo((256, 256)), "JPEG")[:900],
+    "bomb.png": png_header_claiming(50_000, 50_000),
+    "sliver.png": encoded(Image.new("RGB", (4000, 3)), "PNG"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_images_give_one_line_and_no_output_folder(tmp_path, capsys, name, cli_checkpoint):
+    path = tmp_path / name
+    if BAD_INPUTS[name] is not None:
+        path.write_bytes(BAD_INPUTS[name])
+    out = tmp_path / "out"
+    assert main(["analyze", str(path), "--model", str(cli_checkpoint), "--out", str(out)]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("vit-explorer: error:") and name in error[0]
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".vit-explorer-")] == []
+
+
+def test_unknown_model_spec_is_one_line(tmp_path, capsys, image_file):
+    assert main(["analyze", str(image_file), "--model", "nonsense", "--out", str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].startswith("vit-explorer: error: unknown model spec 'nonsense'")
+    assert not (tmp_path / "out").exists()

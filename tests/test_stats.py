@@ -1,0 +1,39 @@
+import numpy as np
+import pytest
+
+from vit_explorer.layout import TokenLayout
+from vit_explorer.stats import attention_entropy, mean_attention_distance, patch_distances, prefix_share
+
+LAYOUT = TokenLayout(("cls",), (3, 3), (16, 16))
+
+
+def attention_with(rows: np.ndarray) -> np.ndarray:
+    return rows[None, None]  # [1 layer, 1 head, n, n]
+
+
+def test_entropy_is_zero_for_one_hot_and_log_n_for_uniform():
+    n = LAYOUT.num_tokens
+    assert attention_entropy(attention_with(np.eye(n)))[0, 0] == pytest.approx(0.0, abs=1e-6)
+    assert attention_entropy(attention_with(np.full((n, n), 1 / n)))[0, 0] == pytest.approx(np.log(n), rel=1e-5)
+
+
+def test_mean_distance_is_zero_for_self_attention_and_in_pixels_otherwise():
+    n = LAYOUT.num_tokens
+    assert mean_attention_distance(attention_with(np.eye(n)), LAYOUT)[0, 0] == pytest.approx(0.0)
+    # every patch looks only at its right neighbour (or left on the last column): 16 pixels away
+    rows = np.zeros((n, n))
+    for token in range(1, n):
+        r, c = LAYOUT.token_patch(token)
+        rows[token, LAYOUT.patch_token(r, c + 1 if c < 2 else c - 1)] = 1.0
+    rows[0, 0] = 1.0
+    assert mean_attention_distance(attention_with(rows), LAYOUT)[0, 0] == pytest.approx(16.0)
+    assert patch_distances(LAYOUT)[0, 8] == pytest.approx(np.hypot(32, 32))
+
+
+def test_prefix_share_counts_attention_on_prefix_tokens_from_patch_queries():
+    n = LAYOUT.num_tokens
+    rows = np.full((n, n), 0.5 / (n - 1))
+    rows[:, 0] = 0.5
+    assert prefix_share(attention_with(rows), LAYOUT)[0, 0] == pytest.approx(0.5)
+    no_prefix = TokenLayout((), (3, 3), (16, 16))
+    assert prefix_share(np.full((1, 1, 9, 9), 1 / 9), no_prefix)[0, 0] == 0.0

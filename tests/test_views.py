@@ -1,0 +1,63 @@
+import numpy as np
+import pytest
+
+from vit_explorer import analyze, load_model
+from vit_explorer.rollout import attention_rollout
+from vit_explorer.views import (
+    RolloutOptions, attention_map, default_query, grid_picture, head_order, head_statistic, map_picture,
+    query_rows, rollout_map, token_at,
+)
+
+
+@pytest.fixture
+def analysis(tiny_checkpoint, image_file):
+    return analyze(load_model(str(tiny_checkpoint)), image_file)
+
+
+def test_rollout_map_is_the_query_row_of_the_full_rollout(analysis):
+    options = RolloutOptions(head_fusion="max", discard_ratio=0.2, start_layer=1, residual_weight=0.4)
+    full = attention_rollout(analysis.attentions, "max", 0.2, 1, 0.4).numpy()
+    for query in (0, 5, 16):
+        np.testing.assert_allclose(rollout_map(analysis, query, options), full[query, 1:].reshape(4, 4), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(rollout_map(analysis, None, options), full[1:, 1:].mean(0).reshape(4, 4), rtol=1e-5, atol=1e-7)
+
+
+def test_query_rows_and_attention_map_read_the_right_rows(analysis):
+    rows = query_rows(analysis, 7)
+    np.testing.assert_array_equal(rows, analysis.attentions[:, :, 7, :])
+    np.testing.assert_allclose(attention_map(analysis, 7, 2, 3), analysis.attentions[2, 3, 7, 1:].reshape(4, 4))
+    np.testing.assert_allclose(attention_map(analysis, 7, 2, None), analysis.attentions[2, :, 7, 1:].mean(0).reshape(4, 4), rtol=1e-6)
+    assert query_rows(analysis, 7) is rows  # memoised on the analysis
+    assert default_query(analysis) == 0
+
+
+def test_heads_ordered_by_entropy_ascend_in_every_layer(analysis):
+    order = head_order(analysis, "entropy")
+    entropy = head_statistic(analysis, "entropy")
+    assert (np.diff(np.take_along_axis(entropy, order, axis=1), axis=1) >= 0).all()
+    assert head_order(analysis, "none").tolist() == [[0, 1, 2, 3]] * 3
+
+
+def test_grid_picture_changes_with_query_and_ordering_and_outlines_the_selected_head(analysis):
+    base, geometry, _ = grid_picture(analysis, 0)
+    assert base.shape[:2] == geometry.size_hw and (geometry.rows, geometry.cols) == (3, 4)
+    other_query, _, _ = grid_picture(analysis, 9)
+    ordered, _, order = grid_picture(analysis, 0, order_by="distance")
+    selected, _, _ = grid_picture(analysis, 0, selected=(1, 2))
+    assert not np.array_equal(base, other_query)
+    assert not np.array_equal(base, selected)
+    if not (order == np.arange(4)).all():
+        assert not np.array_equal(base, ordered)
+
+
+def test_clicks_map_to_patch_tokens(analysis):
+    assert token_at(analysis, 0, 0, (384, 384)) == 1
+    assert token_at(analysis, 383, 383, (384, 384)) == 16
+    assert token_at(analysis, 100, 300, (384, 384)) == 1 + 3 * 4 + 1
+
+
+def test_map_picture_has_a_colour_bar_and_outlines_the_query(analysis):
+    grid_map = rollout_map(analysis, 6, RolloutOptions())
+    with_query = map_picture(analysis, grid_map, cmap="viridis", overlay=True, query=6, label="rollout")
+    without = map_picture(analysis, grid_map, cmap="viridis", overlay=True, query=0, label="rollout")
+    assert with_query.shape[1] > 384 and not np.array_equal(with_query, without)

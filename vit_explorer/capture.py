@@ -1,0 +1,82 @@
+"""One forward pass with the attention of every layer captured: ``record_attention``."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from types import TracebackType
+
+import torch
+from torch import nn
+
+from .models import adapter_for
+from .models.base import CaptureAdapter, LoadedModel
+
+
+class AttentionRecorder:
+    """Context manager that keeps capture attached for repeated forward passes.
+
+    ``with AttentionRecorder(model) as record: logits, attentions = record(images)`` — hooks (and
+    any fused-attention switch) are in place inside the block only and are undone on exit, also when
+    a forward pass raises. Outside ``keep_graph`` the passes run under ``torch.inference_mode``.
+    """
+
+    def __init__(self, model: nn.Module | LoadedModel, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False) -> None:
+        self.module = model.module if isinstance(model, LoadedModel) else model
+        if adapter is None:
+            adapter = model.adapter if isinstance(model, LoadedModel) else adapter_for(self.module)
+        self.adapter = adapter
+        self.keep_graph = keep_graph
+        self._sink: dict[int, torch.Tensor] = {}
+        self._stack: ExitStack | None = None
+        self._forward = None
+
+    def __enter__(self) -> AttentionRecorder:
+        self._stack = ExitStack()
+        try:
+            self._forward = self._stack.enter_context(self.adapter.attached(self.module, self._sink))
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        assert self._stack is not None
+        self._forward = None
+        self._sink.clear()
+        self._stack.close()
+
+    def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pixels ``[b, 3, H, W]`` → logits ``[b, classes]`` and attentions ``[b, layers, heads, n, n]``."""
+        if self._forward is None:
+            raise RuntimeError("AttentionRecorder is called outside its `with` block")
+        self._sink.clear()
+        try:
+            if self.keep_graph:
+                logits = self._forward(images)
+            else:
+                with torch.inference_mode():
+                    logits = self._forward(images)
+            if not self._sink:
+                raise RuntimeError(
+                    f"{type(self.adapter).__name__} captured no attention maps from {type(self.module).__name__}: "
+                    "its attention does not run through the hooked modules"
+                )
+            layers = sorted(self._sink)
+            assert layers == list(range(len(layers))), f"captured layers {layers} are not 0…{len(layers) - 1}"
+            attentions = torch.stack([self._sink[layer] for layer in layers], dim=1)  # [b, layers, heads, n, n]
+        finally:
+            self._sink.clear()
+        return logits, attentions
+
+
+def record_attention(
+    model: nn.Module | LoadedModel, images: torch.Tensor, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``model`` once on ``images`` ``[b, 3, H, W]`` and capture softmax(q·kᵀ/√d) of every layer.
+
+    Returns logits ``[b, classes]`` and attentions ``[b, layers, heads, n, n]`` in layer order, each row
+    a probability distribution over the n keys. Hooks are removed before this returns or raises.
+    ``keep_graph=True`` keeps the maps in the autograd graph (for gradient-based maps).
+    """
+    with AttentionRecorder(model, adapter=adapter, keep_graph=keep_graph) as record:
+        return record(images)

@@ -1,0 +1,107 @@
+"""``vit-explorer``: analyze an image to files, serve the app, or train the embedded model."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import VitExplorerError
+from .models import DEFAULT_MODEL
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_analyze(args: argparse.Namespace) -> None:
+    from . import export, views
+    from .analysis import analyze
+    from .images import load_image
+    from .models import load_model
+
+    image = load_image(args.image)  # fail on a bad file before anything is written or loaded
+    progress(f"loading {args.model}")
+    model = load_model(args.model)
+    progress(f"analysing {args.image}")
+    analysis = analyze(model, image, name=str(args.image))
+    out = Path(args.out)
+    # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".vit-explorer-", dir=out.parent))
+    try:
+        options = views.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
+        export.write_views(analysis, staging, options=options, cmap=args.cmap)
+        out.mkdir(exist_ok=True)
+        for path in staging.iterdir():
+            path.replace(out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    top = analysis.top_k(1)[0]
+    progress(f"top prediction: {top.label} ({top.prob:.1%}); wrote rollout.png, heads.png, attention.npz to {out}")
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    from .app import serve
+
+    serve(model_spec=args.model, host=args.host, port=args.port, share=args.share, open_browser=not args.no_browser)
+
+
+def run_train_default(args: argparse.Namespace) -> None:
+    from .train import train_default
+
+    figures = train_default(Path(args.out), seed=args.seed, steps=args.steps)
+    progress(f"wrote {args.out}: held-out accuracy {figures['heldout_accuracy']:.1%}")
+
+
+def parser() -> argparse.ArgumentParser:
+    from .models.builtin import ASSETS
+
+    main = argparse.ArgumentParser(prog="vit-explorer", description="See what a Vision Transformer looks at. Without a command: serve the app.")
+    commands = main.add_subparsers(dest="command")
+
+    analyze = commands.add_parser("analyze", help="write rollout.png, heads.png and attention.npz for one image")
+    analyze.add_argument("image", help="image file")
+    analyze.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
+    analyze.add_argument("--out", required=True, help="output folder")
+    analyze.add_argument("--head-fusion", default="mean", choices=["mean", "max", "min"])
+    analyze.add_argument("--discard-ratio", type=float, default=0.0)
+    analyze.add_argument("--start-layer", type=int, default=0)
+    analyze.add_argument("--residual-weight", type=float, default=0.5)
+    analyze.add_argument("--cmap", default="inferno")
+    analyze.set_defaults(run=run_analyze)
+
+    serve = commands.add_parser("serve", help="start the web app on this machine")
+    serve.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=7860)
+    serve.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
+    serve.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
+    serve.set_defaults(run=run_serve)
+
+    train = commands.add_parser("train-default", help="train the embedded shapes model")
+    train.add_argument("--out", default=str(ASSETS / "shapes.safetensors"))
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--steps", type=int, default=2000)
+    train.set_defaults(run=run_train_default)
+    return main
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parser().parse_args(argv)
+    if arguments.command is None:
+        arguments = parser().parse_args(["serve", *(argv or [])])
+    try:
+        arguments.run(arguments)
+    except VitExplorerError as error:
+        print(f"vit-explorer: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

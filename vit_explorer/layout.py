@@ -1,0 +1,79 @@
+"""Where each token of a ViT sequence sits: prefix tokens first, then the patch grid row by row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """The token layout of one model at one input size, read from the model, never from √n.
+
+    Attributes:
+        prefix_names: names of the tokens before the patches, in order
+            (e.g. ``("cls",)``, ``("cls", "dist")``, ``("cls", "reg1", …, "reg4")``, or ``()``).
+        grid_hw: rows and columns of the patch grid.
+        patch_hw: height and width of one patch in input pixels.
+    """
+
+    prefix_names: tuple[str, ...]
+    grid_hw: tuple[int, int]
+    patch_hw: tuple[int, int]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return len(self.prefix_names)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_hw[0] * self.grid_hw[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.num_patches
+
+    @property
+    def has_class_token(self) -> bool:
+        return "cls" in self.prefix_names
+
+    @property
+    def input_hw(self) -> tuple[int, int]:
+        return (self.grid_hw[0] * self.patch_hw[0], self.grid_hw[1] * self.patch_hw[1])
+
+    def patch_token(self, row: int, col: int) -> int:
+        """The sequence index of the patch at grid position (row, col)."""
+        rows, cols = self.grid_hw
+        if not (0 <= row < rows and 0 <= col < cols):
+            raise IndexError(f"patch ({row}, {col}) is outside the {rows}×{cols} grid")
+        return self.num_prefix_tokens + row * cols + col
+
+    def token_patch(self, token: int) -> tuple[int, int] | None:
+        """Grid position of a token, or None for a prefix token."""
+        if token < self.num_prefix_tokens:
+            return None
+        return divmod(token - self.num_prefix_tokens, self.grid_hw[1])
+
+    def token_name(self, token: int) -> str:
+        patch = self.token_patch(token)
+        if patch is None:
+            return self.prefix_names[token]
+        return f"patch ({patch[0]}, {patch[1]})"
+
+    def patch_map(self, row: np.ndarray) -> np.ndarray:
+        """``[..., n]`` token weights → ``[..., grid_h, grid_w]`` weights on the patches."""
+        if row.shape[-1] != self.num_tokens:
+            raise ValueError(
+                f"expected {self.num_tokens} tokens ({self.num_prefix_tokens} prefix + "
+                f"{self.grid_hw[0]}×{self.grid_hw[1]} patches), got {row.shape[-1]}"
+            )
+        patches = row[..., self.num_prefix_tokens :]
+        return patches.reshape(*row.shape[:-1], *self.grid_hw)
+
+    def validate(self, num_tokens: int) -> None:
+        """Fail loudly when captured maps do not fit this layout (a bug in an adapter)."""
+        assert num_tokens == self.num_tokens, (
+            f"captured {num_tokens} tokens but the layout has {self.num_tokens} "
+            f"({self.prefix_names}, grid {self.grid_hw})"
+        )

@@ -1,0 +1,23 @@
+"""Models shipped in ``assets/``: ``builtin:NAME`` is ``assets/NAME.safetensors``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import VitExplorerError
+from .base import LoadedModel
+from .checkpoint import load_vit_checkpoint
+
+ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
+
+
+def builtin_names() -> list[str]:
+    return sorted(path.stem for path in ASSETS.glob("*.safetensors"))
+
+
+def load_builtin(name: str) -> LoadedModel:
+    path = ASSETS / f"{name}.safetensors"
+    if not path.is_file():
+        known = ", ".join(f"builtin:{known}" for known in builtin_names()) or "none"
+        raise VitExplorerError(f"no built-in model {name!r} (known: {known})")
+    return load_vit_checkpoint(path, name=f"builtin:{name}")

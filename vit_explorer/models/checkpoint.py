@@ -1,0 +1,115 @@
+"""Load a ViT checkpoint file: safetensors (preferred) or a weights-only ``.pt``, plus its config."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import VitExplorerError
+from .base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, Preprocess
+from .vit_pytorch import VitPytorchAdapter, build_vit
+
+CONFIG_KEY = "vit_explorer"
+
+
+def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """The tensors of a checkpoint and the config embedded in it, if any.
+
+    ``.pt``/``.pth``/``.bin`` go through ``torch.load(weights_only=True)``: a pickle that would run
+    code is refused, never executed.
+    """
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        except (SafetensorError, OSError, ValueError) as error:
+            raise VitExplorerError(f"{path}: not a readable safetensors file ({error})") from None
+        embedded = json.loads(metadata[CONFIG_KEY]) if CONFIG_KEY in metadata else None
+        return tensors, embedded
+    if path.suffix in {".pt", ".pth", ".bin"}:
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise VitExplorerError(
+                f"{path}: refused to load: the file holds Python objects other than tensors, which could run code "
+                f"({str(error).splitlines()[0]}). Re-save it as safetensors or as a plain state_dict."
+            ) from None
+        except (RuntimeError, EOFError, OSError) as error:
+            raise VitExplorerError(f"{path}: not a readable PyTorch checkpoint ({error})") from None
+        if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+            return loaded["state_dict"], loaded.get(CONFIG_KEY) or loaded.get("config")
+        if isinstance(loaded, dict) and all(isinstance(v, torch.Tensor) for v in loaded.values()):
+            return loaded, None
+        raise VitExplorerError(f"{path}: expected a state_dict (a dict of tensors), found {type(loaded).__name__}")
+    raise VitExplorerError(f"{path}: unknown checkpoint type {path.suffix!r}; use .safetensors, .pt or .pth")
+
+
+def read_config(path: Path, embedded: dict[str, Any] | None) -> dict[str, Any]:
+    """The config embedded in the checkpoint, else the JSON beside it (``NAME.json`` or ``config.json``)."""
+    if embedded is not None:
+        return embedded
+    for candidate in (path.with_suffix(".json"), path.parent / "config.json"):
+        if candidate.is_file():
+            try:
+                return json.loads(candidate.read_text())
+            except json.JSONDecodeError as error:
+                raise VitExplorerError(f"{candidate}: not valid JSON ({error})") from None
+    raise VitExplorerError(
+        f"{path}: no config found: put the ViT arguments in {path.with_suffix('.json').name} beside it, "
+        f'e.g. {{"vit": {{"image_size": 224, "patch_size": 16, "num_classes": 10, "dim": 192, "depth": 6, "heads": 3, "mlp_dim": 768}}}}'
+    )
+
+
+def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """``load_state_dict(strict=True)`` with a message naming the first parameter that does not fit."""
+    expected = module.state_dict()
+    for name, tensor in expected.items():
+        if name not in state_dict:
+            raise VitExplorerError(f"{source}: checkpoint lacks parameter {name!r} that the config's model has")
+        if state_dict[name].shape != tensor.shape:
+            raise VitExplorerError(
+                f"{source}: parameter {name!r} has shape {tuple(state_dict[name].shape)} in the checkpoint "
+                f"but {tuple(tensor.shape)} in the model its config describes"
+            )
+    extra = sorted(set(state_dict) - set(expected))
+    if extra:
+        raise VitExplorerError(f"{source}: checkpoint has parameter {extra[0]!r} that the config's model lacks")
+    module.load_state_dict(state_dict, strict=True)
+
+
+def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
+    """A ViT (vit-pytorch layout) from a checkpoint and its config."""
+    if not path.is_file():
+        raise VitExplorerError(f"model file {path} does not exist")
+    state_dict, embedded = read_state_dict(path)
+    config = read_config(path, embedded)
+    vit_config = config.get("vit", config)
+    module = build_vit(vit_config, str(path))
+    load_strict(module, state_dict, str(path))
+    module.eval()
+    labels = config.get("labels")
+    if labels is not None and len(labels) != vit_config["num_classes"]:
+        raise VitExplorerError(f"{path}: {len(labels)} labels for {vit_config['num_classes']} classes")
+    preprocess = Preprocess(
+        input_hw=module.image_size,
+        mean=tuple(config.get("mean", IMAGENET_MEAN)),
+        std=tuple(config.get("std", IMAGENET_STD)),
+        interpolation=config.get("interpolation", "bilinear"),
+    )
+    adapter = VitPytorchAdapter()
+    return LoadedModel(
+        module=module,
+        name=name or path.name,
+        preprocess=preprocess,
+        layout=adapter.layout(module, preprocess.input_hw),
+        adapter=adapter,
+        labels=list(labels) if labels is not None else None,
+    )

@@ -1,0 +1,55 @@
+"""Adapter for this project's ViT and for lucidrains' vit-pytorch ``ViT`` (the same module tree)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..errors import VitExplorerError
+from ..layout import TokenLayout
+from ..vit import ViT
+from .base import HookAdapter
+
+VIT_ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim", "pool", "channels", "dim_head", "dropout", "emb_dropout"}
+REQUIRED_ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim"}
+
+
+def build_vit(config: dict[str, Any], source: str) -> ViT:
+    """A ViT from the keyword arguments in ``config`` (as vit-pytorch's ``ViT`` takes them)."""
+    unknown = set(config) - VIT_ARGUMENTS
+    missing = REQUIRED_ARGUMENTS - set(config)
+    if unknown or missing:
+        raise VitExplorerError(
+            f"{source}: ViT config has {'unknown keys ' + str(sorted(unknown)) if unknown else ''}"
+            f"{' and ' if unknown and missing else ''}{'missing keys ' + str(sorted(missing)) if missing else ''}"
+        )
+    args = {key: tuple(value) if isinstance(value, list) else value for key, value in config.items()}
+    try:
+        return ViT(**args)
+    except (TypeError, ValueError) as error:
+        raise VitExplorerError(f"{source}: bad ViT config: {error}") from None
+
+
+class VitPytorchAdapter(HookAdapter):
+    """Hooks the ``attend`` softmax of every ``Attention`` in ``module.transformer.layers``."""
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        layers = getattr(getattr(module, "transformer", None), "layers", None)
+        return (
+            hasattr(module, "to_patch_embedding")
+            and hasattr(module, "cls_token")
+            and layers is not None
+            and all(isinstance(getattr(layer[0], "attend", None), nn.Softmax) for layer in layers)
+        )
+
+    def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
+        return [attention.attend for attention, _ in module.transformer.layers]
+
+    def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
+        patch_h, patch_w = module.patch_size
+        if input_hw[0] % patch_h or input_hw[1] % patch_w:
+            raise VitExplorerError(f"input {input_hw[0]}×{input_hw[1]} is not a multiple of the {patch_h}×{patch_w} patch")
+        prefix = ("cls",) * module.cls_token.shape[0]
+        return TokenLayout(prefix_names=prefix, grid_hw=(input_hw[0] // patch_h, input_hw[1] // patch_w), patch_hw=(patch_h, patch_w))
