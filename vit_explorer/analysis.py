@@ -54,6 +54,9 @@ class Analysis:
 
     @property
     def probs(self) -> np.ndarray:
+        """Class probabilities ``[classes]``; empty for a backbone without a classifier head."""
+        if self.logits.size == 0:
+            return self.logits
         shifted = np.exp(self.logits - self.logits.max())
         return shifted / shifted.sum()
 

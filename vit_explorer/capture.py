@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from contextlib import ExitStack
 from types import TracebackType
 
@@ -10,6 +12,16 @@ from torch import nn
 
 from .models import adapter_for
 from .models.base import CaptureAdapter, LoadedModel
+
+# Hooks live on the module, so two threads capturing from one module at once would each record the
+# other's maps: one lock per module (weakly held, so it goes with the module) serialises capture.
+_module_locks: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_module_locks_guard = threading.Lock()
+
+
+def capture_lock(module: nn.Module) -> threading.RLock:
+    with _module_locks_guard:
+        return _module_locks.setdefault(module, threading.RLock())
 
 
 class AttentionRecorder:
@@ -32,6 +44,7 @@ class AttentionRecorder:
 
     def __enter__(self) -> AttentionRecorder:
         self._stack = ExitStack()
+        self._stack.enter_context(capture_lock(self.module))
         try:
             self._forward = self._stack.enter_context(self.adapter.attached(self.module, self._sink))
         except BaseException:

@@ -84,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train-default", help="train the embedded shapes model")
     train.add_argument("--out", default=str(ASSETS / "shapes.safetensors"))
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--steps", type=int, default=3000)
     train.set_defaults(run=run_train_default)
     return main
 

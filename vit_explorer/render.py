@@ -88,7 +88,7 @@ def outline(picture: np.ndarray, box: tuple[int, int, int, int], colour: tuple[i
 def with_colorbar(picture: np.ndarray, cmap: str, low: float, high: float, label: str = "") -> np.ndarray:
     """``picture`` with a vertical colour bar and its value range to the right."""
     height = picture.shape[0]
-    bar_width, margin, text_width = 14, 8, 64
+    bar_width, margin, text_width = 14, 8, 84
     canvas = np.full((height, picture.shape[1] + margin + bar_width + text_width, 3), BACKGROUND, dtype=np.uint8)
     canvas[:, : picture.shape[1]] = picture
     ramp = np.linspace(1.0, 0.0, height - 20)[:, None].repeat(bar_width, axis=1)

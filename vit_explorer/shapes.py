@@ -15,6 +15,12 @@ from PIL import Image, ImageDraw, ImageFilter
 CLASSES = ("circle", "square", "triangle", "star", "cross", "ring")
 IMAGE_SIZE = 256
 MIN_SIZE, MAX_SIZE = 24, 96  # object diameter in pixels: 1½ to 6 patches of 16
+OBJECT_NOISE = 6.0  # grey levels of noise on the object
+MAX_ROTATION = math.pi
+# the object is brighter than the (darkened) background: random hues, but one contrast polarity, which a
+# ViT trained from scratch on 2 CPU cores picks up far sooner than edges of either polarity
+BACKGROUND_LEVEL = 0.55
+OBJECT_LOW = 150.0
 
 
 @dataclass(frozen=True)
@@ -99,20 +105,20 @@ def _distractors(rng: np.random.Generator, canvas: Image.Image) -> None:
 def generate(rng: np.random.Generator, size: int = IMAGE_SIZE) -> Sample:
     """One labelled image drawn with ``rng``."""
     label = int(rng.integers(len(CLASSES)))
-    background = _background(rng, size)
+    background = _background(rng, size) * BACKGROUND_LEVEL
     canvas = Image.fromarray(background.clip(0, 255).astype(np.uint8))
     _distractors(rng, canvas)
     radius = rng.uniform(MIN_SIZE, MAX_SIZE) / 2
     cx, cy = rng.uniform(radius + 2, size - radius - 2, 2)
     mask_image = Image.new("L", (size, size), 0)
-    _draw_shape(ImageDraw.Draw(mask_image), CLASSES[label], cx, cy, radius, rng.uniform(0, 2 * math.pi))
+    _draw_shape(ImageDraw.Draw(mask_image), CLASSES[label], cx, cy, radius, rng.uniform(-MAX_ROTATION, MAX_ROTATION))
     alpha = np.asarray(mask_image.filter(ImageFilter.GaussianBlur(0.6)), dtype=np.float32)[..., None] / 255.0
     pixels = np.asarray(canvas, dtype=np.float32)
     local = pixels[np.asarray(mask_image) > 0].mean(axis=0)
     # pick the object's colour far from what lies under it, so the shape is always visible
-    candidates = rng.uniform(0, 255, (8, 3))
+    candidates = rng.uniform(OBJECT_LOW, 255, (8, 3))
     colour = candidates[np.argmax(np.linalg.norm(candidates - local, axis=1))]
-    shaded = colour.astype(np.float32) + rng.standard_normal(pixels.shape, dtype=np.float32) * 6
+    shaded = colour.astype(np.float32) + rng.standard_normal(pixels.shape, dtype=np.float32) * OBJECT_NOISE
     image = (pixels * (1 - alpha) + shaded * alpha).clip(0, 255).astype(np.uint8)
     mask = np.asarray(mask_image) > 127
     ys, xs = np.nonzero(mask)

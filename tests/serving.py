@@ -1,0 +1,53 @@
+"""Start ``vit-explorer serve`` on a free loopback port for tests, and stop it afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_app(model: str, log: Path, timeout_s: float = 120.0) -> Iterator[str]:
+    """The URL of a served app; the server's output goes to ``log``."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as output:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "vit_explorer.cli", "serve", "--model", model, "--port", str(port), "--no-browser"],
+            stdout=output, stderr=subprocess.STDOUT, env=env,
+        )
+        url = f"http://127.0.0.1:{port}/"
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError(f"the app exited with {server.returncode}: {log.read_text()[-2000:]}")
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        if response.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the app did not answer within {timeout_s} s: {log.read_text()[-2000:]}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()

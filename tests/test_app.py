@@ -1,0 +1,141 @@
+"""The app's callbacks, called directly (no server): what each event shows, and that only uploads run the model."""
+
+import zipfile
+
+import gradio as gr
+import numpy as np
+import pytest
+
+from conftest import CLI_MODEL, photo, write_checkpoint
+from vit_explorer import app
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return str(write_checkpoint(tmp_path / "six.safetensors", CLI_MODEL))
+
+
+@pytest.fixture
+def models():
+    return app.ModelCache()
+
+
+@pytest.fixture
+def upload(tmp_path):
+    path = tmp_path / "upload.png"
+    photo((300, 200), seed=5).save(path)
+    return str(path)
+
+
+CONTROLS = tuple(app.Controls().__dict__.values())
+
+
+def forward_counter(models, spec):
+    calls = []
+    models.get(spec).module.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def click(x, y):
+    return gr.SelectData(None, {"index": [x, y], "value": None, "selected": True})
+
+
+def analysed(models, upload, checkpoint):
+    outputs = app.run_analysis(models, upload, checkpoint, *CONTROLS)
+    return outputs[0], outputs
+
+
+def test_upload_fills_every_view(models, upload, checkpoint):
+    session, outputs = analysed(models, upload, checkpoint)
+    assert session.analysis.attentions.shape == (6, 4, 257, 257)
+    assert session.query == 0 and session.layer == 5 and session.head is None
+    summary, image, top5, rollout, last, grid, head, rollout_view, *charts = outputs[1:12]
+    assert "6 layers × 4 heads" in summary and "16×16 patches" in summary
+    assert len(top5) == 4 and abs(sum(top5.values()) - 1) < 1e-5
+    for picture in (image, rollout, last, grid, head, rollout_view, *charts):
+        assert isinstance(picture, np.ndarray) and picture.ndim == 3 and picture.shape[2] == 3
+
+
+def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, upload, checkpoint):
+    session, outputs = analysed(models, upload, checkpoint)
+    calls = forward_counter(models, checkpoint)
+    grid_before, head_before = outputs[6], outputs[7]
+
+    session, image, grid, head, rollout, caption, _ = app.on_patch_click(click(10, 370), session, *CONTROLS)
+    assert session.query == session.analysis.layout.patch_token(15, 0) and "patch (15, 0)" in caption
+    assert not np.array_equal(grid, grid_before) and not np.array_equal(head, head_before)
+
+    y, x = session.geometry.tile_origin(2, 3)
+    session, grid_selected, head_selected, layer, head_choice = app.on_tile_click(click(x + 5, y + 5), session, *CONTROLS)
+    assert (session.layer, session.head) == (2, 3) and layer["value"] == 2 and head_choice["value"] == "h3"
+    assert not np.array_equal(grid_selected, grid) and not np.array_equal(head_selected, head)
+
+    viridis = app.Controls(cmap="viridis", overlay=False, normalisation="shared", order_by="entropy")
+    recoloured = app.on_controls(session, *viridis.__dict__.values())
+    assert not np.array_equal(recoloured[2], grid_selected)
+    for options in ({"head_fusion": "max"}, {"discard_ratio": 0.5}, {"start_layer": 3}, {"residual_weight": 0.1}):
+        changed = app.on_rollout_controls(session, *app.Controls(**options).__dict__.values())
+        assert not np.array_equal(changed, rollout), options
+
+    reset = app.on_reset_query(session, *CONTROLS)
+    assert reset[0].query == 0 and reset[-1]["value"] == "cls"
+    assert calls == []  # none of this ran the model
+
+
+def test_tile_click_on_a_label_changes_nothing(models, upload, checkpoint):
+    session, _ = analysed(models, upload, checkpoint)
+    session, *_ = app.render_query_views(session, app.Controls())
+    result = app.on_tile_click(click(1, 1), session, *CONTROLS)
+    assert result[0] is session
+
+
+def test_ordered_grid_click_selects_the_head_shown_in_that_tile(models, upload, checkpoint):
+    session, _ = analysed(models, upload, checkpoint)
+    controls = app.Controls(order_by="distance")
+    session, *_ = app.render_query_views(session, controls)
+    y, x = session.geometry.tile_origin(4, 0)
+    clicked = app.on_tile_click(click(x + 1, y + 1), session, *controls.__dict__.values())[0]
+    assert clicked.head == int(session.order[4, 0])
+
+
+def test_export_zips_what_the_cli_writes(models, upload, checkpoint):
+    session, _ = analysed(models, upload, checkpoint)
+    archive = app.on_export(session, *CONTROLS)
+    with zipfile.ZipFile(archive) as bundle:
+        names = set(bundle.namelist())
+        assert {"attention.npz", "rollout.png", "heads.png"} <= names
+        with bundle.open("attention.npz") as handle:
+            assert np.load(handle)["attentions"].shape == (6, 4, 257, 257)
+
+
+def test_bad_upload_is_a_message_not_a_crash(models, tmp_path, checkpoint):
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"GIF89a not really")
+    with pytest.raises(gr.Error, match="junk.png"):
+        app.run_analysis(models, str(junk), checkpoint, *CONTROLS)
+
+
+def test_failed_model_switch_keeps_the_previous_model(models, upload, checkpoint):
+    session, _ = analysed(models, upload, checkpoint)
+    result = app.on_model_change(models, "no-such-model", checkpoint, upload, session, *CONTROLS)
+    assert result[0] == checkpoint and result[1]["value"] == checkpoint and result[2] is session
+    switched = app.on_model_change(models, checkpoint, checkpoint, upload, None, *CONTROLS)
+    assert switched[0] == checkpoint and switched[2].analysis.model_name == "six.safetensors"
+
+
+def test_model_cache_is_bounded(tmp_path):
+    models = app.ModelCache(capacity=2)
+    specs = [str(write_checkpoint(tmp_path / f"m{i}.safetensors", CLI_MODEL, seed=i)) for i in range(3)]
+    first = models.get(specs[0])
+    assert models.get(specs[0]) is first
+    models.get(specs[1])
+    models.get(specs[2])
+    assert models.get(specs[0]) is not first  # evicted and reloaded
+
+
+def test_layer_and_head_controls_select_a_head(models, upload, checkpoint):
+    session, _ = analysed(models, upload, checkpoint)
+    session, grid, head = app.on_layer_head(session, 1, "h2", *CONTROLS)
+    assert (session.layer, session.head) == (1, 2)
+    session, _, mean_head = app.on_layer_head(session, 1, app.MEAN_HEADS, *CONTROLS)
+    assert session.head is None and not np.array_equal(head, mean_head)

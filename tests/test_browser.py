@@ -1,0 +1,92 @@
+"""A real browser against the served app: upload, overview, tile click, patch click."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI_MODEL, photo, write_checkpoint
+from serving import running_app
+from vit_explorer import analyze, load_model, views
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+sync_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "browser"
+
+
+def image_bytes(page, elem_id: str) -> bytes:
+    source = page.locator(f"#{elem_id} img").first.get_attribute("src")
+    assert source, f"#{elem_id} shows no image"
+    return page.request.get(source).body()
+
+
+def wait_for_change(page, elem_id: str, before: bytes, timeout_s: float = 30.0) -> bytes:
+    for _ in range(int(timeout_s * 4)):
+        page.wait_for_timeout(250)
+        after = image_bytes(page, elem_id)
+        if after != before:
+            return after
+    raise AssertionError(f"#{elem_id} did not change")
+
+
+def click_natural(page, elem_id: str, x: float, y: float) -> None:
+    """Click the pixel (x, y) of the image's natural size, wherever the page scaled it to."""
+    image = page.locator(f"#{elem_id} img").first
+    natural_w, natural_h = image.evaluate("(img) => [img.naturalWidth, img.naturalHeight]")
+    box = image.bounding_box()
+    scale = min(box["width"] / natural_w, box["height"] / natural_h)  # object-fit: contain
+    left = box["x"] + (box["width"] - natural_w * scale) / 2
+    top = box["y"] + (box["height"] - natural_h * scale) / 2
+    page.mouse.click(left + x * scale, top + y * scale)
+
+
+@pytest.fixture
+def served(tmp_path):
+    checkpoint = write_checkpoint(tmp_path / "browser.safetensors", CLI_MODEL)
+    with running_app(str(checkpoint), tmp_path / "server.log") as url:
+        yield url, checkpoint
+
+
+def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
+    url, checkpoint = served
+    upload = tmp_path / "upload.png"
+    photo((256, 256), seed=11).save(upload)
+    _, geometry, _ = views.grid_picture(analyze(load_model(str(checkpoint)), upload), 0)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(url)
+            page.locator("#upload input[type=file]").set_input_files(str(upload))
+            page.wait_for_selector("#top5 >> text=thing", timeout=90_000)
+            page.wait_for_selector("#overview-rollout img", timeout=30_000)
+            page.screenshot(path=str(OUTPUT / "1-overview.png"), full_page=True)
+
+            page.get_by_role("tab", name="Layers × heads").click()
+            page.wait_for_selector("#grid img", timeout=30_000)
+            grid_before, head_before = image_bytes(page, "grid"), image_bytes(page, "head-view")
+            y, x = geometry.tile_origin(2, 1)
+            click_natural(page, "grid", x + geometry.tile / 2, y + geometry.tile / 2)
+            head_after = wait_for_change(page, "head-view", head_before)
+            grid_selected = wait_for_change(page, "grid", grid_before)  # the clicked tile is outlined
+            assert page.get_by_label("Layer").first.input_value() == "2"
+            page.screenshot(path=str(OUTPUT / "2-tile-clicked.png"), full_page=True)
+
+            query_before = image_bytes(page, "query-image")
+            click_natural(page, "query-image", 30, 30)  # a patch near the top-left corner
+            wait_for_change(page, "query-image", query_before)  # the query patch is outlined
+            wait_for_change(page, "grid", grid_selected)
+            wait_for_change(page, "head-view", head_after)
+            assert page.get_by_text("patch (").first.is_visible()
+            page.screenshot(path=str(OUTPUT / "3-patch-clicked.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()

@@ -1,0 +1,100 @@
+"""Hugging Face models built from configs: eager capture equals a manual recomputation; sdpa is restored."""
+
+import pytest
+import torch
+
+from conftest import photo
+from vit_explorer import analyze, load_model, record_attention
+from vit_explorer.models import adapter_for
+from vit_explorer.models.hf_adapter import HFAdapter, from_hf_module
+
+pytestmark = pytest.mark.hf
+transformers = pytest.importorskip("transformers")
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+
+
+def build(model_class, config):
+    torch.manual_seed(0)
+    return model_class._from_config(config, attn_implementation="sdpa").eval()
+
+
+CASES = {
+    "vit": (lambda: build(transformers.ViTForImageClassification, transformers.ViTConfig(image_size=64, patch_size=16, num_labels=5, **SMALL)),
+            ("cls",), (4, 4), (64, 64)),
+    "deit-teacher": (lambda: build(transformers.DeiTForImageClassificationWithTeacher,
+                                   transformers.DeiTConfig(image_size=64, patch_size=16, num_labels=3, **SMALL)),
+                     ("cls", "dist"), (4, 4), (64, 64)),
+    "dinov2-registers-56px": (lambda: build(transformers.Dinov2WithRegistersModel,
+                                            transformers.Dinov2WithRegistersConfig(image_size=56, patch_size=14, num_register_tokens=4, **SMALL)),
+                              ("cls", "reg1", "reg2", "reg3", "reg4"), (4, 4), (56, 56)),
+}
+
+
+def manual_maps(model, images):
+    """softmax(q·kᵀ·scale) from each layer's q/k projections of that layer's attention input."""
+    inputs = []
+    attentions = [module for module in model.modules() if hasattr(module, "q_proj") and hasattr(module, "k_proj")]
+    hooks = [attention.register_forward_pre_hook(lambda _m, args, kwargs: inputs.append(args[0] if args else kwargs["hidden_states"]),
+                                                 with_kwargs=True) for attention in attentions]
+    try:
+        with torch.no_grad():
+            model(pixel_values=images)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    maps = []
+    with torch.no_grad():
+        for attention, x in zip(attentions, inputs):
+            shape = (*x.shape[:-1], -1, attention.head_dim)
+            q = attention.q_proj(x).view(shape).transpose(1, 2)
+            k = attention.k_proj(x).view(shape).transpose(1, 2)
+            maps.append(torch.softmax(q @ k.transpose(-2, -1) * attention.scaling, dim=-1))
+    return torch.stack(maps, dim=1)
+
+
+def output_of(model, images):
+    with torch.no_grad():
+        outputs = model(pixel_values=images)
+    return outputs.logits if hasattr(outputs, "logits") else outputs.last_hidden_state
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_capture_matches_manual_attention_and_restores_sdpa(case):
+    make, prefix, grid, input_hw = CASES[case]
+    model = make()
+    assert isinstance(adapter_for(model), HFAdapter)
+    images = torch.randn(2, 3, *input_hw)
+    with torch.no_grad():
+        assert model(pixel_values=images, output_attentions=True).attentions in (None, ())  # sdpa gives nothing
+    reference = output_of(model, images)
+    logits, attentions = record_attention(model, images)
+    assert model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(attentions, manual_maps(model, images), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(attentions.sum(-1), torch.ones(attentions.shape[:-1]), atol=1e-5, rtol=0)
+    if hasattr(model, "classifier") or hasattr(model, "cls_classifier"):
+        torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-5)
+    layout = adapter_for(model).layout(model, input_hw)
+    assert layout.prefix_names == prefix and layout.grid_hw == grid and attentions.shape[-1] == layout.num_tokens
+
+
+def test_labels_come_from_id2label_and_backbones_have_none():
+    model = CASES["vit"][0]()
+    model.config.id2label = {i: f"kind {i}" for i in range(5)}
+    loaded = from_hf_module(model, "hf-test")
+    assert loaded.labels == [f"kind {i}" for i in range(5)]
+    result = analyze(loaded, photo())
+    assert result.top_k(1)[0].label.startswith("kind ")
+    backbone = from_hf_module(CASES["dinov2-registers-56px"][0](), "dinov2-test")
+    assert backbone.labels is None
+    assert analyze(backbone, photo()).top_k(5) == []
+
+
+def test_saved_folder_loads_through_the_spec(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = CASES["vit"][0]()
+    model.save_pretrained(tmp_path / "vit")
+    loaded = load_model(f"hf:{tmp_path / 'vit'}")
+    images = torch.randn(1, 3, 64, 64)
+    torch.testing.assert_close(loaded.module(pixel_values=images).logits, output_of(model, images))
+    assert loaded.layout.grid_hw == (4, 4)

@@ -1,0 +1,111 @@
+"""timm models with random weights: capture equals a manual q·kᵀ recomputation, fused attention is restored."""
+
+import pytest
+import torch
+
+from conftest import photo
+from vit_explorer import analyze, load_model, record_attention, views
+from vit_explorer.models import adapter_for
+from vit_explorer.models.timm_adapter import TimmAdapter, from_timm_module
+
+pytestmark = pytest.mark.timm
+timm = pytest.importorskip("timm")
+
+
+def build(name, **kwargs):
+    torch.manual_seed(0)
+    return timm.create_model(name, pretrained=False, **kwargs).eval()
+
+
+CASES = {
+    "vit": (lambda: build("vit_tiny_patch16_224", depth=2, img_size=64, num_classes=7), ("cls",), (4, 4), (64, 64)),
+    "deit-distilled": (lambda: build("deit_tiny_distilled_patch16_224", depth=2, img_size=64), ("cls", "dist"), (4, 4), (64, 64)),
+    "dinov2-reg4-98px": (lambda: build("vit_small_patch14_reg4_dinov2", depth=2, img_size=98, num_classes=3),
+                         ("cls", "reg1", "reg2", "reg3", "reg4"), (7, 7), (98, 98)),
+    "no-class-token": (lambda: timm.models.VisionTransformer(img_size=64, patch_size=16, embed_dim=64, depth=2, num_heads=4,
+                                                            class_token=False, global_pool="avg", num_classes=4).eval(), (), (4, 4), (64, 64)),
+    "dynamic-96x64": (lambda: build("vit_tiny_patch16_224", depth=2, img_size=64, dynamic_img_size=True), ("cls",), (6, 4), (96, 64)),
+}
+
+
+def manual_maps(model, images):
+    """softmax(q·kᵀ·scale) from each block's own qkv weights and its input, [b, layers, heads, n, n]."""
+    inputs = []
+    handles = [block.register_forward_pre_hook(lambda _m, args: inputs.append(args[0])) for block in model.blocks]
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    maps = []
+    with torch.no_grad():
+        for block, x in zip(model.blocks, inputs):
+            attn = block.attn
+            b, n, _ = x.shape
+            qkv = attn.qkv(block.norm1(x)).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+            q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
+            maps.append(torch.softmax((q * attn.scale) @ k.transpose(-2, -1), dim=-1))
+    return torch.stack(maps, dim=1)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_capture_matches_manual_attention_and_keeps_logits(case):
+    make, prefix, grid, input_hw = CASES[case]
+    model = make()
+    assert isinstance(adapter_for(model), TimmAdapter)
+    assert all(block.attn.fused_attn for block in model.blocks)  # the fused path is what runs normally
+    images = torch.randn(2, 3, *input_hw)
+    with torch.no_grad():
+        fused_logits = model(images)
+    logits, attentions = record_attention(model, images)
+    assert all(block.attn.fused_attn for block in model.blocks)  # restored
+    torch.testing.assert_close(logits, fused_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(attentions, manual_maps(model, images), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(attentions.sum(-1), torch.ones(attentions.shape[:-1]), atol=1e-5, rtol=0)
+    layout = adapter_for(model).layout(model, input_hw)
+    assert layout.prefix_names == prefix and layout.grid_hw == grid
+    assert attentions.shape[-1] == layout.num_tokens
+
+
+def test_fused_attention_is_restored_when_the_forward_raises():
+    model = CASES["vit"][0]()
+    with pytest.raises(RuntimeError):
+        record_attention(model, torch.randn(1, 5, 64, 64))
+    assert all(block.attn.fused_attn for block in model.blocks)
+    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+
+
+def test_analyze_and_views_on_registers_and_no_class_token(tmp_path):
+    registers = from_timm_module(CASES["dinov2-reg4-98px"][0](), "dinov2-test")
+    result = analyze(registers, photo((120, 90)))
+    assert result.attentions.shape == (2, 6, 54, 54) and result.layout.num_prefix_tokens == 5
+    assert views.default_query(result) == 0
+    assert views.rollout_map(result, 3, views.RolloutOptions()).shape == (7, 7)  # a register token as query
+    no_cls = from_timm_module(CASES["no-class-token"][0](), "gap-test")
+    assert no_cls.notes and "mean over patch queries" in no_cls.notes[0]
+    result = analyze(no_cls, photo())
+    assert views.default_query(result) is None
+    assert views.rollout_map(result, None, views.RolloutOptions()).shape == (4, 4)
+
+
+def test_local_timm_safetensors_file_loads_offline(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    source = build("vit_tiny_patch16_224", depth=12)
+    path = tmp_path / "vit_tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    loaded = load_model(f"timm:vit_tiny_patch16_224@{path}")
+    assert loaded.layout.grid_hw == (14, 14) and loaded.preprocess.input_hw == (224, 224)
+    assert loaded.labels is not None and len(loaded.labels) == 1000
+    images = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.module(images), source(images))
+
+
+def test_unknown_timm_name_is_a_user_error():
+    from vit_explorer import VitExplorerError
+
+    with pytest.raises(VitExplorerError, match="timm has no model 'not_a_model_xyz'"):
+        load_model("timm:not_a_model_xyz")

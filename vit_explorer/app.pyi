@@ -1,0 +1,448 @@
+"""The Gradio app: layout and wiring only. Every callback calls into ``views``/``charts``/``export``.
+
+The model runs once per (image, model); the resulting ``Analysis`` (CPU arrays, no model reference)
+is the session's state, and every other control re-renders from it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+import uuid
+import zipfile
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from . import charts, export, render, views
+from .analysis import Analysis, analyze
+from .errors import VitExplorerError
+from .models import DEFAULT_MODEL, LoadedModel, load_model
+from .models.builtin import ASSETS, builtin_names
+
+TITLE = "vit_explorer"
+INTRO = (
+    "See what a Vision Transformer looks at: upload an image, then compare the softmax attention of every head "
+    "of every layer, click any patch to see where it looks, and follow attention rollout to the class token."
+)
+EXAMPLES = ASSETS / "examples"
+MAX_UPLOAD = "20mb"
+EXPORT_DIR_NAME = "vit-explorer-exports"
+EXPORT_TTL_S = 3600
+NORMALISATIONS = ("per tile", "shared")
+MEAN_HEADS = "mean of heads"
+MEAN_PATCHES = "mean of patch queries"
+
+from gradio.events import Dependency
+
+class ImageUpload(gr.Image):
+    """An image input (upload, paste, webcam off) that hands the uploaded file over unopened.
+
+    Gradio's own image preprocessing opens the file with Pillow before the callback runs, which
+    turns a hostile or broken file into a bare "Error"; vit_explorer's decoder gives a message instead.
+    """
+
+    is_template = True  # rendered by the frontend's ordinary image component
+
+    def preprocess(self, payload):  # type: ignore[override]
+        return None if payload is None else payload.path
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component
+
+
+class ModelCache:
+    """The last ``capacity`` loaded models, shared by all sessions (loading is serialised)."""
+
+    def __init__(self, capacity: int = 2) -> None:
+        self.capacity = capacity
+        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, spec: str) -> LoadedModel:
+        with self._lock:
+            if spec in self._models:
+                self._models.move_to_end(spec)
+                return self._models[spec]
+            model = load_model(spec)
+            self._models[spec] = model
+            while len(self._models) > self.capacity:
+                self._models.popitem(last=False)
+            return model
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The values of the view controls, in the order the callbacks receive them."""
+
+    cmap: str = "inferno"
+    overlay: bool = True
+    normalisation: str = "per tile"
+    order_by: str = "none"
+    head_fusion: str = "mean"
+    discard_ratio: float = 0.0
+    start_layer: int = 0
+    residual_weight: float = 0.5
+
+    @property
+    def rollout(self) -> views.RolloutOptions:
+        return views.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer), float(self.residual_weight))
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one browser tab holds: its analysis and what is selected in it."""
+
+    analysis: Analysis
+    query: int | None
+    layer: int
+    head: int | None  # None: the mean of heads
+    geometry: render.GridGeometry | None = None
+    order: np.ndarray | None = None
+
+
+def new_session(analysis: Analysis) -> Session:
+    return Session(analysis=analysis, query=views.default_query(analysis), layer=analysis.attentions.shape[0] - 1, head=None)
+
+
+def query_choices(analysis: Analysis) -> list[str]:
+    prefix = list(analysis.layout.prefix_names)
+    return prefix + [MEAN_PATCHES] if prefix else [MEAN_PATCHES]
+
+
+def query_label(session: Session) -> str:
+    return views.query_name(session.analysis, session.query)
+
+
+def head_choices(analysis: Analysis) -> list[str]:
+    return [MEAN_HEADS] + [f"h{head}" for head in range(analysis.attentions.shape[1])]
+
+
+def head_label(head: int | None) -> str:
+    return MEAN_HEADS if head is None else f"h{head}"
+
+
+def model_summary(analysis: Analysis) -> str:
+    layout = analysis.layout
+    layers, heads, tokens, _ = analysis.attentions.shape
+    prefix = ", ".join(layout.prefix_names) or "none (rollout and grid use the mean over patch queries)"
+    return (
+        f"**{analysis.model_name}** · input {layout.input_hw[0]}×{layout.input_hw[1]} px · {layers} layers × {heads} heads · "
+        f"{tokens} tokens = {layout.grid_hw[0]}×{layout.grid_hw[1]} patches of {layout.patch_hw[0]}×{layout.patch_hw[1]} px "
+        f"+ prefix: {prefix} · maps held: {analysis.attentions.nbytes / 2**20:.1f} MiB"
+    )
+
+
+def top_predictions(analysis: Analysis) -> dict[str, float]:
+    return {prediction.label: prediction.prob for prediction in analysis.top_k(5)}
+
+
+# ---- rendering of the views that follow the query -------------------------------------------
+
+def render_grid(session: Session, controls: Controls) -> tuple[Session, np.ndarray]:
+    picture, geometry, order = views.grid_picture(
+        session.analysis, session.query, cmap=controls.cmap, overlay=controls.overlay,
+        shared=controls.normalisation == "shared", order_by=controls.order_by,
+        selected=None if session.head is None else (session.layer, session.head),
+    )
+    return replace(session, geometry=geometry, order=order), picture
+
+
+def render_head(session: Session, controls: Controls) -> np.ndarray:
+    grid_map = views.attention_map(session.analysis, session.query, session.layer, session.head)
+    label = f"L{session.layer} {head_label(session.head)}"
+    return views.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label=label)
+
+
+def render_rollout(session: Session, controls: Controls) -> np.ndarray:
+    grid_map = views.rollout_map(session.analysis, session.query, controls.rollout)
+    return views.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label="rollout")
+
+
+def query_caption(session: Session) -> str:
+    return f"Query: **{query_label(session)}** — click a patch of the image to make it the query."
+
+
+def render_query_views(session: Session, controls: Controls) -> tuple:
+    """State + the views that depend on the query: image, grid, head view, rollout, caption."""
+    session, grid = render_grid(session, controls)
+    return (
+        session,
+        views.image_picture(session.analysis, session.query),
+        grid,
+        render_head(session, controls),
+        render_rollout(session, controls),
+        query_caption(session),
+    )
+
+
+def render_overview(session: Session, controls: Controls) -> tuple:
+    """Views that depend only on the analysis: top-5, rollout and last-layer attention of the default query."""
+    analysis = session.analysis
+    default = views.default_query(analysis)
+    rollout = views.rollout_map(analysis, default, views.RolloutOptions())
+    last = views.attention_map(analysis, default, analysis.attentions.shape[0] - 1, None)
+    name = views.query_name(analysis, default)
+    return (
+        top_predictions(analysis),
+        views.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=None, label=f"rollout of {name}"),
+        views.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=None, label=f"last layer, {name}"),
+    )
+
+
+def render_statistics(analysis: Analysis) -> tuple:
+    return (
+        charts.distance_chart(views.head_statistic(analysis, "distance")),
+        charts.entropy_heatmap(views.head_statistic(analysis, "entropy"), analysis.layout.num_tokens),
+        charts.prefix_share_chart(views.head_statistic(analysis, "prefix share"), analysis.layout),
+    )
+
+
+def control_updates(session: Session) -> tuple:
+    """Slider and dropdown ranges for this analysis: layer, head, start layer, query token."""
+    layers = session.analysis.attentions.shape[0]
+    return (
+        gr.update(maximum=layers - 1, value=session.layer),
+        gr.update(choices=head_choices(session.analysis), value=head_label(session.head)),
+        gr.update(maximum=layers - 1, value=0),
+        gr.update(choices=query_choices(session.analysis), value=query_label(session) if session.query is None or session.query < session.analysis.num_prefix_tokens else None),
+    )
+
+
+def empty_outputs() -> tuple:
+    return (None, "Upload an image to begin.", None, None, None, None, None, None, None, None, None, "",
+            gr.update(), gr.update(), gr.update(), gr.update())
+
+
+def full_outputs(session: Session, controls: Controls) -> tuple:
+    """Everything an analysis fills: state, summary, query views, overview, statistics, control ranges."""
+    session, image, grid, head, rollout, caption = render_query_views(session, controls)
+    top5, overview_rollout, overview_last = render_overview(session, controls)
+    distance, entropy, prefix = render_statistics(session.analysis)
+    return (session, model_summary(session.analysis), image, top5, overview_rollout, overview_last, grid, head, rollout,
+            distance, entropy, prefix, caption, *control_updates(session))
+
+
+def run_analysis(models: ModelCache, upload: str | None, spec: str, *control_values) -> tuple:
+    """Upload (or model change) → one forward pass → all views."""
+    if upload is None:
+        return empty_outputs()
+    try:
+        model = models.get(spec)
+        analysis = analyze(model, upload, name=Path(upload).name)
+    except VitExplorerError as error:
+        raise gr.Error(str(error), print_exception=False) from None
+    return full_outputs(new_session(analysis), Controls(*control_values))
+
+
+def on_model_change(models: ModelCache, spec: str, current: str, upload: str | None, session: Session | None, *control_values) -> tuple:
+    """Switch model; on failure keep the previous one (and its maps) and say why."""
+    try:
+        models.get(spec)
+    except VitExplorerError as error:
+        gr.Warning(f"{error} — still using {current}.")
+        unchanged = (session, *(gr.update() for _ in range(len(empty_outputs()) - 1)))
+        return (current, gr.update(value=current), *unchanged)
+    return (spec, gr.update(), *run_analysis(models, upload, spec, *control_values))
+
+
+def require(session: Session | None) -> Session:
+    if session is None:
+        raise gr.Error("Upload an image first.", print_exception=False)
+    return session
+
+
+def on_controls(session: Session | None, *control_values) -> tuple:
+    """A view control changed: re-render from the cached maps, no forward pass."""
+    session = require(session)
+    controls = Controls(*control_values)
+    return (*render_query_views(session, controls), *render_overview(session, controls)[1:])
+
+
+def on_rollout_controls(session: Session | None, *control_values) -> np.ndarray:
+    return render_rollout(require(session), Controls(*control_values))
+
+
+def on_patch_click(session: Session | None, *control_values, evt: gr.SelectData) -> tuple:
+    session = require(session)
+    size = views.view_hw(session.analysis)
+    token = views.token_at(session.analysis, evt.index[0], evt.index[1], size)
+    return render_query_views(replace(session, query=token), Controls(*control_values)) + (gr.update(value=None),)
+
+
+def on_query_choice(session: Session | None, choice: str | None, *control_values) -> tuple:
+    session = require(session)
+    if choice is None:
+        return render_query_views(session, Controls(*control_values))
+    query = None if choice == MEAN_PATCHES else session.analysis.layout.prefix_names.index(choice)
+    return render_query_views(replace(session, query=query), Controls(*control_values))
+
+
+def on_reset_query(session: Session | None, *control_values) -> tuple:
+    session = replace(require(session), query=views.default_query(require(session).analysis))
+    return render_query_views(session, Controls(*control_values)) + (gr.update(value=query_label(session)),)
+
+
+def on_tile_click(session: Session | None, *control_values, evt: gr.SelectData) -> tuple:
+    session = require(session)
+    hit = session.geometry.hit(evt.index[0], evt.index[1]) if session.geometry is not None else None
+    if hit is None:
+        return session, gr.update(), gr.update(), gr.update(), gr.update()
+    layer, rank = hit
+    head = int(session.order[layer, rank])
+    return select_head(replace(session, layer=layer, head=head), Controls(*control_values))
+
+
+def select_head(session: Session, controls: Controls) -> tuple:
+    session, grid = render_grid(session, controls)
+    return session, grid, render_head(session, controls), gr.update(value=session.layer), gr.update(value=head_label(session.head))
+
+
+def on_layer_head(session: Session | None, layer: int, head: str, *control_values) -> tuple:
+    session = require(session)
+    head_index = None if head in (None, MEAN_HEADS) else int(head.removeprefix("h"))
+    session = replace(session, layer=int(layer), head=head_index)
+    session, grid = render_grid(session, Controls(*control_values))
+    return session, grid, render_head(session, Controls(*control_values))
+
+
+def export_dir() -> Path:
+    """The folder of export zips; zips older than an hour are removed each time it is used."""
+    folder = Path(tempfile.gettempdir()) / EXPORT_DIR_NAME
+    folder.mkdir(exist_ok=True)
+    cutoff = time.time() - EXPORT_TTL_S
+    for old in folder.glob("*.zip"):
+        if old.stat().st_mtime < cutoff:
+            old.unlink(missing_ok=True)
+    return folder
+
+
+def on_export(session: Session | None, *control_values) -> str:
+    """A zip of what ``vit-explorer analyze`` writes, for the current query and options, plus the large views."""
+    session = require(session)
+    controls = Controls(*control_values)
+    with tempfile.TemporaryDirectory() as staging:
+        folder = Path(staging)
+        written = export.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
+                                     order_by=controls.order_by, shared=controls.normalisation == "shared")
+        head_png = folder / f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png"
+        render.save_png(render_head(session, controls), str(head_png))
+        archive = export_dir() / f"vit-explorer-{uuid.uuid4().hex[:12]}.zip"
+        with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+            for path in [*written, head_png]:
+                bundle.write(path, path.name)
+    return str(archive)
+
+
+def model_choices(initial: str) -> list[str]:
+    names = [f"builtin:{name}" for name in builtin_names()]
+    return names if initial in names else [initial, *names]
+
+
+def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None) -> gr.Blocks:
+    """The app's layout and wiring; ``model_spec`` is the model selected at start."""
+    models = models or ModelCache()
+    with gr.Blocks(title=TITLE, delete_cache=(600, 3600)) as demo:
+        state = gr.State(None, time_to_live=3600)
+        current_model = gr.State(model_spec)
+        gr.Markdown(f"# {TITLE}\n{INTRO}")
+        with gr.Row():
+            model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
+                                info="built-in, or a path to a .safetensors/.pt checkpoint", scale=1)
+            summary = gr.Markdown("Upload an image to begin.")
+        with gr.Row():
+            with gr.Column(scale=2, min_width=320):
+                upload = ImageUpload(type="filepath", sources=["upload", "clipboard"], label="Image (upload or paste)", height=260)
+                if EXAMPLES.is_dir():
+                    gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label="Examples (generated shapes)")
+                query_image = gr.Image(label="The image as the model sees it — click a patch to query it", interactive=False,
+                                       format="png", buttons=[])
+                caption = gr.Markdown("")
+                with gr.Row():
+                    query = gr.Dropdown([], label="Query token", info="prefix token, or the mean of patch queries", scale=2)
+                    reset = gr.Button("Back to class token", scale=1)
+            with gr.Column(scale=5):
+                with gr.Row():
+                    cmap = gr.Dropdown(list(render.COLORMAPS), value="inferno", label="Colormap", min_width=120)
+                    overlay = gr.Checkbox(True, label="Overlay on image", min_width=120)
+                    normalisation = gr.Radio(list(NORMALISATIONS), value="per tile", label="Normalisation", min_width=160)
+                    order_by = gr.Dropdown(list(views.ORDERINGS), value="none", label="Order heads by", min_width=140)
+                with gr.Tabs():
+                    with gr.Tab("Overview"):
+                        with gr.Row():
+                            top5 = gr.Label(num_top_classes=5, label="Top-5 predictions")
+                            overview_rollout = gr.Image(label="Attention rollout", format="png", interactive=False)
+                            overview_last = gr.Image(label="Last layer, mean over heads", format="png", interactive=False)
+                    with gr.Tab("Layers × heads"):
+                        grid = gr.Image(label="Attention of the query, rows = layers, columns = heads — click a tile",
+                                        format="png", interactive=False)
+                        with gr.Row():
+                            layer = gr.Slider(0, 1, value=0, step=1, label="Layer")
+                            head = gr.Dropdown([MEAN_HEADS], value=MEAN_HEADS, label="Head")
+                        head_view = gr.Image(label="Selected layer and head", format="png", interactive=False)
+                    with gr.Tab("Rollout"):
+                        with gr.Row():
+                            head_fusion = gr.Radio(["mean", "max", "min"], value="mean", label="Head fusion")
+                            discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio")
+                            start_layer = gr.Slider(0, 1, value=0, step=1, label="Start layer")
+                            residual_weight = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Residual weight")
+                        rollout_view = gr.Image(label="Attention rollout of the query", format="png", interactive=False)
+                    with gr.Tab("Head statistics"):
+                        with gr.Row():
+                            distance_plot = gr.Image(label="Mean attention distance", format="png", interactive=False)
+                            entropy_plot = gr.Image(label="Entropy", format="png", interactive=False)
+                            prefix_plot = gr.Image(label="Prefix-token share", format="png", interactive=False)
+                    with gr.Tab("Export"):
+                        gr.Markdown("A zip with `attention.npz` (raw maps), `rollout.png`, `heads.png` and the selected head's view, "
+                                    "for the current query and options — the same files `vit-explorer analyze` writes.")
+                        export_button = gr.Button("Export")
+                        export_file = gr.File(label="Download", interactive=False)
+
+        controls = [cmap, overlay, normalisation, order_by, head_fusion, discard_ratio, start_layer, residual_weight]
+        query_outputs = [state, query_image, grid, head_view, rollout_view, caption]
+        full = [state, summary, query_image, top5, overview_rollout, overview_last, grid, head_view, rollout_view,
+                distance_plot, entropy_plot, prefix_plot, caption, layer, head, start_layer, query]
+
+        def analyse(upload_path, spec, *values):
+            return run_analysis(models, upload_path, spec, *values)
+
+        def switch_model(spec, current, upload_path, session, *values):
+            return on_model_change(models, spec, current, upload_path, session, *values)
+
+        upload.change(analyse, [upload, current_model, *controls], full, api_name="analyze", concurrency_limit=2,
+                      show_progress="full")
+        model.input(switch_model, [model, current_model, upload, state, *controls], [current_model, model, *full],
+                    api_name="change_model", concurrency_limit=2)
+        query_image.select(on_patch_click, [state, *controls], [*query_outputs, query], api_name="select_patch")
+        query.input(on_query_choice, [state, query, *controls], query_outputs, api_name="select_query")
+        reset.click(on_reset_query, [state, *controls], [*query_outputs, query], api_name="reset_query")
+        grid.select(on_tile_click, [state, *controls], [state, grid, head_view, layer, head], api_name="select_tile")
+        for component in (layer, head):
+            component.input(on_layer_head, [state, layer, head, *controls], [state, grid, head_view], api_name=False)
+        for component in (cmap, overlay, normalisation, order_by):
+            component.input(on_controls, [state, *controls], [*query_outputs, overview_rollout, overview_last],
+                            api_name=f"set_{component.label.lower().replace(' ', '_')}")
+        for component in (head_fusion, discard_ratio, start_layer, residual_weight):
+            component.input(on_rollout_controls, [state, *controls], rollout_view,
+                            api_name=f"set_{component.label.lower().replace(' ', '_')}")
+        export_button.click(on_export, [state, *controls], export_file, api_name="export")
+    return demo
+
+
+def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False, open_browser: bool = True) -> None:
+    """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app."""
+    models = ModelCache()
+    models.get(model_spec)
+    if share:
+        print("vit-explorer: warning: --share makes this app reachable by anyone with the link", flush=True)
+    demo = build_demo(model_spec, models)
+    demo.queue(default_concurrency_limit=4)
+    demo.launch(server_name=host, server_port=port, share=share, inbrowser=open_browser, max_file_size=MAX_UPLOAD,
+                allowed_paths=[str(EXAMPLES)] if EXAMPLES.is_dir() else None, footer_links=["api"],
+                theme=gr.themes.Soft())

@@ -1,0 +1,75 @@
+"""Matplotlib charts of head statistics, rendered to RGB arrays (figures are closed at once)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .layout import TokenLayout
+
+
+def _figure_to_array(figure) -> np.ndarray:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    picture = np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    figure.clear()
+    return picture
+
+
+def _figure(width: float = 5.0, height: float = 3.4):
+    from matplotlib.figure import Figure
+
+    # a bare Figure, not pyplot: nothing is registered globally, so nothing leaks between renders
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def distance_chart(distance: np.ndarray) -> np.ndarray:
+    """Mean attention distance of every head against layer ``[layers, heads]`` (ViT paper, Fig. 7)."""
+    figure = _figure()
+    axes = figure.add_subplot()
+    layers, heads = distance.shape
+    for head in range(heads):
+        axes.scatter(np.arange(layers), distance[:, head], s=14, alpha=0.75, label=f"h{head}" if heads <= 12 else None)
+    axes.plot(np.arange(layers), distance.mean(axis=1), color="black", linewidth=1, label="mean")
+    axes.set_xlabel("layer")
+    axes.set_ylabel("mean attention distance (pixels)")
+    axes.set_title("How far each head looks")
+    axes.set_xticks(np.arange(layers))
+    if heads <= 12:
+        axes.legend(fontsize=7, ncol=2, loc="best")
+    return _figure_to_array(figure)
+
+
+def entropy_heatmap(entropy: np.ndarray, num_tokens: int) -> np.ndarray:
+    """Attention entropy as a layers × heads heat map, against its maximum log(n)."""
+    figure = _figure()
+    axes = figure.add_subplot()
+    image = axes.imshow(entropy, cmap="viridis", vmin=0.0, vmax=float(np.log(num_tokens)), aspect="auto")
+    axes.set_xlabel("head")
+    axes.set_ylabel("layer")
+    axes.set_title("Attention entropy (nats; uniform = log n)")
+    axes.set_xticks(np.arange(entropy.shape[1]))
+    axes.set_yticks(np.arange(entropy.shape[0]))
+    figure.colorbar(image, ax=axes)
+    return _figure_to_array(figure)
+
+
+def prefix_share_chart(share: np.ndarray, layout: TokenLayout) -> np.ndarray:
+    """Share of attention from patch queries sent to prefix tokens, per layer (mean and range over heads)."""
+    figure = _figure()
+    axes = figure.add_subplot()
+    layers = np.arange(share.shape[0])
+    if layout.num_prefix_tokens == 0:
+        axes.text(0.5, 0.5, "this model has no prefix tokens", ha="center", va="center", transform=axes.transAxes)
+    else:
+        axes.bar(layers, share.mean(axis=1), color="tab:orange", label="mean over heads")
+        axes.vlines(layers, share.min(axis=1), share.max(axis=1), color="black", linewidth=1, label="min–max over heads")
+        axes.axhline(layout.num_prefix_tokens / layout.num_tokens, color="gray", linestyle="--", linewidth=1, label="uniform share")
+        axes.set_ylim(0, 1)
+        axes.legend(fontsize=7)
+    axes.set_xlabel("layer")
+    axes.set_ylabel("share of attention")
+    axes.set_title(f"Attention sent to prefix tokens ({', '.join(layout.prefix_names) or 'none'})")
+    axes.set_xticks(layers)
+    return _figure_to_array(figure)

@@ -1,0 +1,134 @@
+"""Adapter for Hugging Face ``transformers`` ViT, DeiT, DINOv2 and DINOv2-with-registers models.
+
+With the default ``sdpa`` attention, ``output_attentions=True`` silently returns no maps; the
+adapter switches the model to eager attention while capturing and back afterwards, and takes the
+maps from the model's own ``attentions`` output.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import VitExplorerError
+from ..layout import TokenLayout
+from .base import IMAGENET_MEAN, IMAGENET_STD, CaptureAdapter, LoadedModel, Preprocess
+
+MODEL_TYPES = {"vit", "deit", "dinov2", "dinov2_with_registers"}
+RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's numbers, as image processors store them
+
+
+def require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise VitExplorerError("Hugging Face models need transformers: pip install 'vit-explorer[hf]'") from None
+    return transformers
+
+
+class HFAdapter(CaptureAdapter):
+    """Eager attention during capture; maps from ``outputs.attentions``."""
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        config = getattr(module, "config", None)
+        return type(module).__module__.startswith("transformers.") and getattr(config, "model_type", None) in MODEL_TYPES
+
+    def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
+        config = module.config
+        names = ["cls"]
+        if config.model_type == "deit":
+            names.append("dist")
+        names += [f"reg{i + 1}" for i in range(getattr(config, "num_register_tokens", 0) or 0)]
+        patch = config.patch_size
+        if input_hw[0] % patch or input_hw[1] % patch:
+            raise VitExplorerError(f"input {input_hw[0]}×{input_hw[1]} is not a multiple of the {patch}-pixel patch")
+        return TokenLayout(prefix_names=tuple(names), grid_hw=(input_hw[0] // patch, input_hw[1] // patch), patch_hw=(patch, patch))
+
+    @contextmanager
+    def eager(self, module: nn.Module) -> Iterator[None]:
+        previous = module.config._attn_implementation
+        if previous != "eager":
+            module.set_attn_implementation("eager")
+        try:
+            yield
+        finally:
+            if previous != "eager":
+                module.set_attn_implementation(previous)
+
+    @contextmanager
+    def attached(self, module: nn.Module, sink: dict[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        extra = {"interpolate_pos_encoding": True} if "interpolate_pos_encoding" in inspect.signature(module.forward).parameters else {}
+
+        def forward(pixels: torch.Tensor) -> torch.Tensor:
+            outputs = module(pixel_values=pixels, output_attentions=True, **extra)
+            for layer, attention in enumerate(outputs.attentions or ()):
+                sink[layer] = attention
+            logits = getattr(outputs, "logits", None)
+            return logits if logits is not None else pixels.new_zeros(pixels.shape[0], 0)
+
+        with self.eager(module):
+            yield forward
+
+
+def preprocess_from(module: nn.Module, source: str | None) -> Preprocess:
+    """Input size, mean, std and resampling from the model's image processor (or the config's defaults)."""
+    config = module.config
+    size = (config.image_size, config.image_size) if isinstance(config.image_size, int) else tuple(config.image_size)
+    mean, std, interpolation = IMAGENET_MEAN, IMAGENET_STD, "bicubic"
+    if source is not None:
+        transformers = require_transformers()
+        try:
+            processor = transformers.AutoImageProcessor.from_pretrained(source)
+        except (OSError, ValueError):
+            processor = None
+        if processor is not None:
+            mean = tuple(getattr(processor, "image_mean", None) or mean)
+            std = tuple(getattr(processor, "image_std", None) or std)
+            interpolation = RESAMPLE_NAMES.get(int(getattr(processor, "resample", 3) or 3), "bicubic")
+            crop = getattr(processor, "crop_size", None) or {}
+            if "height" in crop:
+                size = (crop["height"], crop["width"])
+    return Preprocess(input_hw=size, mean=mean, std=std, interpolation=interpolation)
+
+
+def from_hf_module(module: nn.Module, name: str, source: str | None = None, input_hw: tuple[int, int] | None = None) -> LoadedModel:
+    """A ``LoadedModel`` around a built transformers model; labels from ``config.id2label``."""
+    adapter = HFAdapter()
+    if not adapter.matches(module):
+        raise VitExplorerError(f"{name}: vit_explorer captures Hugging Face {sorted(MODEL_TYPES)} models, not {type(module).__name__}")
+    module.eval()
+    preprocess = preprocess_from(module, source)
+    if input_hw is not None:
+        preprocess = Preprocess(input_hw=input_hw, mean=preprocess.mean, std=preprocess.std, interpolation=preprocess.interpolation)
+    head = getattr(module, "classifier", None) or getattr(module, "cls_classifier", None)
+    num_labels = head.out_features if isinstance(head, nn.Linear) else 0
+    id2label = module.config.id2label or {}
+    labels = [id2label.get(i, f"class {i}") for i in range(num_labels)] if num_labels else None
+    return LoadedModel(module=module, name=name, preprocess=preprocess, layout=adapter.layout(module, preprocess.input_hw),
+                       adapter=adapter, labels=labels)
+
+
+def load_hf(source: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
+    """A hub repo or local folder, through transformers' own download and cache, with eager attention."""
+    transformers = require_transformers()
+    local = Path(source).expanduser()
+    where = str(local) if local.exists() else source
+    last_error: Exception | None = None
+    for auto in (transformers.AutoModelForImageClassification, transformers.AutoModel):
+        try:
+            module = auto.from_pretrained(where, attn_implementation="eager")
+            return from_hf_module(module, f"hf:{source}", where, input_hw)
+        except ValueError as error:  # not a model this Auto class knows: try the bare backbone
+            last_error = error
+        except OSError as error:
+            raise VitExplorerError(
+                f"could not load hf:{source} ({str(error).splitlines()[0]}). Without network, give a local folder "
+                f"saved with save_pretrained(): --model hf:/path/to/folder"
+            ) from None
+    raise VitExplorerError(f"hf:{source} is not a vision model vit_explorer can capture ({last_error})")

@@ -1,0 +1,136 @@
+"""Adapter for timm ViT-style models (ViT, DeiT, DINO, DINOv2 with registers, CLIP towers, EVA, BEiT).
+
+timm computes attention with ``scaled_dot_product_attention`` when ``fused_attn`` is set, which no
+hook can see. Each block's attention module also has an explicit path,
+``softmax → attn_drop → @ v``; for the capture the adapter flips ``fused_attn`` off on every block
+(it is read per module, so the global ``set_fused_attn`` would not reach built models), hooks
+``attn_drop``, and restores each flag afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from torch import nn
+
+from ..errors import VitExplorerError
+from ..layout import TokenLayout
+from .base import HookAdapter, LoadedModel, Preprocess
+
+
+def require_timm():
+    try:
+        import timm
+    except ImportError:
+        raise VitExplorerError("timm models need the timm package: pip install 'vit-explorer[timm]'") from None
+    return timm
+
+
+def attention_modules(module: nn.Module) -> list[nn.Module]:
+    return [block.attn for block in getattr(module, "blocks", [])]
+
+
+class TimmAdapter(HookAdapter):
+    """Hooks ``blocks[i].attn.attn_drop`` with fused attention switched off during capture."""
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        attentions = attention_modules(module)
+        return (
+            type(module).__module__.startswith("timm.")
+            and bool(attentions)
+            and all(hasattr(attention, "fused_attn") and isinstance(getattr(attention, "attn_drop", None), nn.Dropout) for attention in attentions)
+        )
+
+    def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
+        return [attention.attn_drop for attention in attention_modules(module)]
+
+    @contextmanager
+    def unfused(self, module: nn.Module) -> Iterator[None]:
+        attentions = attention_modules(module)
+        saved = [attention.fused_attn for attention in attentions]
+        try:
+            for attention in attentions:
+                attention.fused_attn = False
+            yield
+        finally:
+            for attention, fused in zip(attentions, saved):
+                attention.fused_attn = fused
+
+    def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
+        names: list[str] = []
+        if getattr(module, "cls_token", None) is not None:
+            names.append("cls")
+        if getattr(module, "dist_token", None) is not None:
+            names.append("dist")
+        names += [f"reg{i + 1}" for i in range(getattr(module, "num_reg_tokens", 0))]
+        assert len(names) == module.num_prefix_tokens, f"prefix tokens {names} do not add up to {module.num_prefix_tokens}"
+        patch_embed = module.patch_embed
+        if getattr(module, "dynamic_img_size", False):
+            grid = tuple(patch_embed.dynamic_feat_size(input_hw))
+        else:
+            grid = tuple(patch_embed.grid_size)
+            expected = tuple(g * p for g, p in zip(grid, patch_embed.patch_size))
+            if tuple(input_hw) != expected:
+                raise VitExplorerError(f"this timm model takes {expected[0]}×{expected[1]} inputs, not {input_hw[0]}×{input_hw[1]}")
+        return TokenLayout(prefix_names=tuple(names), grid_hw=grid, patch_hw=tuple(patch_embed.patch_size))
+
+
+def imagenet_labels(module: nn.Module) -> list[str] | None:
+    """Class names for ImageNet-trained timm models (shipped with timm, no download)."""
+    timm = require_timm()
+    subset = timm.data.infer_imagenet_subset(module)
+    if subset is None:
+        return None
+    info = timm.data.ImageNetInfo(subset)
+    if info.num_classes() != module.num_classes:
+        return None
+    return [info.index_to_description(index) for index in range(info.num_classes())]
+
+
+def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
+    """A ``LoadedModel`` around a built timm model; its preprocessing comes from ``resolve_data_config``."""
+    timm = require_timm()
+    config = timm.data.resolve_data_config(model=module)
+    input_hw = input_hw or tuple(module.patch_embed.img_size)  # the size it was built for (the cfg may say otherwise)
+    adapter = TimmAdapter()
+    if not adapter.matches(module):
+        raise VitExplorerError(f"{name}: vit_explorer captures timm ViT-style models with `blocks[i].attn`; {type(module).__name__} is not one")
+    module.eval()
+    return LoadedModel(
+        module=module,
+        name=name,
+        preprocess=Preprocess(input_hw=input_hw, mean=tuple(config["mean"]), std=tuple(config["std"]),
+                              interpolation=config.get("interpolation", "bicubic")),
+        layout=adapter.layout(module, input_hw),
+        adapter=adapter,
+        labels=imagenet_labels(module) if module.num_classes else None,
+        notes=[] if getattr(module, "has_class_token", True) else ["no class token: maps use the mean over patch queries"],
+    )
+
+
+def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
+    """``NAME`` from the hub (through timm's own download and cache) or ``NAME@FILE`` from local weights."""
+    timm = require_timm()
+    name, _, weights = spec.partition("@")
+    kwargs = {"img_size": input_hw} if input_hw is not None else {}
+    if weights:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise VitExplorerError(f"timm weights file {path} does not exist")
+        kwargs["pretrained_cfg_overlay"] = {"file": str(path)}
+    try:
+        module = timm.create_model(name, pretrained=True, **kwargs)
+    except RuntimeError as error:
+        message = str(error).splitlines()[0]
+        if "Unknown model" in message:
+            raise VitExplorerError(f"timm has no model {name!r}; see timm.list_models()") from None
+        raise VitExplorerError(f"timm could not load {name!r}: {message}") from None
+    except (OSError, ValueError) as error:
+        raise VitExplorerError(
+            f"could not fetch weights for timm:{name} ({str(error).splitlines()[0]}). Without network, load local weights "
+            f"with timm:{name}@/path/to/model.safetensors, or fill the Hugging Face cache first"
+        ) from None
+    return from_timm_module(module, f"timm:{spec}", input_hw)
