@@ -31,3 +31,40 @@ def test_analyze_accepts_pil_images_and_bytes(tiny_checkpoint, image_file):
     np.testing.assert_array_equal(from_path.attentions, from_bytes.attentions)
     np.testing.assert_allclose(from_path.attentions, from_pil.attentions, atol=1e-6)
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # capture left no global mode behind
+
+
+from vit_explorer import VitExplorerError, views
+from vit_explorer.analysis import choose_storage, map_bytes
+from vit_explorer.layout import TokenLayout
+
+
+def test_dinov2_large_at_518_would_not_hold_float32_maps():
+    layout = TokenLayout(("cls", "reg1", "reg2", "reg3", "reg4"), (37, 37), (14, 14))
+    full = map_bytes(layout, layers=24, heads=16)
+    assert full > 2.7e9
+    assert choose_storage(full, 1 << 30) == "compact"
+    assert choose_storage(map_bytes(TokenLayout(("cls",), (14, 14), (16, 16)), 12, 12), 1 << 30) == "float32"
+    assert choose_storage(100, 60) == "float16" and choose_storage(100, 40) == "compact"
+
+
+def test_memory_budget_switches_to_float16_then_to_compact_and_keeps_what_views_need(tiny_checkpoint, image_file):
+    model = load_model(str(tiny_checkpoint))
+    full = analyze(model, image_file)
+    full_bytes = full.attentions.nbytes
+    half = analyze(model, image_file, memory_budget=full_bytes - 1)
+    assert half.attentions.dtype == np.float16 and half.storage == "float16"
+    np.testing.assert_allclose(half.attentions, full.attentions, atol=1e-3)
+
+    compact = analyze(model, image_file, memory_budget=full_bytes // 4)
+    assert compact.attentions is None and compact.nbytes < full.nbytes
+    np.testing.assert_allclose(compact.compact["head_mean"], full.attentions.mean(1), atol=1e-3)
+    for query in (0, None, 9):  # class token, mean of patch queries, a patch (recomputed by a forward pass)
+        np.testing.assert_allclose(views.query_rows(compact, query), views.query_rows(full, query), atol=1e-3)
+    for name in ("entropy", "distance", "prefix share"):
+        np.testing.assert_allclose(views.head_statistic(compact, name), views.head_statistic(full, name), rtol=1e-4, atol=1e-5)
+    options = views.RolloutOptions(discard_ratio=0.2, start_layer=1)
+    np.testing.assert_allclose(views.rollout_map(compact, 0, options), views.rollout_map(full, 0, options), atol=2e-3)
+    picture, _, _ = views.grid_picture(compact, 9)
+    assert picture.shape == views.grid_picture(full, 9)[0].shape
+    with pytest.raises(VitExplorerError, match="by mean only"):
+        views.rollout_map(compact, 0, views.RolloutOptions(head_fusion="max"))

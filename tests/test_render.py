@@ -20,6 +20,14 @@ def test_normalize_per_map_and_shared():
     np.testing.assert_allclose(normalize(np.ones((2, 2))), np.zeros((2, 2)))  # flat map: no division by zero
 
 
+def test_upsample_equals_torch_bilinear_interpolation():
+    import torch
+
+    maps = np.random.default_rng(0).random((2, 3, 5, 7)).astype(np.float32)
+    expected = torch.nn.functional.interpolate(torch.from_numpy(maps.reshape(6, 1, 5, 7)), size=(40, 33), mode="bilinear", align_corners=False)
+    np.testing.assert_allclose(upsample(maps, (40, 33)), expected.reshape(2, 3, 40, 33).numpy(), atol=1e-5)
+
+
 def test_upsample_is_bilinear_and_keeps_constant_maps():
     np.testing.assert_allclose(upsample(np.full((3, 4), 0.25), (30, 40)), np.full((30, 40), 0.25), rtol=1e-6)
     ramp = upsample(np.array([[0.0, 1.0]]), (1, 8))[0]

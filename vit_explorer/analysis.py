@@ -1,17 +1,29 @@
-"""``analyze``: one image through one model, captured once, kept as CPU arrays for every view."""
+"""``analyze``: one image through one model, captured once, kept as CPU arrays for every view.
+
+Maps are kept in float32 while they fit the memory budget, in float16 while half of that fits,
+and beyond that compactly: per layer the head-mean matrix (for rollout), every head's rows of the
+prefix tokens and of the mean patch query, and the head statistics — each reduced as its layer's
+map arrives, so the full stack is never held. A patch query's per-head rows are then recomputed
+on demand with one more forward pass.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
-from .capture import record_attention
+from . import stats
+from .capture import capture_into
 from .images import ImageSource, load_image, model_view, to_pixels
 from .layout import TokenLayout
 from .models.base import LoadedModel
+
+DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of maps kept per analysis
 
 
 @dataclass(frozen=True)
@@ -23,23 +35,31 @@ class Prediction:
 
 @dataclass
 class Analysis:
-    """Everything the views need for one (image, model) pair; holds no reference to the model.
+    """Everything the views need for one (image, model) pair.
 
     Attributes:
         image: the image as the model saw it ``[H, W, 3]`` uint8.
-        attentions: softmax attention of every layer and head ``[layers, heads, n, n]`` float32.
-        logits: ``[classes]``.
+        attentions: softmax attention of every layer and head ``[layers, heads, n, n]`` (float32, or
+            float16 above the memory budget); None when the analysis is compact.
+        logits: ``[classes]`` (empty for a backbone without a classifier).
         layout: token layout (prefix tokens, patch grid).
         labels: class names, or None when the model has none.
         model_name: the spec the model was loaded from.
+        compact: for a compact analysis, ``head_mean`` ``[layers, n, n]``, ``prefix_rows``
+            ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` and the
+            statistics ``[layers, heads]`` by name; else None.
+        row_source: for a compact analysis, recomputes one query's rows ``[layers, heads, n]`` with
+            a forward pass (it holds the model); else None.
     """
 
     image: np.ndarray
-    attentions: np.ndarray
+    attentions: np.ndarray | None
     logits: np.ndarray
     layout: TokenLayout
     labels: list[str] | None
     model_name: str
+    compact: dict[str, Any] | None = None
+    row_source: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
     # arrays that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
     derived_limit: ClassVar[int] = 32
@@ -51,6 +71,19 @@ class Analysis:
     @property
     def num_prefix_tokens(self) -> int:
         return self.layout.num_prefix_tokens
+
+    @property
+    def map_shape(self) -> tuple[int, int]:
+        """(layers, heads)."""
+        if self.attentions is not None:
+            return self.attentions.shape[:2]
+        return self.compact["prefix_rows"].shape[:2] if self.compact["prefix_rows"].size else self.compact["patch_mean_rows"].shape[:2]
+
+    @property
+    def storage(self) -> str:
+        if self.attentions is None:
+            return "compact float16 (head means, prefix rows, statistics)"
+        return str(self.attentions.dtype)
 
     @property
     def probs(self) -> np.ndarray:
@@ -70,24 +103,117 @@ class Analysis:
 
     @property
     def nbytes(self) -> int:
-        return self.image.nbytes + self.attentions.nbytes + self.logits.nbytes
+        """Bytes of arrays this analysis holds (image, maps, logits), derived caches excluded."""
+        arrays = [self.image, self.logits]
+        if self.attentions is not None:
+            arrays.append(self.attentions)
+        else:
+            arrays += [value for value in self.compact.values() if isinstance(value, np.ndarray)]
+            arrays += list(self.compact["statistics"].values())
+        return sum(array.nbytes for array in arrays)
 
 
-def analyze(model: LoadedModel, image: ImageSource, name: str | None = None) -> Analysis:
-    """Decode ``image``, resize it to the model's input, capture every layer's attention once."""
+def map_bytes(layout: TokenLayout, layers: int, heads: int, itemsize: int = 4) -> int:
+    """Bytes of the full ``[layers, heads, n, n]`` stack."""
+    return layers * heads * layout.num_tokens**2 * itemsize
+
+
+def choose_storage(full_bytes: int, memory_budget: int) -> str:
+    """"float32" if the full float32 stack fits the budget, "float16" if half of it does, else "compact"."""
+    if full_bytes <= memory_budget:
+        return "float32"
+    return "float16" if full_bytes // 2 <= memory_budget else "compact"
+
+
+class StackSink(MutableMapping):
+    """Keeps each layer's map of image 0 as a numpy array of ``dtype`` as soon as it arrives."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.layers: dict[int, np.ndarray] = {}
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        self.layers[layer] = attention[0].to(torch.float32).cpu().numpy().astype(self.dtype, copy=False)
+
+    def __getitem__(self, layer: int) -> np.ndarray:
+        return self.layers[layer]
+
+    def __delitem__(self, layer: int) -> None:
+        del self.layers[layer]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.layers))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def stack(self) -> np.ndarray:
+        return np.stack([self.layers[layer] for layer in range(len(self.layers))])  # [layers, heads, n, n]
+
+
+class CompactSink(StackSink):
+    """Reduces each layer's map to what the views need, then drops it."""
+
+    def __init__(self, layout: TokenLayout) -> None:
+        super().__init__(np.float16)
+        self.layout = layout
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        maps = attention[0].to(torch.float32).cpu().numpy()  # [heads, n, n], this layer only
+        prefix = self.layout.num_prefix_tokens
+        statistics = {name: compute(maps[None], self.layout)[0] for name, compute in stats.HEAD_STATISTICS.items()}
+        self.layers[layer] = {
+            "head_mean": maps.mean(axis=0).astype(np.float16),
+            "prefix_rows": maps[:, :prefix, :].astype(np.float16),
+            "patch_mean_rows": maps[:, prefix:, :].mean(axis=1).astype(np.float16),
+            "statistics": statistics,
+        }
+
+    def reduced(self) -> dict[str, Any]:
+        layers = [self.layers[layer] for layer in range(len(self.layers))]
+        return {
+            "head_mean": np.stack([layer["head_mean"] for layer in layers]),
+            "prefix_rows": np.stack([layer["prefix_rows"] for layer in layers]),
+            "patch_mean_rows": np.stack([layer["patch_mean_rows"] for layer in layers]),
+            "statistics": {name: np.stack([layer["statistics"][name] for layer in layers]) for name in stats.HEAD_STATISTICS},
+        }
+
+
+class RowSink(StackSink):
+    """Keeps only one query's row of every head ``[heads, n]`` per layer."""
+
+    def __init__(self, query: int) -> None:
+        super().__init__(np.float32)
+        self.query = query
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        self.layers[layer] = attention[0, :, self.query, :].to(torch.float32).cpu().numpy()
+
+
+def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Analysis:
+    """Decode ``image``, resize it to the model's input, capture every layer's attention once.
+
+    ``memory_budget`` (bytes) decides how the maps are kept: float32, float16 or compact (module doc).
+    """
     view = model_view(load_image(image, name), model.preprocess)
     pixels = to_pixels(view, model.preprocess).to(model.device)
-    logits, attentions = record_attention(model, pixels)
-    attentions = attentions[0].float().cpu().numpy()  # [layers, heads, n, n]
-    model.layout.validate(attentions.shape[-1])
-    return Analysis(
-        image=view,
-        attentions=np.ascontiguousarray(attentions),
-        logits=logits[0].float().cpu().numpy(),
-        layout=model.layout,
-        labels=model.labels,
-        model_name=model.name,
-    )
+    storage = choose_storage(map_bytes(model.layout, *model.adapter.map_shape(model.module)), memory_budget)
+    sink = CompactSink(model.layout) if storage == "compact" else StackSink(np.dtype(storage))
+    logits = capture_into(model, pixels, sink)
+    result = Analysis(image=view, attentions=None, logits=logits[0].float().cpu().numpy(), layout=model.layout,
+                      labels=model.labels, model_name=model.name)
+    if isinstance(sink, CompactSink):
+        result.compact = sink.reduced()
+        result.row_source = lambda query: query_rows_by_forward(model, pixels, query)
+        model.layout.validate(result.compact["head_mean"].shape[-1])
+    else:
+        result.attentions = sink.stack()
+        model.layout.validate(result.attentions.shape[-1])
+    return result
 
 
-__all__ = ["Analysis", "Prediction", "analyze"]
+def query_rows_by_forward(model: LoadedModel, pixels: torch.Tensor, query: int) -> np.ndarray:
+    """Every head's row of token ``query`` in every layer ``[layers, heads, n]``, from one more forward pass."""
+    sink = RowSink(query)
+    capture_into(model, pixels, sink)
+    return sink.stack()

@@ -6,12 +6,14 @@ is the session's state, and every other control re-renders from it.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import threading
 import time
 import uuid
 import zipfile
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import gradio as gr
 import numpy as np
 
 from . import charts, export, render, views
-from .analysis import Analysis, analyze
+from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, analyze
 from .errors import VitExplorerError
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .models.builtin import ASSETS, builtin_names
@@ -38,6 +40,19 @@ MEAN_HEADS = "mean of heads"
 MEAN_PATCHES = "mean of patch queries"
 
 
+def user_errors(callback: Callable) -> Callable:
+    """Show a ``VitExplorerError`` raised by ``callback`` as a message in the page, not a bare "Error"."""
+
+    @functools.wraps(callback)
+    def wrapped(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except VitExplorerError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+
+    return wrapped
+
+
 class ImageUpload(gr.Image):
     """An image input (upload, paste, webcam off) that hands the uploaded file over unopened.
 
@@ -52,12 +67,21 @@ class ImageUpload(gr.Image):
 
 
 class ModelCache:
-    """The last ``capacity`` loaded models, shared by all sessions (loading is serialised)."""
+    """The last ``capacity`` loaded models, shared by all sessions (loading is serialised), and the
+    memory budget their analyses keep to."""
 
-    def __init__(self, capacity: int = 2) -> None:
+    def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
         self.capacity = capacity
+        self.memory_budget = memory_budget  # bytes of maps per analysis, see ``analyze``
         self._models: OrderedDict[str, LoadedModel] = OrderedDict()
         self._lock = threading.Lock()
+
+    def put(self, spec: str, model: LoadedModel) -> None:
+        """Make an already built model available under ``spec`` (for models built in code)."""
+        with self._lock:
+            self._models[spec] = model
+            while len(self._models) > self.capacity:
+                self._models.popitem(last=False)
 
     def get(self, spec: str) -> LoadedModel:
         with self._lock:
@@ -65,10 +89,8 @@ class ModelCache:
                 self._models.move_to_end(spec)
                 return self._models[spec]
             model = load_model(spec)
-            self._models[spec] = model
-            while len(self._models) > self.capacity:
-                self._models.popitem(last=False)
-            return model
+        self.put(spec, model)
+        return model
 
 
 @dataclass(frozen=True)
@@ -102,7 +124,7 @@ class Session:
 
 
 def new_session(analysis: Analysis) -> Session:
-    return Session(analysis=analysis, query=views.default_query(analysis), layer=analysis.attentions.shape[0] - 1, head=None)
+    return Session(analysis=analysis, query=views.default_query(analysis), layer=analysis.map_shape[0] - 1, head=None)
 
 
 def query_choices(analysis: Analysis) -> list[str]:
@@ -115,7 +137,7 @@ def query_label(session: Session) -> str:
 
 
 def head_choices(analysis: Analysis) -> list[str]:
-    return [MEAN_HEADS] + [f"h{head}" for head in range(analysis.attentions.shape[1])]
+    return [MEAN_HEADS] + [f"h{head}" for head in range(analysis.map_shape[1])]
 
 
 def head_label(head: int | None) -> str:
@@ -124,12 +146,13 @@ def head_label(head: int | None) -> str:
 
 def model_summary(analysis: Analysis) -> str:
     layout = analysis.layout
-    layers, heads, tokens, _ = analysis.attentions.shape
+    layers, heads = analysis.map_shape
+    tokens = layout.num_tokens
     prefix = ", ".join(layout.prefix_names) or "none (rollout and grid use the mean over patch queries)"
     return (
         f"**{analysis.model_name}** · input {layout.input_hw[0]}×{layout.input_hw[1]} px · {layers} layers × {heads} heads · "
         f"{tokens} tokens = {layout.grid_hw[0]}×{layout.grid_hw[1]} patches of {layout.patch_hw[0]}×{layout.patch_hw[1]} px "
-        f"+ prefix: {prefix} · maps held: {analysis.attentions.nbytes / 2**20:.1f} MiB"
+        f"+ prefix: {prefix} · held: {analysis.nbytes / 2**20:.1f} MiB ({analysis.storage})"
     )
 
 
@@ -181,7 +204,7 @@ def render_overview(session: Session, controls: Controls) -> tuple:
     analysis = session.analysis
     default = views.default_query(analysis)
     rollout = views.rollout_map(analysis, default, views.RolloutOptions())
-    last = views.attention_map(analysis, default, analysis.attentions.shape[0] - 1, None)
+    last = views.attention_map(analysis, default, analysis.map_shape[0] - 1, None)
     name = views.query_name(analysis, default)
     return (
         top_predictions(analysis),
@@ -200,7 +223,7 @@ def render_statistics(analysis: Analysis) -> tuple:
 
 def control_updates(session: Session) -> tuple:
     """Slider and dropdown ranges for this analysis: layer, head, start layer, query token."""
-    layers = session.analysis.attentions.shape[0]
+    layers = session.analysis.map_shape[0]
     return (
         gr.update(maximum=layers - 1, value=session.layer),
         gr.update(choices=head_choices(session.analysis), value=head_label(session.head)),
@@ -223,15 +246,12 @@ def full_outputs(session: Session, controls: Controls) -> tuple:
             distance, entropy, prefix, caption, *control_updates(session))
 
 
+@user_errors
 def run_analysis(models: ModelCache, upload: str | None, spec: str, *control_values) -> tuple:
     """Upload (or model change) → one forward pass → all views."""
     if upload is None:
         return empty_outputs()
-    try:
-        model = models.get(spec)
-        analysis = analyze(model, upload, name=Path(upload).name)
-    except VitExplorerError as error:
-        raise gr.Error(str(error), print_exception=False) from None
+    analysis = analyze(models.get(spec), upload, name=Path(upload).name, memory_budget=models.memory_budget)
     return full_outputs(new_session(analysis), Controls(*control_values))
 
 
@@ -252,6 +272,7 @@ def require(session: Session | None) -> Session:
     return session
 
 
+@user_errors
 def on_controls(session: Session | None, *control_values) -> tuple:
     """A view control changed: re-render from the cached maps, no forward pass."""
     session = require(session)
@@ -259,10 +280,12 @@ def on_controls(session: Session | None, *control_values) -> tuple:
     return (*render_query_views(session, controls), *render_overview(session, controls)[1:])
 
 
+@user_errors
 def on_rollout_controls(session: Session | None, *control_values) -> np.ndarray:
     return render_rollout(require(session), Controls(*control_values))
 
 
+@user_errors
 def on_patch_click(evt: gr.SelectData, session: Session | None, *control_values) -> tuple:
     session = require(session)
     size = views.view_hw(session.analysis)
@@ -270,6 +293,7 @@ def on_patch_click(evt: gr.SelectData, session: Session | None, *control_values)
     return render_query_views(replace(session, query=token), Controls(*control_values)) + (gr.update(value=None),)
 
 
+@user_errors
 def on_query_choice(session: Session | None, choice: str | None, *control_values) -> tuple:
     session = require(session)
     if choice is None:
@@ -278,11 +302,13 @@ def on_query_choice(session: Session | None, choice: str | None, *control_values
     return render_query_views(replace(session, query=query), Controls(*control_values))
 
 
+@user_errors
 def on_reset_query(session: Session | None, *control_values) -> tuple:
     session = replace(require(session), query=views.default_query(require(session).analysis))
     return render_query_views(session, Controls(*control_values)) + (gr.update(value=query_label(session)),)
 
 
+@user_errors
 def on_tile_click(evt: gr.SelectData, session: Session | None, *control_values) -> tuple:
     session = require(session)
     hit = session.geometry.hit(evt.index[0], evt.index[1]) if session.geometry is not None else None
@@ -298,6 +324,7 @@ def select_head(session: Session, controls: Controls) -> tuple:
     return session, grid, render_head(session, controls), gr.update(value=session.layer), gr.update(value=head_label(session.head))
 
 
+@user_errors
 def on_layer_head(session: Session | None, layer: int, head: str, *control_values) -> tuple:
     session = require(session)
     head_index = None if head in (None, MEAN_HEADS) else int(head.removeprefix("h"))
@@ -317,6 +344,7 @@ def export_dir() -> Path:
     return folder
 
 
+@user_errors
 def on_export(session: Session | None, *control_values) -> str:
     """A zip of what ``vit-explorer analyze`` writes, for the current query and options, plus the large views."""
     session = require(session)
@@ -334,8 +362,24 @@ def on_export(session: Session | None, *control_values) -> str:
     return str(archive)
 
 
+CURATED_TIMM = (
+    "vit_small_patch16_224.augreg_in21k_ft_in1k",
+    "deit_small_patch16_224.fb_in1k",
+    "vit_small_patch16_224.dino",
+    "vit_small_patch14_reg4_dinov2.lvd142m",
+)
+CURATED_HF = ("google/vit-base-patch16-224", "facebook/dinov2-with-registers-small")
+
+
 def model_choices(initial: str) -> list[str]:
+    """The built-in models, then well-known hub models for the families whose package is installed."""
+    from importlib.util import find_spec
+
     names = [f"builtin:{name}" for name in builtin_names()]
+    if find_spec("timm") is not None:
+        names += [f"timm:{name}" for name in CURATED_TIMM]
+    if find_spec("transformers") is not None:
+        names += [f"hf:{name}" for name in CURATED_HF]
     return names if initial in names else [initial, *names]
 
 
@@ -348,7 +392,8 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         with gr.Row():
             model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
-                                info="built-in, or a path to a .safetensors/.pt checkpoint", scale=1)
+                                info="built-in, timm:NAME, hf:REPO, or a path to a checkpoint (hub models download once, then load from cache)",
+                                scale=1)
             summary = gr.Markdown("Upload an image to begin.")
         with gr.Row():
             with gr.Column(scale=2, min_width=320):
@@ -432,9 +477,10 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
     return demo
 
 
-def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False, open_browser: bool = True) -> None:
+def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False, open_browser: bool = True,
+          memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
     """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app."""
-    models = ModelCache()
+    models = ModelCache(memory_budget=memory_budget)
     models.get(model_spec)
     if share:
         print("vit-explorer: warning: --share makes this app reachable by anyone with the link", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import MutableMapping
 from contextlib import ExitStack
 from types import TracebackType
 
@@ -24,6 +25,35 @@ def capture_lock(module: nn.Module) -> threading.RLock:
         return _module_locks.setdefault(module, threading.RLock())
 
 
+def resolve(model: nn.Module | LoadedModel, adapter: CaptureAdapter | None = None) -> tuple[nn.Module, CaptureAdapter]:
+    """The module to run and the adapter that knows where its attention appears."""
+    module = model.module if isinstance(model, LoadedModel) else model
+    if adapter is None:
+        adapter = model.adapter if isinstance(model, LoadedModel) else adapter_for(module)
+    return module, adapter
+
+
+def check_captured(sink: MutableMapping[int, object], module: nn.Module, adapter: CaptureAdapter) -> None:
+    if not len(sink):
+        raise RuntimeError(
+            f"{type(adapter).__name__} captured no attention maps from {type(module).__name__}: "
+            "its attention does not run through the hooked modules"
+        )
+
+
+def capture_into(model: nn.Module | LoadedModel, images: torch.Tensor, sink: MutableMapping[int, torch.Tensor]) -> torch.Tensor:
+    """One no-grad forward pass in which each layer's map ``[b, heads, n, n]`` goes to ``sink[layer] = map``.
+
+    For sinks that reduce each map as it arrives (to float16, to a few rows, to statistics), so the
+    full float32 stack of a large model is never held at once. Returns the logits.
+    """
+    module, adapter = resolve(model)
+    with capture_lock(module), adapter.attached(module, sink) as forward, torch.inference_mode():
+        logits = forward(images)
+    check_captured(sink, module, adapter)
+    return logits
+
+
 class AttentionRecorder:
     """Context manager that keeps capture attached for repeated forward passes.
 
@@ -33,10 +63,7 @@ class AttentionRecorder:
     """
 
     def __init__(self, model: nn.Module | LoadedModel, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False) -> None:
-        self.module = model.module if isinstance(model, LoadedModel) else model
-        if adapter is None:
-            adapter = model.adapter if isinstance(model, LoadedModel) else adapter_for(self.module)
-        self.adapter = adapter
+        self.module, self.adapter = resolve(model, adapter)
         self.keep_graph = keep_graph
         self._sink: dict[int, torch.Tensor] = {}
         self._stack: ExitStack | None = None
@@ -69,11 +96,7 @@ class AttentionRecorder:
             else:
                 with torch.inference_mode():
                     logits = self._forward(images)
-            if not self._sink:
-                raise RuntimeError(
-                    f"{type(self.adapter).__name__} captured no attention maps from {type(self.module).__name__}: "
-                    "its attention does not run through the hooked modules"
-                )
+            check_captured(self._sink, self.module, self.adapter)
             layers = sorted(self._sink)
             assert layers == list(range(len(layers))), f"captured layers {layers} are not 0…{len(layers) - 1}"
             attentions = torch.stack([self._sink[layer] for layer in layers], dim=1)  # [b, layers, heads, n, n]

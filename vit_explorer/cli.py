@@ -24,9 +24,9 @@ def run_analyze(args: argparse.Namespace) -> None:
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
     progress(f"loading {args.model}")
-    model = load_model(args.model)
+    model = load_model(args.model, input_hw=args.input_size)
     progress(f"analysing {args.image}")
-    analysis = analyze(model, image, name=str(args.image))
+    analysis = analyze(model, image, name=str(args.image), memory_budget=int(args.memory_budget_mb * 2**20))
     out = Path(args.out)
     # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +46,8 @@ def run_analyze(args: argparse.Namespace) -> None:
 def run_serve(args: argparse.Namespace) -> None:
     from .app import serve
 
-    serve(model_spec=args.model, host=args.host, port=args.port, share=args.share, open_browser=not args.no_browser)
+    serve(model_spec=args.model, host=args.host, port=args.port, share=args.share, open_browser=not args.no_browser,
+          memory_budget=int(args.memory_budget_mb * 2**20))
 
 
 def run_train_default(args: argparse.Namespace) -> None:
@@ -54,6 +55,17 @@ def run_train_default(args: argparse.Namespace) -> None:
 
     figures = train_default(Path(args.out), seed=args.seed, steps=args.steps)
     progress(f"wrote {args.out}: held-out accuracy {figures['heldout_accuracy']:.1%}")
+
+
+def input_size(text: str) -> tuple[int, int]:
+    """``518`` or ``448x640`` (height × width) → (height, width)."""
+    try:
+        parts = [int(part) for part in text.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"input size must look like 518 or 448x640, not {text!r}") from None
+    if len(parts) not in (1, 2) or min(parts) <= 0:
+        raise argparse.ArgumentTypeError(f"input size must look like 518 or 448x640, not {text!r}")
+    return (parts[0], parts[-1])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,6 +83,8 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--start-layer", type=int, default=0)
     analyze.add_argument("--residual-weight", type=float, default=0.5)
     analyze.add_argument("--cmap", default="inferno")
+    analyze.add_argument("--input-size", type=input_size, default=None, help="e.g. 518 or 448x640, for timm/hf models that allow it")
+    analyze.add_argument("--memory-budget-mb", type=float, default=1024, help="above this, maps are kept in float16 or compactly")
     analyze.set_defaults(run=run_analyze)
 
     serve = commands.add_parser("serve", help="start the web app on this machine")
@@ -79,6 +93,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=7860)
     serve.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
     serve.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
+    serve.add_argument("--memory-budget-mb", type=float, default=1024, help="above this, maps are kept in float16 or compactly")
     serve.set_defaults(run=run_serve)
 
     train = commands.add_parser("train-default", help="train the embedded shapes model")

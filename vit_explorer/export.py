@@ -11,10 +11,10 @@ from .analysis import Analysis
 
 
 def write_npz(analysis: Analysis, path: Path) -> None:
-    """Raw maps: ``attentions`` [layers, heads, n, n], ``grid``, ``num_prefix_tokens``, ``prefix_names``,
+    """Raw maps: ``attentions`` [layers, heads, n, n] (for a compact analysis ``head_mean``,
+    ``prefix_rows``, ``patch_mean_rows`` and ``statistic_*`` instead), ``grid``, ``num_prefix_tokens``, ``prefix_names``,
     ``image``, ``logits``, ``probs``, and ``labels`` when the model has them."""
     arrays = {
-        "attentions": analysis.attentions,
         "grid": np.array(analysis.grid),
         "num_prefix_tokens": np.array(analysis.num_prefix_tokens),
         "prefix_names": np.array(analysis.layout.prefix_names, dtype=str),
@@ -23,6 +23,11 @@ def write_npz(analysis: Analysis, path: Path) -> None:
         "probs": analysis.probs,
         "model": np.array(analysis.model_name),
     }
+    if analysis.attentions is not None:
+        arrays["attentions"] = analysis.attentions
+    else:  # compact analysis: what was kept instead of the full stack
+        arrays.update({key: value for key, value in analysis.compact.items() if isinstance(value, np.ndarray)})
+        arrays.update({f"statistic_{name.replace(' ', '_')}": value for name, value in analysis.compact["statistics"].items()})
     if analysis.labels is not None:
         arrays["labels"] = np.array(analysis.labels, dtype=str)
     np.savez_compressed(path, **arrays)

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
 from .errors import VitExplorerError
@@ -48,13 +46,27 @@ def normalize(maps: np.ndarray, shared: bool = False) -> np.ndarray:
     return (maps - low) / np.where(span > 0, span, 1.0)
 
 
+@lru_cache(maxsize=64)
+def interpolation_matrix(size_in: int, size_out: int) -> np.ndarray:
+    """``[size_out, size_in]`` weights of 1-D linear interpolation with half-pixel centres
+    (torch's ``align_corners=False``), so that ``matrix @ values`` resamples ``values``."""
+    centres = (np.arange(size_out, dtype=np.float64) + 0.5) * size_in / size_out - 0.5
+    centres = np.clip(centres, 0, size_in - 1)
+    low = np.floor(centres).astype(int)
+    high = np.minimum(low + 1, size_in - 1)
+    weight_high = centres - low
+    matrix = np.zeros((size_out, size_in), dtype=np.float32)
+    matrix[np.arange(size_out), low] += 1.0 - weight_high
+    matrix[np.arange(size_out), high] += weight_high
+    return matrix
+
+
 def upsample(maps: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
-    """Bilinear upsampling of ``[..., h, w]`` maps to ``[..., H, W]``."""
+    """Bilinear upsampling of ``[..., h, w]`` maps to ``[..., H, W]``, as two small matrix products."""
     maps = np.asarray(maps, dtype=np.float32)
-    lead = maps.shape[:-2]
-    flat = torch.from_numpy(np.ascontiguousarray(maps.reshape(-1, 1, *maps.shape[-2:])))
-    resized = F.interpolate(flat, size=out_hw, mode="bilinear", align_corners=False)
-    return resized.reshape(*lead, *out_hw).numpy()
+    rows = interpolation_matrix(maps.shape[-2], out_hw[0])
+    cols = interpolation_matrix(maps.shape[-1], out_hw[1])
+    return rows @ maps @ cols.T
 
 
 def colorize(values: np.ndarray, cmap: str = "inferno") -> np.ndarray:

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .models.checkpoint import CONFIG_KEY
-from .shapes import CLASSES, IMAGE_SIZE, generate_set
+from .shapes import CLASSES, IMAGE_SIZE, generate_set, write_examples
 from .vit import ViT
 
 SHAPES_VIT = {
@@ -115,4 +115,5 @@ def train_default(out: Path, seed: int = 0, steps: int = 3000, batch_size: int =
     out.parent.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
     save_file(state, str(out), metadata={CONFIG_KEY: json.dumps(config)})
+    write_examples(out.parent / "examples")
     return figures

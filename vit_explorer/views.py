@@ -70,9 +70,16 @@ def query_rows(analysis: Analysis, query: int | None) -> np.ndarray:
     """Where the query looks in every layer and head ``[layers, heads, n]``."""
 
     def compute() -> np.ndarray:
-        if query is None:
+        token = None if query is None else int(query_vector(analysis, query).argmax())
+        if analysis.attentions is None:  # compact: reduced at capture, or recomputed with a forward pass
+            if token is None:
+                return analysis.compact["patch_mean_rows"].astype(np.float32)
+            if token < analysis.num_prefix_tokens:
+                return analysis.compact["prefix_rows"][:, :, token, :].astype(np.float32)
+            return analysis.row_source(token)
+        if token is None:
             return analysis.attentions[:, :, analysis.num_prefix_tokens :, :].mean(axis=2, dtype=np.float32)
-        return np.ascontiguousarray(analysis.attentions[:, :, query_vector(analysis, query).argmax(), :], dtype=np.float32)
+        return np.ascontiguousarray(analysis.attentions[:, :, token, :], dtype=np.float32)
 
     return memo(analysis, ("query_rows", query), compute)
 
@@ -81,12 +88,14 @@ def head_statistic(analysis: Analysis, name: str) -> np.ndarray:
     """One of ``stats.HEAD_STATISTICS`` for this analysis ``[layers, heads]``."""
     if name not in stats.HEAD_STATISTICS:
         raise VitExplorerError(f"unknown head statistic {name!r}; use one of {', '.join(stats.HEAD_STATISTICS)}")
+    if analysis.attentions is None:
+        return analysis.compact["statistics"][name]
     return memo(analysis, ("statistic", name), lambda: stats.HEAD_STATISTICS[name](analysis.attentions, analysis.layout))
 
 
 def head_order(analysis: Analysis, order_by: str) -> np.ndarray:
     """Per layer, the heads in display order ``[layers, heads]`` (ascending statistic, or as they are)."""
-    layers, heads = analysis.attentions.shape[:2]
+    layers, heads = analysis.map_shape
     if order_by == "none":
         return np.tile(np.arange(heads), (layers, 1))
     return np.argsort(head_statistic(analysis, order_by), axis=1, kind="stable")
@@ -94,11 +103,19 @@ def head_order(analysis: Analysis, order_by: str) -> np.ndarray:
 
 def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) -> np.ndarray:
     """The query's rollout over the patches ``[grid_h, grid_w]``."""
+    attentions = analysis.attentions
+    if attentions is None:  # compact: only the head means were kept, as one "head"
+        if options.head_fusion != "mean":
+            raise VitExplorerError(
+                "this analysis kept only head-mean maps to stay within its memory budget, so rollout can fuse heads "
+                "by mean only; raise the memory budget for max or min"
+            )
+        attentions = analysis.compact["head_mean"][:, None]
     factors = memo(
         analysis,
         ("rollout_factors", options.head_fusion, options.discard_ratio, options.residual_weight),
         lambda: rollout_factors(
-            analysis.attentions, options.head_fusion, options.discard_ratio, options.residual_weight,
+            attentions, options.head_fusion, options.discard_ratio, options.residual_weight,
             num_protected=int(analysis.layout.has_class_token),
         ),
     )
@@ -170,7 +187,7 @@ def grid_picture(
 
     ``selected`` is (layer, head); it is outlined wherever the ordering put that head.
     """
-    layers, heads = analysis.attentions.shape[:2]
+    layers, heads = analysis.map_shape
     tile_px = tile_px or int(np.clip(720 // max(heads, 1), 40, 96))
     order = head_order(analysis, order_by)
     maps = analysis.layout.patch_map(query_rows(analysis, query))  # [layers, heads, gh, gw]

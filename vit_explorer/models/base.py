@@ -44,6 +44,10 @@ class CaptureAdapter(ABC):
         """The token layout of ``module`` for an input of ``input_hw`` pixels."""
 
     @abstractmethod
+    def map_shape(self, module: nn.Module) -> tuple[int, int]:
+        """(layers, heads) of the attention maps ``module`` produces, known before running it."""
+
+    @abstractmethod
     @contextmanager
     def attached(self, module: nn.Module, sink: dict[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """While active, the yielded function maps pixels ``[b, 3, H, W]`` to logits ``[b, classes]``

@@ -39,6 +39,9 @@ class HFAdapter(CaptureAdapter):
         config = getattr(module, "config", None)
         return type(module).__module__.startswith("transformers.") and getattr(config, "model_type", None) in MODEL_TYPES
 
+    def map_shape(self, module: nn.Module) -> tuple[int, int]:
+        return module.config.num_hidden_layers, module.config.num_attention_heads
+
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
         config = module.config
         names = ["cls"]

@@ -59,6 +59,10 @@ class TimmAdapter(HookAdapter):
             for attention, fused in zip(attentions, saved):
                 attention.fused_attn = fused
 
+    def map_shape(self, module: nn.Module) -> tuple[int, int]:
+        attentions = attention_modules(module)
+        return len(attentions), attentions[0].num_heads
+
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
         names: list[str] = []
         if getattr(module, "cls_token", None) is not None:

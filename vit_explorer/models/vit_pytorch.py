@@ -47,6 +47,9 @@ class VitPytorchAdapter(HookAdapter):
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
         return [attention.attend for attention, _ in module.transformer.layers]
 
+    def map_shape(self, module: nn.Module) -> tuple[int, int]:
+        return len(module.transformer.layers), module.transformer.layers[0][0].heads
+
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
         patch_h, patch_w = module.patch_size
         if input_hw[0] % patch_h or input_hw[1] % patch_w:

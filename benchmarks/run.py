@@ -1,0 +1,298 @@
+"""vit_explorer benchmark: is the app interactive? Prints a table and writes benchmarks/results.json.
+
+Every figure is a median over repetitions after warm-up, and the ones that matter are ratios of two
+timings taken in the same run (this machine is shared and noisy). No network is used.
+
+    python benchmarks/run.py            # the full run (a few minutes on 2 cores)
+    python benchmarks/run.py --tiny     # a small smoke run (CI), same code paths
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from vit_explorer import app, render, views  # noqa: E402
+from vit_explorer.analysis import analyze  # noqa: E402
+from vit_explorer.capture import record_attention  # noqa: E402
+from vit_explorer.models import load_model  # noqa: E402
+from vit_explorer.models.base import LoadedModel, Preprocess  # noqa: E402
+from vit_explorer.models.vit_pytorch import VitPytorchAdapter  # noqa: E402
+from vit_explorer.rollout import attention_rollout, rollout_factors, rollout_rows  # noqa: E402
+from vit_explorer.vit import ViT  # noqa: E402
+
+VIT_B16 = {"image_size": 224, "patch_size": 16, "num_classes": 1000, "dim": 768, "depth": 12, "heads": 12, "dim_head": 64, "mlp_dim": 3072}
+VIT_L_518 = {"image_size": 518, "patch_size": 14, "num_classes": 10, "dim": 64, "depth": 24, "heads": 16, "dim_head": 8, "mlp_dim": 128}
+TINY = {"image_size": 64, "patch_size": 16, "num_classes": 10, "dim": 32, "depth": 2, "heads": 2, "dim_head": 16, "mlp_dim": 64}
+
+
+def median_time(function, repeats: int, warmup: int = 1) -> float:
+    """Median seconds of ``function()`` over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def random_model(config: dict, name: str) -> LoadedModel:
+    torch.manual_seed(0)
+    module = ViT(**config).eval()
+    adapter = VitPytorchAdapter()
+    size = (config["image_size"], config["image_size"])
+    return LoadedModel(module=module, name=name, preprocess=Preprocess(input_hw=size), layout=adapter.layout(module, size), adapter=adapter)
+
+
+def photo(size: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((size, size), Image.Resampling.BICUBIC))
+
+
+def capture_overhead(models: dict[str, LoadedModel], batches: list[int], repeats: int) -> list[dict]:
+    """Forward with capture / the same forward without it."""
+    rows = []
+    for name, model in models.items():
+        for batch in batches:
+            images = torch.randn(batch, 3, *model.preprocess.input_hw)
+
+            def plain():
+                with torch.inference_mode():
+                    model.module(images)
+
+            plain_s = median_time(plain, repeats)
+            capture_s = median_time(lambda: record_attention(model, images), repeats)
+            rows.append({"model": name, "batch": batch, "forward_s": plain_s, "capture_s": capture_s, "ratio": capture_s / plain_s})
+    return rows
+
+
+def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
+    """Server-side time of the app's update callbacks on cached maps, and as a ratio to one forward pass."""
+    rows = []
+    controls = app.Controls()
+    values = tuple(controls.__dict__.values())
+    for name, model in models.items():
+        cache = app.ModelCache()
+        cache.put(name, model)
+        size = model.preprocess.input_hw[0]
+        image = photo(size)
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "image.png"
+            from PIL import Image
+
+            Image.fromarray(image).save(path)
+            session = app.run_analysis(cache, str(path), name, *values)[0]
+            pixels = torch.randn(1, 3, *model.preprocess.input_hw)
+
+            def forward():
+                with torch.inference_mode():
+                    model.module(pixels)
+
+            forward_s = median_time(forward, repeats)
+            session, *_ = app.render_query_views(session, controls)
+            y, x = session.geometry.tile_origin(1, 1)
+            height, width = views.view_hw(session.analysis)
+            clicks = iter(range(10**6))
+
+            def next_patch():  # a different patch each time, so no memoised rows are reused
+                step = next(clicks)
+                return app.on_patch_click(select((step * 37) % width, (step * 53) % height), session, *values)
+
+            events = {
+                "layer/head (tile click)": lambda: app.on_tile_click(select(x + 2, y + 2), session, *values),
+                "query patch (image click)": next_patch,
+                "colormap": lambda: app.on_controls(session, *app.Controls(cmap="viridis").__dict__.values()),
+                "normalisation/ordering": lambda: app.on_controls(session, *app.Controls(normalisation="shared", order_by="entropy").__dict__.values()),
+                "rollout options": lambda: app.on_rollout_controls(session, *app.Controls(head_fusion="max", discard_ratio=0.3).__dict__.values()),
+            }
+            for event, function in events.items():
+                seconds = median_time(function, repeats)
+                rows.append({"model": name, "event": event, "update_s": seconds, "ratio_to_forward": seconds / forward_s})
+    return rows
+
+
+def select(x: float, y: float):
+    import gradio as gr
+
+    return gr.SelectData(None, {"index": [int(x), int(y)], "value": None, "selected": True})
+
+
+def rendering(layers: int, heads: int, repeats: int) -> dict:
+    """The layers × heads grid with numpy LUTs / the same grid with one matplotlib subplot per tile."""
+    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rng = np.random.default_rng(0)
+    maps = rng.random((layers, heads, 14, 14)).astype(np.float32)
+    image = photo(224)
+
+    def ours():
+        tiles = render.heat(maps, (60, 60), "inferno", image=image)
+        render.tile_grid(tiles, [f"L{i}" for i in range(layers)], [f"h{i}" for i in range(heads)])
+
+    def matplotlib_grid():
+        figure = Figure(figsize=(heads, layers), dpi=60)
+        axes = figure.subplots(layers, heads, squeeze=False)
+        for layer in range(layers):
+            for head in range(heads):
+                axes[layer, head].imshow(image)
+                axes[layer, head].imshow(maps[layer, head], cmap="inferno", alpha=0.6, extent=(0, 224, 224, 0), interpolation="bilinear")
+                axes[layer, head].set_axis_off()
+        canvas = FigureCanvasAgg(figure)
+        canvas.draw()
+        np.asarray(canvas.buffer_rgba())
+
+    ours_s = median_time(ours, repeats)
+    matplotlib_s = median_time(matplotlib_grid, max(1, repeats // 3))
+    return {"grid": f"{layers}x{heads}", "numpy_s": ours_s, "matplotlib_s": matplotlib_s, "ratio": ours_s / matplotlib_s}
+
+
+def rollout_scaling(token_counts: list[int], layers: int, repeats: int) -> list[dict]:
+    """One query row in O(layers·n²) / the full n×n rollout product."""
+    rows = []
+    for n in token_counts:
+        generator = torch.Generator().manual_seed(n)
+        attentions = torch.softmax(torch.randn(layers, 1, n, n, generator=generator), dim=-1)
+        factors = rollout_factors(attentions)
+        one_hot = torch.zeros(1, n)
+        one_hot[0, 0] = 1.0
+        row_s = median_time(lambda: rollout_rows(factors, one_hot), repeats)
+        full_s = median_time(lambda: attention_rollout(attentions), max(1, repeats // 2))
+        factors_s = median_time(lambda: rollout_factors(attentions), max(1, repeats // 2))
+        rows.append({"tokens": n, "row_s": row_s, "full_s": full_s, "factors_s": factors_s,
+                     "ratio": row_s / full_s, "ratio_with_factors": (row_s + factors_s) / full_s})
+    return rows
+
+
+def memory(models: dict[str, LoadedModel]) -> list[dict]:
+    """Bytes one analysis holds in the session state (with the default 1 GiB budget)."""
+    rows = []
+    for name, model in models.items():
+        from PIL import Image
+
+        result = analyze(model, Image.fromarray(photo(model.preprocess.input_hw[0])))
+        rows.append({"model": name, "tokens": model.layout.num_tokens, "storage": result.storage, "bytes": result.nbytes})
+    return rows
+
+
+def peak_rss_of_analyze(model: str, image_size: int) -> dict:
+    """Peak resident memory of ``vit-explorer analyze`` in a fresh process."""
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "image.png"
+        Image.fromarray(photo(image_size)).save(path)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        subprocess.run([sys.executable, "-m", "vit_explorer.cli", "analyze", str(path), "--model", model, "--out", str(Path(folder) / "out")],
+                       check=True, capture_output=True)
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"model": model, "peak_rss_mib": max(peak, before) / 1024}
+
+
+def start_up(model: str, repeats: int) -> dict:
+    """Seconds from ``vit-explorer serve --no-browser`` to the first HTTP 200 / ``python -c "import torch, gradio"``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from serving import free_port
+
+    def serve_once() -> float:
+        port = free_port()
+        start = time.perf_counter()
+        server = subprocess.Popen([sys.executable, "-m", "vit_explorer.cli", "serve", "--model", model, "--port", str(port), "--no-browser"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1) as response:
+                        if response.status == 200:
+                            return time.perf_counter() - start
+                except OSError:
+                    time.sleep(0.1)
+                if server.poll() is not None or time.perf_counter() - start > 180:
+                    raise RuntimeError("the app did not start")
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+    def imports() -> float:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch, gradio"], check=True)
+        return time.perf_counter() - start
+
+    serve_s = statistics.median(serve_once() for _ in range(repeats))
+    import_s = statistics.median(imports() for _ in range(repeats))
+    return {"serve_to_first_response_s": serve_s, "import_torch_gradio_s": import_s, "ratio": serve_s / import_s}
+
+
+def table(title: str, rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    lines = [f"\n{title}", " | ".join(keys), " | ".join("---" for _ in keys)]
+    for row in rows:
+        lines.append(" | ".join(f"{value:.4g}" if isinstance(value, float) else str(value) for value in row.values()))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="small sizes and few repetitions (smoke run)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.tiny:
+        repeats, tokens = 3, [50, 100]
+        default = random_model(TINY, "tiny")
+        capture_models = interaction_models = {"tiny": default}
+        memory_models = {"tiny": default}
+        grid = (3, 3)
+        rss_model, rss_size = None, 0
+    else:
+        repeats, tokens = 7, [197, 577, 1370]
+        default = load_model("builtin:shapes")
+        vit_b = random_model(VIT_B16, "ViT-B/16 224 (random)")
+        capture_models = interaction_models = {"builtin:shapes": default, "ViT-B/16 224 (random)": vit_b}
+        memory_models = {**capture_models, "24L×16H 518/14, 1370 tokens (random)": random_model(VIT_L_518, "24x16")}
+        grid = (12, 12)
+        rss_model, rss_size = "builtin:shapes", 256
+    results = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpus": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
+        "capture_overhead": capture_overhead(capture_models, [1, 8] if not args.tiny else [1, 2], repeats),
+        "interaction_latency": interaction_latency(interaction_models, repeats),
+        "rendering": [rendering(*grid, repeats)],
+        "rollout_scaling": rollout_scaling(tokens, 12 if not args.tiny else 2, repeats),
+        "memory": memory(memory_models),
+    }
+    if rss_model is not None:
+        results["peak_rss"] = [peak_rss_of_analyze(rss_model, rss_size)]
+        results["start_up"] = [start_up(rss_model, 3)]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(f"machine: {results['machine']}")
+    for key, rows in results.items():
+        if key != "machine":
+            print(table(key, rows))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

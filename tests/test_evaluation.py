@@ -1,0 +1,26 @@
+import numpy as np
+
+from vit_explorer.evaluation import energy, patch_mask, pointing_hit
+
+
+def test_patch_mask_marks_touched_patches_and_dilates_by_one():
+    mask = np.zeros((64, 64), dtype=bool)
+    mask[20:22, 36:38] = True  # inside patch (1, 2) of a 4×4 grid of 16-pixel patches
+    touched = patch_mask(mask, (4, 4), dilate=0)
+    assert touched.sum() == 1 and touched[1, 2]
+    grown = patch_mask(mask, (4, 4), dilate=1)
+    assert grown.sum() == 9 and grown[0:3, 1:4].all()
+    corner = np.zeros((64, 64), dtype=bool)
+    corner[0, 0] = True
+    assert patch_mask(corner, (4, 4)).sum() == 4  # clipped at the border, not wrapped round
+
+
+def test_pointing_and_energy():
+    target = np.zeros((4, 4), dtype=bool)
+    target[1, 2] = True
+    grid_map = np.zeros((4, 4))
+    grid_map[1, 2], grid_map[3, 3] = 0.6, 0.4
+    assert pointing_hit(grid_map, target)
+    assert not pointing_hit(-grid_map, target)
+    assert energy(grid_map, target) == 0.6
+    assert energy(np.ones((4, 4)), target) == 1 / 16
