@@ -437,9 +437,9 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                         rollout_view = gr.Image(label="Attention rollout of the query", format="png", interactive=False, elem_id="rollout-view")
                     with gr.Tab("Head statistics"):
                         with gr.Row():
-                            distance_plot = gr.Image(label="Mean attention distance", format="png", interactive=False)
-                            entropy_plot = gr.Image(label="Entropy", format="png", interactive=False)
-                            prefix_plot = gr.Image(label="Prefix-token share", format="png", interactive=False)
+                            distance_plot = gr.Image(label="Mean attention distance", show_label=False, format="png", interactive=False)
+                            entropy_plot = gr.Image(label="Entropy", show_label=False, format="png", interactive=False)
+                            prefix_plot = gr.Image(label="Prefix-token share", show_label=False, format="png", interactive=False)
                     with gr.Tab("Export"):
                         gr.Markdown("A zip with `attention.npz` (raw maps), `rollout.png`, `heads.png` and the selected head's view, "
                                     "for the current query and options — the same files `vit-explorer analyze` writes.")

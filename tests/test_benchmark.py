@@ -1,0 +1,23 @@
+"""The benchmark runs end to end at a tiny size, so it cannot rot. No timing is asserted."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+
+
+def test_tiny_benchmark_writes_every_section(tmp_path):
+    out = tmp_path / "results.json"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert {"machine", "capture_overhead", "interaction_latency", "rendering", "rollout_scaling", "memory"} <= set(results)
+    assert len(results["interaction_latency"]) == 5
+    for section in ("capture_overhead", "rendering", "rollout_scaling"):
+        assert all(row["ratio"] > 0 for row in results[section])
+    assert "capture_overhead" in result.stdout
