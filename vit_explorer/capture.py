@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from contextlib import ExitStack
 from types import TracebackType
 
@@ -54,6 +54,39 @@ def capture_into(model: nn.Module | LoadedModel, images: torch.Tensor, sink: Mut
     return logits
 
 
+class StackingSink(MutableMapping):
+    """Copies each layer's map into one preallocated ``[b, layers, heads, n, n]`` tensor as it arrives,
+    so the per-layer maps are freed at once instead of all being held until a final stack."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.stacked: torch.Tensor | None = None
+        self.filled: set[int] = set()
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        if self.stacked is None:
+            self.stacked = attention.new_empty((attention.shape[0], self.num_layers, *attention.shape[1:]))
+        self.stacked[:, layer] = attention
+        self.filled.add(layer)
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        if layer not in self.filled:
+            raise KeyError(layer)
+        return self.stacked[:, layer]
+
+    def __delitem__(self, layer: int) -> None:
+        self.filled.discard(layer)
+
+    def clear(self) -> None:
+        self.stacked, self.filled = None, set()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.filled))
+
+    def __len__(self) -> int:
+        return len(self.filled)
+
+
 class AttentionRecorder:
     """Context manager that keeps capture attached for repeated forward passes.
 
@@ -65,7 +98,8 @@ class AttentionRecorder:
     def __init__(self, model: nn.Module | LoadedModel, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False) -> None:
         self.module, self.adapter = resolve(model, adapter)
         self.keep_graph = keep_graph
-        self._sink: dict[int, torch.Tensor] = {}
+        self.num_layers = self.adapter.map_shape(self.module)[0]
+        self._sink: MutableMapping[int, torch.Tensor] = {} if keep_graph else StackingSink(self.num_layers)
         self._stack: ExitStack | None = None
         self._forward = None
 
@@ -98,8 +132,11 @@ class AttentionRecorder:
                     logits = self._forward(images)
             check_captured(self._sink, self.module, self.adapter)
             layers = sorted(self._sink)
-            assert layers == list(range(len(layers))), f"captured layers {layers} are not 0…{len(layers) - 1}"
-            attentions = torch.stack([self._sink[layer] for layer in layers], dim=1)  # [b, layers, heads, n, n]
+            assert layers == list(range(self.num_layers)), f"captured layers {layers} are not 0…{self.num_layers - 1}"
+            if self.keep_graph:  # the per-layer maps are the ones in the graph: stack them
+                attentions = torch.stack([self._sink[layer] for layer in layers], dim=1)
+            else:
+                attentions = self._sink.stacked  # [b, layers, heads, n, n]
         finally:
             self._sink.clear()
         return logits, attentions
