@@ -139,3 +139,21 @@ def test_layer_and_head_controls_select_a_head(models, upload, checkpoint):
     assert (session.layer, session.head) == (1, 2)
     session, _, mean_head = app.on_layer_head(session, 1, app.MEAN_HEADS, *CONTROLS)
     assert session.head is None and not np.array_equal(head, mean_head)
+
+
+@pytest.mark.timm
+def test_app_views_handle_register_tokens_of_a_timm_model(upload):
+    timm = pytest.importorskip("timm")
+    from vit_explorer.models.timm_adapter import from_timm_module
+
+    torch_model = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=2, img_size=98, num_classes=3)
+    models = app.ModelCache()
+    models.put("timm:test-registers", from_timm_module(torch_model, "timm:test-registers"))
+    outputs = app.run_analysis(models, upload, "timm:test-registers", *CONTROLS)
+    session, summary = outputs[0], outputs[1]
+    assert "7×7 patches of 14×14 px" in summary and "cls, reg1, reg2, reg3, reg4" in summary
+    assert outputs[-1]["choices"] == ["cls", "reg1", "reg2", "reg3", "reg4", app.MEAN_PATCHES]
+    register_view = app.on_query_choice(session, "reg2", *CONTROLS)
+    assert register_view[0].query == 2 and "reg2" in register_view[-1]
+    patch_view = app.on_patch_click(click(200, 200), register_view[0], *CONTROLS)
+    assert patch_view[0].query == session.analysis.layout.patch_token(3, 3)
