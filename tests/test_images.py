@@ -87,3 +87,22 @@ def test_model_view_and_pixels_follow_the_preprocess_config():
     pixels = to_pixels(view, preprocess)
     assert pixels.shape == (1, 3, 48, 64)
     np.testing.assert_allclose(pixels[0, :, 0, 0].numpy(), (view[0, 0] / 255.0 - 0.5) / 0.25, rtol=1e-5)
+
+
+def test_tiny_multi_frame_and_transparent_palette_images_are_converted():
+    one_pixel = load_image(encoded(Image.new("RGB", (1, 1), (10, 20, 30)), "PNG"))
+    assert one_pixel.size == (1, 1) and one_pixel.getpixel((0, 0)) == (10, 20, 30)
+    frames = [Image.new("L", (20, 10), level) for level in (40, 200)]
+    tiff = load_image(encoded(frames[0], "TIFF", save_all=True, append_images=frames[1:]))
+    assert tiff.mode == "RGB" and tiff.getpixel((0, 0)) == (40, 40, 40)
+    palette = Image.new("P", (8, 8), 0)
+    palette.putpalette([0, 0, 0, 255, 0, 0] + [0] * 762)
+    palette.info["transparency"] = 0
+    assert load_image(encoded(palette, "PNG", transparency=0)).getpixel((0, 0)) == (255, 255, 255)
+
+
+def test_html_renamed_png_is_refused(tmp_path):
+    path = tmp_path / "page.png"
+    path.write_text("<!doctype html><html><body><script>alert(1)</script></body></html>")
+    with pytest.raises(VitExplorerError, match="page.png: not an image"):
+        load_image(path)
