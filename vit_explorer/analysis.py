@@ -10,7 +10,7 @@ on demand with one more forward pass.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import stats
-from .capture import capture_into
+from .capture import LayerSink, capture_into
 from .images import ImageSource, load_image, model_view, to_pixels
 from .layout import TokenLayout
 from .models.base import LoadedModel
@@ -77,7 +77,7 @@ class Analysis:
         """(layers, heads)."""
         if self.attentions is not None:
             return self.attentions.shape[:2]
-        return self.compact["prefix_rows"].shape[:2] if self.compact["prefix_rows"].size else self.compact["patch_mean_rows"].shape[:2]
+        return self.compact["patch_mean_rows"].shape[:2]
 
     @property
     def storage(self) -> str:
@@ -125,30 +125,18 @@ def choose_storage(full_bytes: int, memory_budget: int) -> str:
     return "float16" if full_bytes // 2 <= memory_budget else "compact"
 
 
-class StackSink(MutableMapping):
+class StackSink(LayerSink):
     """Keeps each layer's map of image 0 as a numpy array of ``dtype`` as soon as it arrives."""
 
     def __init__(self, dtype: np.dtype) -> None:
+        super().__init__()
         self.dtype = dtype
-        self.layers: dict[int, np.ndarray] = {}
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
         self.layers[layer] = attention[0].to(torch.float32).cpu().numpy().astype(self.dtype, copy=False)
 
-    def __getitem__(self, layer: int) -> np.ndarray:
-        return self.layers[layer]
-
-    def __delitem__(self, layer: int) -> None:
-        del self.layers[layer]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(sorted(self.layers))
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
     def stack(self) -> np.ndarray:
-        return np.stack([self.layers[layer] for layer in range(len(self.layers))])  # [layers, heads, n, n]
+        return np.stack(self.in_layer_order())  # [layers, heads, n, n]
 
 
 class CompactSink(StackSink):
@@ -170,7 +158,7 @@ class CompactSink(StackSink):
         }
 
     def reduced(self) -> dict[str, Any]:
-        layers = [self.layers[layer] for layer in range(len(self.layers))]
+        layers = self.in_layer_order()
         return {
             "head_mean": np.stack([layer["head_mean"] for layer in layers]),
             "prefix_rows": np.stack([layer["prefix_rows"] for layer in layers]),

@@ -304,7 +304,8 @@ def on_query_choice(session: Session | None, choice: str | None, *control_values
 
 @user_errors
 def on_reset_query(session: Session | None, *control_values) -> tuple:
-    session = replace(require(session), query=views.default_query(require(session).analysis))
+    session = require(session)
+    session = replace(session, query=views.default_query(session.analysis))
     return render_query_views(session, Controls(*control_values)) + (gr.update(value=query_label(session)),)
 
 
@@ -328,9 +329,8 @@ def select_head(session: Session, controls: Controls) -> tuple:
 def on_layer_head(session: Session | None, layer: int, head: str, *control_values) -> tuple:
     session = require(session)
     head_index = None if head in (None, MEAN_HEADS) else int(head.removeprefix("h"))
-    session = replace(session, layer=int(layer), head=head_index)
-    session, grid = render_grid(session, Controls(*control_values))
-    return session, grid, render_head(session, Controls(*control_values))
+    # the sliders already show this layer and head: only state, grid and large view change
+    return select_head(replace(session, layer=int(layer), head=head_index), Controls(*control_values))[:3]
 
 
 def export_dir() -> Path:

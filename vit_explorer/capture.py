@@ -54,37 +54,49 @@ def capture_into(model: nn.Module | LoadedModel, images: torch.Tensor, sink: Mut
     return logits
 
 
-class StackingSink(MutableMapping):
+class LayerSink(MutableMapping):
+    """Where an adapter puts each layer's map (``sink[layer] = map``); subclasses decide what of it to
+    keep in ``self.layers`` as it arrives, so a large model's full float32 stack need never be held."""
+
+    def __init__(self) -> None:
+        self.layers: dict[int, object] = {}
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        self.layers[layer] = attention
+
+    def __getitem__(self, layer: int) -> object:
+        return self.layers[layer]
+
+    def __delitem__(self, layer: int) -> None:
+        del self.layers[layer]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.layers))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def in_layer_order(self) -> list:
+        return [self.layers[layer] for layer in range(len(self.layers))]
+
+
+class StackingSink(LayerSink):
     """Copies each layer's map into one preallocated ``[b, layers, heads, n, n]`` tensor as it arrives,
     so the per-layer maps are freed at once instead of all being held until a final stack."""
 
     def __init__(self, num_layers: int) -> None:
+        super().__init__()
         self.num_layers = num_layers
         self.stacked: torch.Tensor | None = None
-        self.filled: set[int] = set()
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
         if self.stacked is None:
             self.stacked = attention.new_empty((attention.shape[0], self.num_layers, *attention.shape[1:]))
         self.stacked[:, layer] = attention
-        self.filled.add(layer)
-
-    def __getitem__(self, layer: int) -> torch.Tensor:
-        if layer not in self.filled:
-            raise KeyError(layer)
-        return self.stacked[:, layer]
-
-    def __delitem__(self, layer: int) -> None:
-        self.filled.discard(layer)
+        self.layers[layer] = self.stacked[:, layer]
 
     def clear(self) -> None:
-        self.stacked, self.filled = None, set()
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(sorted(self.filled))
-
-    def __len__(self) -> int:
-        return len(self.filled)
+        self.stacked, self.layers = None, {}
 
 
 class AttentionRecorder:
@@ -99,7 +111,7 @@ class AttentionRecorder:
         self.module, self.adapter = resolve(model, adapter)
         self.keep_graph = keep_graph
         self.num_layers = self.adapter.map_shape(self.module)[0]
-        self._sink: MutableMapping[int, torch.Tensor] = {} if keep_graph else StackingSink(self.num_layers)
+        self._sink: LayerSink = LayerSink() if keep_graph else StackingSink(self.num_layers)
         self._stack: ExitStack | None = None
         self._forward = None
 
@@ -134,7 +146,7 @@ class AttentionRecorder:
             layers = sorted(self._sink)
             assert layers == list(range(self.num_layers)), f"captured layers {layers} are not 0…{self.num_layers - 1}"
             if self.keep_graph:  # the per-layer maps are the ones in the graph: stack them
-                attentions = torch.stack([self._sink[layer] for layer in layers], dim=1)
+                attentions = torch.stack(self._sink.in_layer_order(), dim=1)
             else:
                 attentions = self._sink.stacked  # [b, layers, heads, n, n]
         finally:

@@ -60,17 +60,21 @@ def query_vector(analysis: Analysis, query: int | None) -> np.ndarray:
     if query is None:
         vector[layout.num_prefix_tokens :] = 1.0 / layout.num_patches
     else:
-        if not 0 <= query < layout.num_tokens:
-            raise VitExplorerError(f"query token {query} is outside 0…{layout.num_tokens - 1}")
-        vector[query] = 1.0
+        vector[check_query(analysis, query)] = 1.0
     return vector
+
+
+def check_query(analysis: Analysis, query: int) -> int:
+    if not 0 <= query < analysis.layout.num_tokens:
+        raise VitExplorerError(f"query token {query} is outside 0…{analysis.layout.num_tokens - 1}")
+    return query
 
 
 def query_rows(analysis: Analysis, query: int | None) -> np.ndarray:
     """Where the query looks in every layer and head ``[layers, heads, n]``."""
 
     def compute() -> np.ndarray:
-        token = None if query is None else int(query_vector(analysis, query).argmax())
+        token = None if query is None else check_query(analysis, query)
         if analysis.attentions is None:  # compact: reduced at capture, or recomputed with a forward pass
             if token is None:
                 return analysis.compact["patch_mean_rows"].astype(np.float32)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -49,7 +49,7 @@ class CaptureAdapter(ABC):
 
     @abstractmethod
     @contextmanager
-    def attached(self, module: nn.Module, sink: dict[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """While active, the yielded function maps pixels ``[b, 3, H, W]`` to logits ``[b, classes]``
         and stores each layer's attention ``[b, heads, n, n]`` in ``sink[layer]``.
 
@@ -74,7 +74,7 @@ class HookAdapter(CaptureAdapter):
         return module(pixels)
 
     @contextmanager
-    def attached(self, module: nn.Module, sink: dict[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         hook_modules = self.softmax_modules(module)
         if not hook_modules:
             raise VitExplorerError(f"{type(module).__name__} has no attention layers that vit_explorer can capture")

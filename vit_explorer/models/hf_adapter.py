@@ -8,7 +8,7 @@ maps from the model's own ``attentions`` output.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,7 +65,7 @@ class HFAdapter(CaptureAdapter):
                 module.set_attn_implementation(previous)
 
     @contextmanager
-    def attached(self, module: nn.Module, sink: dict[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         extra = {"interpolate_pos_encoding": True} if "interpolate_pos_encoding" in inspect.signature(module.forward).parameters else {}
 
         def forward(pixels: torch.Tensor) -> torch.Tensor:
