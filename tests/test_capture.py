@@ -4,7 +4,7 @@ from einops import rearrange
 
 from conftest import TINY, make_vit
 from vit_explorer import VitExplorerError
-from vit_explorer.capture import AttentionRecorder, record_attention
+from vit_explorer.capture import AttentionRecorder, record_attention, record_attention_gradients
 
 
 def manual_attention(model, images):
@@ -97,3 +97,38 @@ def test_keep_graph_keeps_maps_in_the_autograd_graph(tiny_vit):
     assert images.grad is not None and images.grad.abs().sum() > 0
     _, frozen = record_attention(tiny_vit, images)
     assert not frozen.requires_grad
+
+
+def test_attention_gradients_are_the_class_score_derivatives(tiny_vit):
+    """The gradient at one entry of one map equals the finite difference of the logit when that entry moves."""
+    torch.manual_seed(1)
+    images = torch.randn(2, 3, 64, 64)
+    targets = torch.tensor([3, 1])
+    logits, attentions, gradients = record_attention_gradients(tiny_vit, images, targets)
+    plain_logits, plain_attentions = record_attention(tiny_vit, images)
+    torch.testing.assert_close(logits, plain_logits)
+    torch.testing.assert_close(attentions, plain_attentions)
+    assert not logits.requires_grad and not attentions.requires_grad and not gradients.requires_grad
+    assert gradients.abs().sum() > 0 and gradients.shape == attentions.shape
+    layer, head, i, j, step = 1, 2, 0, 5, 1e-3
+
+    def nudge(_module, _inputs, output):
+        output = output.clone()
+        output[:, head, i, j] += step
+        return output
+
+    handle = tiny_vit.transformer.layers[layer][0].attend.register_forward_hook(nudge)
+    try:
+        with torch.no_grad():
+            nudged = tiny_vit(images)
+    finally:
+        handle.remove()
+    difference = (nudged - plain_logits)[torch.arange(2), targets] / step
+    torch.testing.assert_close(difference, gradients[:, layer, head, i, j], rtol=1e-2, atol=1e-4)
+
+
+def test_gradient_capture_leaves_the_no_grad_path_and_no_hooks_behind(tiny_vit):
+    record_attention_gradients(tiny_vit, torch.randn(1, 3, 64, 64))
+    assert all(not module._forward_hooks for module in tiny_vit.modules())
+    _, attentions = record_attention(tiny_vit, torch.randn(1, 3, 64, 64))
+    assert not attentions.requires_grad and attentions.is_inference()

@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -15,18 +16,19 @@ def cli_checkpoint(tmp_path):
     return write_checkpoint(tmp_path / "six-layers.safetensors", CLI_MODEL)
 
 
-def test_analyze_writes_the_three_files_and_prints_only_progress(tmp_path, cli_checkpoint):
+def test_analyze_writes_maps_and_scores_and_prints_the_aucs(tmp_path, cli_checkpoint):
     image = tmp_path / "input.png"
     photo((256, 256)).save(image)
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "vit_explorer.cli", "analyze", str(image), "--model", str(cli_checkpoint), "--out", str(out)],
+        [sys.executable, "-m", "vit_explorer.cli", "analyze", str(image), "--model", str(cli_checkpoint), "--out", str(out),
+         "--steps", "4", "--random-orders", "1"],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == ""
+    assert result.stdout.startswith("rollout map for 'thing ") and "deletion AUC" in result.stdout and "insertion AUC" in result.stdout
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr
-    assert sorted(path.name for path in out.iterdir()) == ["attention.npz", "heads.png", "rollout.png"]
+    assert sorted(path.name for path in out.iterdir()) == ["attention.npz", "faithfulness.json", "faithfulness.png", "heads.png", "rollout.png"]
     saved = np.load(out / "attention.npz")
     assert saved["attentions"].shape == (6, 4, 257, 257)
     assert saved["grid"].tolist() == [16, 16] and int(saved["num_prefix_tokens"]) == 1
@@ -64,3 +66,26 @@ def test_unknown_model_spec_is_one_line(tmp_path, capsys, image_file):
     error = capsys.readouterr().err.strip().splitlines()
     assert error[-1].startswith("vit-explorer: error: unknown model spec 'nonsense'")
     assert not (tmp_path / "out").exists()
+
+
+def test_method_and_target_choose_the_map_and_its_json(tmp_path, capsys, cli_checkpoint, image_file):
+    out = tmp_path / "out"
+    args = ["analyze", str(image_file), "--model", str(cli_checkpoint), "--out", str(out), "--steps", "5", "--random-orders", "2"]
+    assert main([*args, "--method", "relevance", "--target", "thing 2"]) == 0
+    assert (out / "relevance.png").is_file() and (out / "rollout.png").is_file()
+    record = json.loads((out / "faithfulness.json").read_text())
+    assert record["method"] == "relevance" and record["target"] == 2 and record["target_label"] == "thing 2"
+    assert len(record["deletion"]) == 6 and record["steps"] == 5 and record["random_orders"] == 2
+    assert record["auc"]["deletion"] == pytest.approx(float(np.trapezoid(record["deletion"], record["fractions"])), abs=1e-5)
+    printed = capsys.readouterr().out
+    assert f"deletion AUC {record['auc']['deletion']:.3f}" in printed
+    assert main([*args, "--method", "grad-rollout", "--target", "3"]) == 0
+    assert json.loads((out / "faithfulness.json").read_text())["target"] == 3
+
+
+def test_an_unknown_target_is_one_line(tmp_path, capsys, cli_checkpoint, image_file):
+    out = tmp_path / "out"
+    assert main(["analyze", str(image_file), "--model", str(cli_checkpoint), "--out", str(out), "--target", "thing 7"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].startswith("vit-explorer: error:") and "no class named 'thing 7'" in error[-1]
+    assert not out.exists()

@@ -1,17 +1,27 @@
 import numpy as np
 import pytest
+import torch
 
-from vit_explorer import analyze, load_model
+from vit_explorer import VitExplorerError, analyze, load_model
+from vit_explorer.analysis import ClassEvidence, class_evidence
+from vit_explorer.images import to_pixels
+from vit_explorer.capture import record_attention_gradients
+from vit_explorer.relevance import relevance
 from vit_explorer.rollout import attention_rollout
 from vit_explorer.views import (
-    RolloutOptions, attention_map, default_query, grid_picture, head_order, head_statistic, map_picture,
-    query_rows, rollout_map, token_at,
+    CLASS_METHODS, RolloutOptions, attention_map, class_map, default_query, grid_picture, head_order, head_statistic,
+    map_picture, query_rows, rollout_map, token_at, top_heads,
 )
 
 
 @pytest.fixture
-def analysis(tiny_checkpoint, image_file):
-    return analyze(load_model(str(tiny_checkpoint)), image_file)
+def model(tiny_checkpoint):
+    return load_model(str(tiny_checkpoint))
+
+
+@pytest.fixture
+def analysis(model, image_file):
+    return analyze(model, image_file)
 
 
 def test_rollout_map_is_the_query_row_of_the_full_rollout(analysis):
@@ -61,3 +71,44 @@ def test_map_picture_has_a_colour_bar_and_outlines_the_query(analysis):
     with_query = map_picture(analysis, grid_map, cmap="viridis", overlay=True, query=6, label="rollout")
     without = map_picture(analysis, grid_map, cmap="viridis", overlay=True, query=0, label="rollout")
     assert with_query.shape[1] > 384 and not np.array_equal(with_query, without)
+
+
+def test_class_maps_are_the_class_token_rows_of_their_chains(model, analysis):
+    evidence = class_evidence(model, analysis, 3)
+    _, attentions, gradients = record_attention_gradients(model, to_pixels(analysis.image, model.preprocess), torch.tensor([3]))
+    expected = relevance(attentions[0], gradients[0]).numpy()[0, 1:].reshape(4, 4)
+    np.testing.assert_allclose(class_map(analysis, "relevance", evidence, RolloutOptions()), expected, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(class_map(analysis, "rollout", evidence, RolloutOptions()), rollout_map(analysis, 0, RolloutOptions()))
+    np.testing.assert_allclose(class_map(analysis, "cls", None, RolloutOptions()), attention_map(analysis, 0, 2, None))
+    assert class_evidence(model, analysis, "thing 3") is evidence  # kept on the analysis, found by name too
+    other = class_evidence(model, analysis, 1)
+    assert not np.allclose(class_map(analysis, "grad-rollout", evidence, RolloutOptions()),
+                           class_map(analysis, "grad-rollout", other, RolloutOptions()))
+    with pytest.raises(VitExplorerError, match="no classifier head"):
+        class_map(analysis, "relevance", None, RolloutOptions())
+    assert set(CLASS_METHODS) == {"relevance", "grad-rollout", "rollout", "cls"}
+
+
+def test_targets_by_name_or_index_and_helpful_errors(analysis):
+    assert analysis.class_index(None) == int(np.argmax(analysis.logits))
+    assert analysis.class_index("THING 2") == 2 and analysis.class_index("4") == 4
+    with pytest.raises(VitExplorerError, match="did you mean 'thing 1'"):
+        analysis.class_index("thing1")
+    with pytest.raises(VitExplorerError, match="outside 0…4"):
+        analysis.class_index(9)
+
+
+def test_heads_rank_by_gradient_importance_and_statistics(analysis):
+    layers, heads = analysis.map_shape
+    importance = np.arange(layers * heads, dtype=np.float32).reshape(layers, heads) % 5
+    evidence = ClassEvidence(target=0, weighted=np.zeros((layers, 17, 17), np.float32), importance=importance)
+    order = head_order(analysis, "gradient importance", evidence)
+    assert (np.diff(np.take_along_axis(importance, order, axis=1), axis=1) <= 0).all()  # most important first
+    rows = top_heads(analysis, evidence, k=3)
+    important = [row for row in rows if row[0].startswith("gradient importance")]
+    assert [row[4] for row in important] == [4.0, 4.0, 3.0] and important[0][2:4] == [1, 0]
+    assert not any(row[0].startswith("gradient") for row in top_heads(analysis, None))
+    entropy = [row for row in rows if row[0].startswith("entropy")]
+    assert entropy[0][4] == pytest.approx(head_statistic(analysis, "entropy").min(), abs=1e-4)
+    with pytest.raises(VitExplorerError, match="needs a target class"):
+        head_order(analysis, "gradient importance", None)

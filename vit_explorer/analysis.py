@@ -12,18 +12,20 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
 
-from . import stats
-from .capture import LayerSink, capture_into
+from . import relevance, stats
+from .capture import LayerSink, capture_into, record_attention_gradients
+from .errors import VitExplorerError
 from .images import ImageSource, load_image, model_view, to_pixels
 from .layout import TokenLayout
 from .models.base import LoadedModel
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of maps kept per analysis
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class Analysis:
     # arrays that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
     derived_limit: ClassVar[int] = 32
+    # class evidence by target class: each holds a [layers, n, n] stack, so fewer are kept
+    evidence: OrderedDict[int, ClassEvidence] = field(default_factory=OrderedDict, repr=False, compare=False)
+    evidence_limit: ClassVar[int] = 4
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -93,8 +98,32 @@ class Analysis:
         shifted = np.exp(self.logits - self.logits.max())
         return shifted / shifted.sum()
 
+    @property
+    def num_classes(self) -> int:
+        return int(self.logits.size)
+
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels is not None else f"class {index}"
+
+    def class_index(self, target: int | str | None) -> int:
+        """A class given by index or by name (case-insensitive); None is the top prediction."""
+        if self.num_classes == 0:
+            raise VitExplorerError(f"{self.model_name} has no classifier head, so it has no classes to explain")
+        if target is None:
+            return int(np.argmax(self.logits))
+        if isinstance(target, str) and not target.strip().lstrip("-").isdigit():
+            names = [self.label(index).lower() for index in range(self.num_classes)]
+            if target.strip().lower() in names:
+                return names.index(target.strip().lower())
+            import difflib
+
+            close = difflib.get_close_matches(target.lower(), names, n=3)
+            hint = f"; did you mean {', '.join(repr(name) for name in close)}?" if close else ""
+            raise VitExplorerError(f"{self.model_name} has no class named {target!r}{hint}")
+        index = int(target)
+        if not 0 <= index < self.num_classes:
+            raise VitExplorerError(f"class index {index} is outside 0…{self.num_classes - 1}")
+        return index
 
     def top_k(self, k: int = 5) -> list[Prediction]:
         probs = self.probs
@@ -111,6 +140,58 @@ class Analysis:
             arrays += [value for value in self.compact.values() if isinstance(value, np.ndarray)]
             arrays += list(self.compact["statistics"].values())
         return sum(array.nbytes for array in arrays)
+
+
+def memo(analysis: Analysis, key: tuple, compute: Callable[[], T]) -> T:
+    """``compute()`` once per (analysis, key); the oldest entries go beyond ``analysis.derived``'s bound."""
+    return bounded(analysis.derived, analysis.derived_limit, key, compute)
+
+
+def bounded(cache: OrderedDict, limit: int, key: Any, compute: Callable[[], T]) -> T:
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = compute()
+    cache[key] = value
+    while len(cache) > limit:
+        cache.popitem(last=False)
+    return value
+
+
+@dataclass(frozen=True)
+class ClassEvidence:
+    """What the class-specific views need for one target class of one analysis.
+
+    Attributes:
+        target: the class index.
+        weighted: Ē = mean over heads of (∇A ⊙ A)⁺ ``[layers, n, n]`` float32, shared by
+            gradient-weighted rollout and relevance (``relevance`` module).
+        importance: Σ |∇A ⊙ A| per head ``[layers, heads]``.
+    """
+
+    target: int
+    weighted: np.ndarray
+    importance: np.ndarray
+
+
+def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None) -> ClassEvidence:
+    """One forward and backward pass of ``analysis``'s image for ``target`` (default: top class), kept
+    on the analysis for the last few targets so that switching back costs nothing."""
+    if model.name != analysis.model_name:
+        raise VitExplorerError(f"this analysis was made with {analysis.model_name}, not {model.name}")
+    index = analysis.class_index(target)
+
+    def compute() -> ClassEvidence:
+        pixels = to_pixels(analysis.image, model.preprocess).to(model.device)
+        _, attentions, gradients = record_attention_gradients(model, pixels, torch.tensor([index]))
+        attentions, gradients = attentions[0].float().cpu(), gradients[0].float().cpu()
+        return ClassEvidence(
+            target=index,
+            weighted=relevance.weighted_attention(attentions, gradients).numpy(),
+            importance=relevance.gradient_importance(attentions, gradients).numpy(),
+        )
+
+    return bounded(analysis.evidence, analysis.evidence_limit, index, compute)
 
 
 def map_bytes(layout: TokenLayout, layers: int, heads: int, itemsize: int = 4) -> int:

@@ -11,6 +11,7 @@ from types import TracebackType
 import torch
 from torch import nn
 
+from .errors import VitExplorerError
 from .models import adapter_for
 from .models.base import CaptureAdapter, LoadedModel
 
@@ -152,6 +153,33 @@ class AttentionRecorder:
         finally:
             self._sink.clear()
         return logits, attentions
+
+
+def record_attention_gradients(
+    model: nn.Module | LoadedModel, images: torch.Tensor, targets: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward and one backward pass: the maps of every layer and their gradients for a class.
+
+    ``targets`` ``[b]`` are class indices (default: each image's top prediction). Returns logits
+    ``[b, classes]``, attentions and ∂ logit[target] / ∂ attention, both ``[b, layers, heads, n, n]``
+    and detached. The gradient is taken with respect to the per-layer maps the forward pass used, so
+    it is the one the class score really has; the no-grad capture above is not involved.
+    """
+    module, adapter = resolve(model)
+    sink = LayerSink()
+    with capture_lock(module), adapter.attached(module, sink) as forward, torch.enable_grad():
+        # the input requires grad so that the maps are in the graph even when the weights are frozen
+        logits = forward(images.detach().requires_grad_(True))
+        check_captured(sink, module, adapter)
+        if logits.shape[-1] == 0:
+            raise VitExplorerError("this model has no classifier head, so it has no class score to take gradients of")
+        if targets is None:
+            targets = logits.argmax(dim=-1)
+        maps = sink.in_layer_order()
+        # each image's score depends on its own maps only, so the gradient of the sum is per image
+        score = logits.gather(1, targets.to(logits.device).view(-1, 1)).sum()
+        gradients = torch.autograd.grad(score, maps)
+    return logits.detach(), torch.stack([layer.detach() for layer in maps], dim=1), torch.stack(gradients, dim=1)
 
 
 def record_attention(

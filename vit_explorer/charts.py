@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .faithfulness import FaithfulnessCurves
 from .layout import TokenLayout
 
 
@@ -72,4 +73,22 @@ def prefix_share_chart(share: np.ndarray, layout: TokenLayout) -> np.ndarray:
     axes.set_ylabel("share of attention")
     axes.set_title(f"Attention sent to prefix tokens ({', '.join(layout.prefix_names) or 'none'})")
     axes.set_xticks(layers)
+    return _figure_to_array(figure)
+
+
+def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
+    """Deletion and insertion curves of a map (solid) against random orders (dashed), AUCs in the legend."""
+    figure = _figure(5.0, 3.2)
+    axes = figure.add_subplot()
+    aucs = curves.aucs
+    for name, colour in (("deletion", "tab:red"), ("insertion", "tab:blue")):
+        axes.plot(curves.fractions, getattr(curves, name), color=colour, linewidth=2, label=f"{name} (AUC {aucs[name]:.3f})")
+        axes.plot(curves.fractions, getattr(curves, f"random_{name}"), color=colour, linewidth=1, linestyle="--",
+                  label=f"random {name} ({aucs[f'random_{name}']:.3f})")
+    axes.set_xlim(0, 1)
+    axes.set_ylim(0, 1.02)
+    axes.set_xlabel("share of patches deleted / inserted, most important first")
+    axes.set_ylabel("target probability")
+    axes.set_title(title, fontsize=9)
+    axes.legend(fontsize=7, loc="center right")
     return _figure_to_array(figure)

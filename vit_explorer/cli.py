@@ -17,8 +17,9 @@ def progress(message: str) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> None:
-    from . import export, views
-    from .analysis import analyze
+    from . import export, render, views
+    from .analysis import analyze, class_evidence
+    from .faithfulness import deletion_insertion
     from .images import load_image
     from .models import load_model
 
@@ -27,20 +28,46 @@ def run_analyze(args: argparse.Namespace) -> None:
     model = load_model(args.model, input_hw=args.input_size)
     progress(f"analysing {args.image}")
     analysis = analyze(model, image, name=str(args.image), memory_budget=int(args.memory_budget_mb * 2**20))
+    options = views.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
+    # the target class is needed for class-specific maps and for scoring any map; a backbone has none
+    scored = analysis.num_classes > 0 and not args.no_faithfulness
+    if args.method in views.CLASS_SPECIFIC or scored or args.target is not None:
+        evidence = class_evidence(model, analysis, args.target)
+    else:
+        evidence = None
+    curves = None
+    if scored:
+        progress(f"scoring the {args.method} map: deletion and insertion, {2 * (args.random_orders + 1) * (args.steps + 1)} forward passes")
+        curves = deletion_insertion(model, analysis.image, views.class_map(analysis, args.method, evidence, options), evidence.target,
+                                    steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
     out = Path(args.out)
     # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".vit-explorer-", dir=out.parent))
     try:
-        options = views.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
-        export.write_views(analysis, staging, options=options, cmap=args.cmap)
+        written = export.write_views(analysis, staging, options=options, cmap=args.cmap)
+        if args.method != "rollout":
+            written.append(staging / f"{args.method}.png")
+            render.save_png(export.class_map_picture(analysis, args.method, evidence, options, args.cmap), str(written[-1]))
+        if curves is not None:
+            written += export.write_faithfulness(analysis, curves, args.method, staging, image=str(args.image),
+                                                 steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
         out.mkdir(exist_ok=True)
         for path in staging.iterdir():
             path.replace(out / path.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    top = analysis.top_k(1)[0]
-    progress(f"top prediction: {top.label} ({top.prob:.1%}); wrote rollout.png, heads.png, attention.npz to {out}")
+    if analysis.num_classes:
+        top = analysis.top_k(1)[0]
+        progress(f"top prediction: {top.label} ({top.prob:.1%})")
+    if curves is not None:
+        aucs = curves.aucs
+        print(f"{args.method} map for {analysis.label(curves.target)!r}: deletion AUC {aucs['deletion']:.3f} "
+              f"(random {aucs['random_deletion']:.3f}, lower is better), insertion AUC {aucs['insertion']:.3f} "
+              f"(random {aucs['random_insertion']:.3f}, higher is better)", flush=True)
+    elif analysis.num_classes == 0:
+        progress("no classifier head: no class probabilities, so the map was not scored")
+    progress(f"wrote {', '.join(path.name for path in written)} to {out}")
 
 
 def run_serve(args: argparse.Namespace) -> None:
@@ -69,15 +96,26 @@ def input_size(text: str) -> tuple[int, int]:
 
 
 def parser() -> argparse.ArgumentParser:
+    from .faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
     from .models.builtin import ASSETS
+    from .views import CLASS_METHODS
 
     main = argparse.ArgumentParser(prog="vit-explorer", description="See what a Vision Transformer looks at. Without a command: serve the app.")
     commands = main.add_subparsers(dest="command")
 
-    analyze = commands.add_parser("analyze", help="write rollout.png, heads.png and attention.npz for one image")
+    analyze = commands.add_parser(
+        "analyze", help="write rollout.png, heads.png, attention.npz, the --method map and its faithfulness.json for one image"
+    )
     analyze.add_argument("image", help="image file")
     analyze.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
     analyze.add_argument("--out", required=True, help="output folder")
+    analyze.add_argument("--method", default="rollout", choices=list(CLASS_METHODS),
+                         help="the map to write as METHOD.png and score: " + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
+    analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction)")
+    analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
+    analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
+    analyze.add_argument("--baseline", default="blur", choices=list(BASELINES), help="what deleted patches show")
+    analyze.add_argument("--no-faithfulness", action="store_true", help="skip the deletion / insertion score")
     analyze.add_argument("--head-fusion", default="mean", choices=["mean", "max", "min"])
     analyze.add_argument("--discard-ratio", type=float, default=0.0)
     analyze.add_argument("--start-layer", type=int, default=0)

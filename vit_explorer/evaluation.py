@@ -1,20 +1,24 @@
 """Ground-truth checks of attention on the generated shapes: accuracy, pointing game, energy.
 
-Pure math over maps and masks, plus one function that runs them for a model on a held-out set.
+Pure math over maps and masks, plus functions that run a model on a held-out set and score the
+maps the app shows (``views.class_map``) against each object's mask and by deletion / insertion.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
-from .capture import record_attention
-from .layout import TokenLayout
+from . import relevance
+from .analysis import Analysis, ClassEvidence
+from .capture import record_attention_gradients
+from .faithfulness import deletion_insertion
 from .models.base import LoadedModel
-from .rollout import rollout_factors, rollout_rows
 from .shapes import Sample, generate_set
+from .views import CLASS_METHODS, RolloutOptions, class_map
 
 
 def patch_mask(mask: np.ndarray, grid_hw: tuple[int, int], dilate: int = 1) -> np.ndarray:
@@ -43,55 +47,87 @@ def energy(grid_map: np.ndarray, target: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class GroundTruthFigures:
+    """Accuracy, and per map method (``views.CLASS_METHODS``, plus ``random``) the pointing-game hit
+    rate and the mean energy on the object, for the true class of each image."""
+
     images: int
     accuracy: float
-    pointing_rollout: float
-    pointing_last_layer: float
-    pointing_random: float
-    energy_rollout: float
-    energy_last_layer: float
+    pointing: dict[str, float]
+    energy: dict[str, float]
     target_share: float  # the dilated mask's share of the patches: the energy of a uniform map
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def evaluate_on_shapes(model: LoadedModel, samples: list[Sample], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
-    """Accuracy, and pointing game and energy of the class-token rollout, of the last layer's mean
-    class-token attention and of a uniform random map, against each object's mask dilated by one patch."""
+@dataclass(frozen=True)
+class FaithfulnessFigures:
+    """Mean deletion and insertion AUCs per map method, and of random orders, over a set of images."""
+
+    images: int
+    steps: int
+    auc: dict[str, dict[str, float]]  # method → {deletion, insertion}; "random" → the random orders' AUCs
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def sample_analyses(model: LoadedModel, samples: list[Sample], batch_size: int = 50) -> Iterator[tuple[Sample, Analysis, ClassEvidence]]:
+    """Each sample's analysis and the class evidence for its true class, from one forward and
+    backward pass per batch; the maps then come from the same ``views`` the app shows."""
     from .images import to_pixels
 
-    layout: TokenLayout = model.layout
-    rng = np.random.default_rng(seed)
-    correct, hits, energies = 0, {"rollout": 0, "last": 0, "random": 0}, {"rollout": [], "last": []}
-    shares = []
     for start in range(0, len(samples), batch_size):
         batch = samples[start : start + batch_size]
         pixels = torch.cat([to_pixels(sample.image, model.preprocess) for sample in batch]).to(model.device)
-        logits, attentions = record_attention(model, pixels)
-        correct += int((logits.argmax(-1).cpu().numpy() == np.array([s.label for s in batch])).sum())
-        for sample, maps in zip(batch, attentions.float().cpu()):
-            target = patch_mask(sample.mask, layout.grid_hw)
-            query = torch.zeros(1, layout.num_tokens)
-            query[0, 0] = 1.0
-            rollout = layout.patch_map(rollout_rows(rollout_factors(maps), query)[0].numpy())
-            last = layout.patch_map(maps[-1, :, 0, :].mean(0).numpy())
-            for name, grid_map in (("rollout", rollout), ("last", last), ("random", rng.random(layout.grid_hw))):
-                hits[name] += pointing_hit(grid_map, target)
-            energies["rollout"].append(energy(rollout, target))
-            energies["last"].append(energy(last, target))
-            shares.append(float(target.mean()))
+        targets = torch.tensor([sample.label for sample in batch])
+        logits, attentions, gradients = record_attention_gradients(model, pixels, targets)
+        for sample, sample_logits, maps, grads in zip(batch, logits.float().cpu(), attentions.float().cpu(), gradients.float().cpu()):
+            analysis = Analysis(image=sample.image, attentions=maps.numpy(), logits=sample_logits.numpy(), layout=model.layout,
+                                labels=model.labels, model_name=model.name)
+            evidence = ClassEvidence(target=sample.label, weighted=relevance.weighted_attention(maps, grads).numpy(),
+                                     importance=relevance.gradient_importance(maps, grads).numpy())
+            yield sample, analysis, evidence
+
+
+def evaluate_on_shapes(model: LoadedModel, samples: list[Sample], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
+    """Accuracy, and pointing game and energy of every map method (default rollout options) and of a
+    uniform random map, against each object's mask dilated by one patch."""
+    rng = np.random.default_rng(seed)
+    correct, hits, energies, shares = 0, {name: 0 for name in (*CLASS_METHODS, "random")}, {name: [] for name in CLASS_METHODS}, []
+    for sample, analysis, evidence in sample_analyses(model, samples, batch_size):
+        correct += int(np.argmax(analysis.logits) == sample.label)
+        target = patch_mask(sample.mask, model.layout.grid_hw)
+        hits["random"] += pointing_hit(rng.random(model.layout.grid_hw), target)
+        for method in CLASS_METHODS:
+            grid_map = class_map(analysis, method, evidence, RolloutOptions())
+            hits[method] += pointing_hit(grid_map, target)
+            energies[method].append(energy(grid_map, target))
+        shares.append(float(target.mean()))
     count = len(samples)
     return GroundTruthFigures(
         images=count,
         accuracy=correct / count,
-        pointing_rollout=hits["rollout"] / count,
-        pointing_last_layer=hits["last"] / count,
-        pointing_random=hits["random"] / count,
-        energy_rollout=float(np.mean(energies["rollout"])),
-        energy_last_layer=float(np.mean(energies["last"])),
+        pointing={name: hit / count for name, hit in hits.items()},
+        energy={name: float(np.mean(values)) for name, values in energies.items()},
         target_share=float(np.mean(shares)),
     )
+
+
+def faithfulness_on_shapes(
+    model: LoadedModel, samples: list[Sample], methods: tuple[str, ...] = tuple(CLASS_METHODS), steps: int = 10, random_orders: int = 1
+) -> FaithfulnessFigures:
+    """Mean deletion / insertion AUCs of each method's map for each image's true class, and of random orders."""
+    aucs: dict[str, list] = {name: [] for name in (*methods, "random")}
+    for index, (sample, analysis, evidence) in enumerate(sample_analyses(model, samples)):
+        for method in methods:
+            curves = deletion_insertion(model, analysis.image, class_map(analysis, method, evidence, RolloutOptions()), sample.label,
+                                        steps=steps, random_orders=random_orders, seed=index)
+            aucs[method].append([curves.aucs["deletion"], curves.aucs["insertion"]])
+        aucs["random"].append([curves.aucs["random_deletion"], curves.aucs["random_insertion"]])
+    means = {name: np.mean(values, axis=0) for name, values in aucs.items()}
+    return FaithfulnessFigures(images=len(samples), steps=steps,
+                               auc={name: {"deletion": float(mean[0]), "insertion": float(mean[1])} for name, mean in means.items()})
 
 
 def heldout_figures(model: LoadedModel, count: int = 200) -> GroundTruthFigures:
@@ -99,3 +135,10 @@ def heldout_figures(model: LoadedModel, count: int = 200) -> GroundTruthFigures:
     from .train import HELDOUT_SEED
 
     return evaluate_on_shapes(model, generate_set(HELDOUT_SEED, count))
+
+
+def heldout_faithfulness(model: LoadedModel, count: int = 40, **options) -> FaithfulnessFigures:
+    """Deletion / insertion figures on the first ``count`` images of the fixed held-out set."""
+    from .train import HELDOUT_SEED
+
+    return faithfulness_on_shapes(model, generate_set(HELDOUT_SEED, count), **options)

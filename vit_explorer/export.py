@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
-from . import render, views
-from .analysis import Analysis
+from . import charts, render, views
+from .analysis import Analysis, ClassEvidence
+from .faithfulness import FaithfulnessCurves
 
 
 def write_npz(analysis: Analysis, path: Path) -> None:
@@ -51,4 +53,23 @@ def write_views(
     grid, _, _ = views.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by)
     render.save_png(grid, str(written[1]))
     write_npz(analysis, written[2])
+    return written
+
+
+def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: views.RolloutOptions,
+                      cmap: str = "inferno") -> np.ndarray:
+    """The large view of one ``views.CLASS_METHODS`` map, labelled with its method and target class."""
+    grid_map = views.class_map(analysis, method, evidence, options)
+    target = f" · {analysis.label(evidence.target)}" if evidence is not None and method in views.CLASS_SPECIFIC else ""
+    return views.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, label=f"{method}{target}")
+
+
+def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: str, out_dir: Path, **settings) -> list[Path]:
+    """``faithfulness.json`` (AUCs, curves, target, ``settings``) and ``faithfulness.png`` (the curves) in ``out_dir``."""
+    record = {"model": analysis.model_name, "method": method, "target_label": analysis.label(curves.target), **settings,
+              **curves.as_dict()}
+    written = [out_dir / "faithfulness.json", out_dir / "faithfulness.png"]
+    written[0].write_text(json.dumps(record, indent=2) + "\n")
+    title = f"{views.CLASS_METHODS[method]} · target {analysis.label(curves.target)}"
+    render.save_png(charts.faithfulness_chart(curves, title), str(written[1]))
     return written

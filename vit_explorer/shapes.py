@@ -61,7 +61,7 @@ def _polygon(kind: str, cx: float, cy: float, radius: float, angle: float) -> li
     return [(cx + x * cos - y * sin, cy + x * sin + y * cos) for x, y in points]
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, cx: float, cy: float, radius: float, angle: float) -> None:
+def draw_shape(draw: ImageDraw.ImageDraw, kind: str, cx: float, cy: float, radius: float, angle: float) -> None:
     box = (cx - radius, cy - radius, cx + radius, cy + radius)
     if kind == "circle":
         draw.ellipse(box, fill=255)
@@ -114,7 +114,7 @@ def generate(rng: np.random.Generator, size: int = IMAGE_SIZE) -> Sample:
     radius = rng.uniform(MIN_SIZE, MAX_SIZE) / 2
     cx, cy = rng.uniform(radius + 2, size - radius - 2, 2)
     mask_image = Image.new("L", (size, size), 0)
-    _draw_shape(ImageDraw.Draw(mask_image), CLASSES[label], cx, cy, radius, rng.uniform(-MAX_ROTATION, MAX_ROTATION))
+    draw_shape(ImageDraw.Draw(mask_image), CLASSES[label], cx, cy, radius, rng.uniform(-MAX_ROTATION, MAX_ROTATION))
     alpha = np.asarray(mask_image.filter(ImageFilter.GaussianBlur(0.6)), dtype=np.float32)[..., None] / 255.0
     pixels = np.asarray(canvas, dtype=np.float32)
     local = pixels[np.asarray(mask_image) > 0].mean(axis=0)

@@ -6,21 +6,31 @@ Every function here is pure given its arguments; derived arrays that several vie
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 import torch
 
 from . import render, stats
-from .analysis import Analysis
+from .analysis import Analysis, ClassEvidence, memo
 from .errors import VitExplorerError
+from .relevance import grad_rollout_factors, relevance_factors
 from .rollout import rollout_factors, rollout_rows
 
-T = TypeVar("T")
 VIEW_PX = 384  # side of the large views
-ORDERINGS = ("none", *stats.HEAD_STATISTICS)
+GRADIENT_IMPORTANCE = "gradient importance"
+# the direction each ranking lists heads in: focused, local heads first; sinks and important heads first
+RANKINGS = {"entropy": "lowest first", "distance": "shortest first", "prefix share": "highest first",
+            GRADIENT_IMPORTANCE: "highest first"}
+ORDERINGS = ("none", *RANKINGS)
+# class-specific maps first; the class-agnostic ones beside them, for comparing their faithfulness
+CLASS_METHODS = {
+    "relevance": "relevance (Chefer et al.)",
+    "grad-rollout": "gradient-weighted rollout",
+    "rollout": "attention rollout",
+    "cls": "last-layer class attention",
+}
+CLASS_SPECIFIC = ("relevance", "grad-rollout")  # the methods that need a target class
 
 
 @dataclass(frozen=True)
@@ -29,19 +39,6 @@ class RolloutOptions:
     discard_ratio: float = 0.0
     start_layer: int = 0
     residual_weight: float = 0.5
-
-
-def memo(analysis: Analysis, key: tuple, compute: Callable[[], T]) -> T:
-    """``compute()`` once per (analysis, key); the oldest entries go beyond ``analysis.derived``'s bound."""
-    cache = analysis.derived
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
-    value = compute()
-    cache[key] = value
-    while len(cache) > analysis.derived_limit:
-        cache.popitem(last=False)
-    return value
 
 
 def default_query(analysis: Analysis) -> int | None:
@@ -97,12 +94,44 @@ def head_statistic(analysis: Analysis, name: str) -> np.ndarray:
     return memo(analysis, ("statistic", name), lambda: stats.HEAD_STATISTICS[name](analysis.attentions, analysis.layout))
 
 
-def head_order(analysis: Analysis, order_by: str) -> np.ndarray:
-    """Per layer, the heads in display order ``[layers, heads]`` (ascending statistic, or as they are)."""
+def ranking_values(analysis: Analysis, name: str, evidence: ClassEvidence | None = None) -> np.ndarray:
+    """The value heads are ranked by ``[layers, heads]``: a head statistic, or the gradient importance
+    for ``evidence``'s target class."""
+    if name == GRADIENT_IMPORTANCE:
+        if evidence is None:
+            raise VitExplorerError("ranking heads by gradient importance needs a target class, and this model has no classifier head")
+        return evidence.importance
+    return head_statistic(analysis, name)
+
+
+def ranking_keys(analysis: Analysis, name: str, evidence: ClassEvidence | None) -> np.ndarray:
+    """Values whose ascending order is the ranking's order ``[layers, heads]``."""
+    if name not in RANKINGS:
+        raise VitExplorerError(f"unknown head ranking {name!r}; use one of {', '.join(RANKINGS)}")
+    values = ranking_values(analysis, name, evidence)
+    return values if RANKINGS[name] != "highest first" else -values
+
+
+def head_order(analysis: Analysis, order_by: str, evidence: ClassEvidence | None = None) -> np.ndarray:
+    """Per layer, the heads in display order ``[layers, heads]`` (by ``RANKINGS``, or as they are)."""
     layers, heads = analysis.map_shape
     if order_by == "none":
         return np.tile(np.arange(heads), (layers, 1))
-    return np.argsort(head_statistic(analysis, order_by), axis=1, kind="stable")
+    return np.argsort(ranking_keys(analysis, order_by, evidence), axis=1, kind="stable")
+
+
+def top_heads(analysis: Analysis, evidence: ClassEvidence | None, k: int = 5) -> list[list]:
+    """Rows (ranking, rank, layer, head, value) of the ``k`` first heads of the whole model by each
+    ranking; gradient importance only where there is a target class."""
+    rows = []
+    for name, direction in RANKINGS.items():
+        if name == GRADIENT_IMPORTANCE and evidence is None:
+            continue
+        values = ranking_values(analysis, name, evidence)
+        flat = np.argsort(ranking_keys(analysis, name, evidence), axis=None, kind="stable")[:k]
+        for rank, (layer, head) in enumerate(zip(*np.unravel_index(flat, values.shape))):
+            rows.append([f"{name} ({direction})", rank + 1, int(layer), int(head), round(float(values[layer, head]), 4)])
+    return rows
 
 
 def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) -> np.ndarray:
@@ -123,8 +152,41 @@ def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) 
             num_protected=int(analysis.layout.has_class_token),
         ),
     )
-    row = rollout_rows(factors, torch.from_numpy(query_vector(analysis, query))[None], options.start_layer)[0]
+    return factors_map(analysis, factors, query, options.start_layer)
+
+
+def factors_map(analysis: Analysis, factors: torch.Tensor, query: int | None, start_layer: int) -> np.ndarray:
+    """The query's row of a chain of per-layer factors ``[layers, n, n]``, over the patches ``[grid_h, grid_w]``."""
+    row = rollout_rows(factors, torch.from_numpy(query_vector(analysis, query))[None], start_layer)[0]
     return analysis.layout.patch_map(row.numpy())
+
+
+def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions) -> np.ndarray:
+    """The map of ``method`` (``CLASS_METHODS``) for the default query (class token) ``[grid_h, grid_w]``.
+
+    ``relevance`` and ``grad-rollout`` are for ``evidence``'s target class; ``rollout`` and ``cls``
+    are class-agnostic. Discard ratio, residual weight and start layer come from ``options``.
+    """
+    query = default_query(analysis)
+    if method == "rollout":
+        return rollout_map(analysis, query, options)
+    if method == "cls":
+        return attention_map(analysis, query, analysis.map_shape[0] - 1, None)
+    if method not in CLASS_METHODS:
+        raise VitExplorerError(f"unknown map method {method!r}; use one of {', '.join(CLASS_METHODS)}")
+    if evidence is None:  # method is one of CLASS_SPECIFIC
+        raise VitExplorerError(f"{CLASS_METHODS[method]} explains a class score, and this model has no classifier head")
+    weighted = torch.from_numpy(evidence.weighted)
+    if method == "relevance":
+        factors = memo(analysis, ("relevance_factors", evidence.target), lambda: relevance_factors(weighted))
+    else:
+        factors = memo(
+            analysis,
+            ("grad_rollout_factors", evidence.target, options.discard_ratio, options.residual_weight),
+            lambda: grad_rollout_factors(weighted, options.discard_ratio, options.residual_weight,
+                                         num_protected=int(analysis.layout.has_class_token)),
+        )
+    return factors_map(analysis, factors, query, options.start_layer)
 
 
 def attention_map(analysis: Analysis, query: int | None, layer: int, head: int | None) -> np.ndarray:
@@ -184,16 +246,18 @@ def grid_picture(
     overlay: bool = True,
     shared: bool = False,
     order_by: str = "none",
+    evidence: ClassEvidence | None = None,
     selected: tuple[int, int] | None = None,
     tile_px: int | None = None,
 ) -> tuple[np.ndarray, render.GridGeometry, np.ndarray]:
     """The layers × heads grid of the query's attention: picture, geometry, head order ``[layers, heads]``.
 
-    ``selected`` is (layer, head); it is outlined wherever the ordering put that head.
+    ``evidence`` is the target class's, for ordering by gradient importance. ``selected`` is
+    (layer, head); it is outlined wherever the ordering put that head.
     """
     layers, heads = analysis.map_shape
     tile_px = tile_px or int(np.clip(720 // max(heads, 1), 40, 96))
-    order = head_order(analysis, order_by)
+    order = head_order(analysis, order_by, evidence)
     maps = analysis.layout.patch_map(query_rows(analysis, query))  # [layers, heads, gh, gw]
     maps = np.take_along_axis(maps, order[:, :, None, None], axis=1)
     tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared)

@@ -57,6 +57,11 @@ class CaptureAdapter(ABC):
         on exit, also when the forward raised.
         """
 
+    def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels ``[b, 3, H, W]`` → logits ``[b, classes]`` by the model's normal forward, no capture
+        (``[b, 0]`` for a backbone without a classifier head)."""
+        return module(pixels)
+
 
 class HookAdapter(CaptureAdapter):
     """An adapter for families whose attention is the output of one module per layer."""
@@ -69,9 +74,6 @@ class HookAdapter(CaptureAdapter):
     def unfused(self, module: nn.Module) -> Iterator[None]:
         """Make ``module`` compute attention through ``softmax_modules`` (default: it already does)."""
         yield
-
-    def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-        return module(pixels)
 
     @contextmanager
     def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
@@ -108,3 +110,8 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
+
+    def logits(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The normal forward without capture, under ``torch.inference_mode`` ``[b, classes]``."""
+        with torch.inference_mode():
+            return self.adapter.logits(self.module, pixels.to(self.device))

@@ -64,16 +64,28 @@ class HFAdapter(CaptureAdapter):
             if previous != "eager":
                 module.set_attn_implementation(previous)
 
+    @staticmethod
+    def run(module: nn.Module, pixels: torch.Tensor, **options):
+        """The model's outputs for ``pixels``, at whatever input size the layout allows."""
+        if "interpolate_pos_encoding" in inspect.signature(module.forward).parameters:
+            options["interpolate_pos_encoding"] = True
+        return module(pixel_values=pixels, **options)
+
+    @staticmethod
+    def logits_of(outputs, pixels: torch.Tensor) -> torch.Tensor:
+        logits = getattr(outputs, "logits", None)
+        return logits if logits is not None else pixels.new_zeros(pixels.shape[0], 0)
+
+    def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        return self.logits_of(self.run(module, pixels), pixels)
+
     @contextmanager
     def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-        extra = {"interpolate_pos_encoding": True} if "interpolate_pos_encoding" in inspect.signature(module.forward).parameters else {}
-
         def forward(pixels: torch.Tensor) -> torch.Tensor:
-            outputs = module(pixel_values=pixels, output_attentions=True, **extra)
+            outputs = self.run(module, pixels, output_attentions=True)
             for layer, attention in enumerate(outputs.attentions or ()):
                 sink[layer] = attention
-            logits = getattr(outputs, "logits", None)
-            return logits if logits is not None else pixels.new_zeros(pixels.shape[0], 0)
+            return self.logits_of(outputs, pixels)
 
         with self.eager(module):
             yield forward

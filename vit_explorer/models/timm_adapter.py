@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from ..errors import VitExplorerError
@@ -58,6 +59,11 @@ class TimmAdapter(HookAdapter):
         finally:
             for attention, fused in zip(attentions, saved):
                 attention.fused_attn = fused
+
+    def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        output = module(pixels)
+        # with num_classes=0 timm returns pooled features, which are not class scores
+        return output if module.num_classes else output.new_zeros(output.shape[0], 0)
 
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         attentions = attention_modules(module)

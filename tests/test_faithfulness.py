@@ -1,0 +1,81 @@
+"""Deletion / insertion curves: the masks follow the map's order, the curves' ends are the image and the baseline."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY, write_checkpoint
+from vit_explorer import VitExplorerError, load_model
+from vit_explorer.faithfulness import area_under, baseline_view, deletion_insertion, importance_order, pixel_masks, step_masks
+from vit_explorer.images import to_pixels
+from vit_explorer.layout import TokenLayout
+
+LAYOUT = TokenLayout(prefix_names=("cls",), grid_hw=(2, 3), patch_hw=(4, 4))
+
+
+def test_patches_go_most_important_first_in_even_steps():
+    grid_map = np.array([[0.1, 0.9, 0.3], [0.0, 0.5, 0.5]])
+    order = importance_order(grid_map)
+    assert order.tolist() == [1, 4, 5, 2, 0, 3]  # ties keep grid order
+    masks = step_masks(order, steps=3)
+    assert masks.sum(axis=1).tolist() == [0, 2, 4, 6]
+    assert masks[1].nonzero()[0].tolist() == [1, 4]
+    assert masks[2].nonzero()[0].tolist() == [1, 2, 4, 5]
+
+
+def test_pixel_masks_cover_exactly_their_patches():
+    masks = np.zeros((1, 6), dtype=bool)
+    masks[0, 4] = True  # row 1, column 1
+    pixels = pixel_masks(masks, LAYOUT, (8, 12))[0, 0]
+    assert pixels.shape == (8, 12) and pixels.sum() == 16
+    assert pixels[4:8, 4:8].all()
+
+
+def test_area_and_baselines():
+    fractions = np.linspace(0, 1, 5)
+    assert area_under(fractions, np.ones(5)) == pytest.approx(1.0)
+    assert area_under(fractions, fractions) == pytest.approx(0.5)
+    view = np.zeros((8, 12, 3), dtype=np.uint8)
+    view[:, :6] = 200
+    assert (baseline_view(view, LAYOUT, "mean") == 100).all()
+    blurred = baseline_view(view, LAYOUT, "blur")
+    assert blurred.shape == view.shape and 0 < blurred[:, 5].mean() < 200
+    with pytest.raises(VitExplorerError, match="baseline"):
+        baseline_view(view, LAYOUT, "noise")
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    return load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
+
+
+def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
+    rng = np.random.default_rng(0)
+    view = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    grid_map = rng.random((4, 4))
+    curves = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, baseline="mean")
+
+    def probs(image):
+        return torch.softmax(tiny_model.logits(to_pixels(image, tiny_model.preprocess)), -1)[0, 2].item()
+
+    image_prob, baseline_prob = probs(view), probs(baseline_view(view, tiny_model.layout, "mean"))
+    for curve in (curves.deletion, curves.random_deletion):
+        assert curve[0] == pytest.approx(image_prob, abs=1e-5) and curve[-1] == pytest.approx(baseline_prob, abs=1e-5)
+    for curve in (curves.insertion, curves.random_insertion):
+        assert curve[0] == pytest.approx(baseline_prob, abs=1e-5) and curve[-1] == pytest.approx(image_prob, abs=1e-5)
+    # one step deletes the map's top 4 patches: the same probability as deleting them by hand
+    top = importance_order(grid_map)[:4]
+    by_hand = view.copy()
+    blank = baseline_view(view, tiny_model.layout, "mean")
+    for patch in top:
+        row, col = divmod(int(patch), 4)
+        by_hand[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16] = blank[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16]
+    assert curves.deletion[1] == pytest.approx(probs(by_hand), abs=1e-5)
+    again = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, baseline="mean")
+    np.testing.assert_array_equal(again.random_deletion, curves.random_deletion)  # seeded
+    assert set(curves.as_dict()["auc"]) == {"deletion", "insertion", "random_deletion", "random_insertion"}
+
+
+def test_a_map_of_the_wrong_shape_is_refused(tiny_model):
+    with pytest.raises(VitExplorerError, match="patch grid"):
+        deletion_insertion(tiny_model, np.zeros((64, 64, 3), np.uint8), np.zeros((3, 3)), target=0)

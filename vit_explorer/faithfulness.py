@@ -1,0 +1,141 @@
+"""How faithful a map is: deletion and insertion curves (Petsiuk et al., RISE, 2018) against random orders.
+
+Deletion replaces the patches, most important first by the map, with a baseline (the image blurred,
+or its mean colour) and records the target class's probability; a faithful map makes it fall fast
+(low area under the curve). Insertion starts from the baseline and puts the patches back in the same
+order; a faithful map makes the probability rise fast (high area). The same curves for random patch
+orders say what chance gives, so a user sees whether a map beats it. All perturbed images of one
+score run through the model in a few batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image, ImageFilter
+
+from .errors import VitExplorerError
+from .images import to_pixels
+from .layout import TokenLayout
+from .models.base import LoadedModel
+
+BASELINES = ("blur", "mean")
+DEFAULT_STEPS = 16
+DEFAULT_RANDOM_ORDERS = 3
+
+
+def area_under(fractions: np.ndarray, values: np.ndarray) -> float:
+    """Trapezoidal area under ``values`` over ``fractions`` (0…1)."""
+    return float(((values[1:] + values[:-1]) * np.diff(fractions)).sum() / 2)
+
+
+@dataclass(frozen=True)
+class FaithfulnessCurves:
+    """Target probability after each step ``[steps + 1]``, for the map's order and for random orders (mean)."""
+
+    target: int
+    fractions: np.ndarray  # share of patches deleted / inserted at each step, 0…1
+    deletion: np.ndarray
+    insertion: np.ndarray
+    random_deletion: np.ndarray
+    random_insertion: np.ndarray
+
+    @property
+    def aucs(self) -> dict[str, float]:
+        """Areas under the four curves: ``deletion`` (lower is better), ``insertion`` (higher is better)."""
+        return {name: area_under(self.fractions, getattr(self, name))
+                for name in ("deletion", "insertion", "random_deletion", "random_insertion")}
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "auc": self.aucs,
+                **{name: getattr(self, name).round(6).tolist()
+                   for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
+
+
+def importance_order(grid_map: np.ndarray) -> np.ndarray:
+    """Patch indices (row-major) from the most to the least important ``[patches]``; ties keep grid order."""
+    return np.argsort(-np.asarray(grid_map, dtype=np.float64).ravel(), kind="stable")
+
+
+def step_masks(order: np.ndarray, steps: int) -> np.ndarray:
+    """``[steps + 1, patches]`` bool: at step s, the first round(s/steps · patches) patches of ``order``."""
+    patches = order.size
+    counts = np.round(np.linspace(0, patches, steps + 1)).astype(int)
+    rank = np.empty(patches, dtype=int)
+    rank[order] = np.arange(patches)
+    return rank[None, :] < counts[:, None]
+
+
+def pixel_masks(masks: np.ndarray, layout: TokenLayout, input_hw: tuple[int, int]) -> torch.Tensor:
+    """Patch masks ``[k, patches]`` → pixel masks ``[k, 1, H, W]`` float (1 where the patch is changed)."""
+    rows, cols = layout.grid_hw
+    height, width = input_hw
+    pixel_rows = np.arange(height) * rows // height  # the patch row of every pixel row
+    pixel_cols = np.arange(width) * cols // width
+    patch_index = pixel_rows[:, None] * cols + pixel_cols[None, :]  # [H, W]
+    return torch.from_numpy(masks[:, patch_index].astype(np.float32))[:, None]
+
+
+def baseline_view(view: np.ndarray, layout: TokenLayout, kind: str = "blur") -> np.ndarray:
+    """What a removed patch shows ``[H, W, 3]`` uint8: the image blurred over about a patch, or its mean colour."""
+    if kind == "blur":
+        radius = max(layout.patch_hw)
+        return np.asarray(Image.fromarray(view).filter(ImageFilter.GaussianBlur(radius)), dtype=np.uint8)
+    if kind == "mean":
+        return np.broadcast_to(view.reshape(-1, 3).mean(axis=0).round().astype(np.uint8), view.shape).copy()
+    raise VitExplorerError(f"baseline must be one of {BASELINES}, got {kind!r}")
+
+
+def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) -> np.ndarray:
+    """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]``."""
+    logits = model.logits(pixels).float()
+    if logits.shape[-1] == 0:
+        raise VitExplorerError(f"{model.name} has no classifier head, so there is no class probability to score maps by")
+    return torch.softmax(logits, dim=-1)[:, target].cpu().numpy()
+
+
+def deletion_insertion(
+    model: LoadedModel,
+    view: np.ndarray,
+    grid_map: np.ndarray,
+    target: int,
+    *,
+    steps: int = DEFAULT_STEPS,
+    random_orders: int = DEFAULT_RANDOM_ORDERS,
+    baseline: str = "blur",
+    seed: int = 0,
+    batch_size: int = 32,
+) -> FaithfulnessCurves:
+    """Deletion and insertion curves of ``grid_map`` ``[grid_h, grid_w]`` for the image ``view`` ``[H, W, 3]``
+    (as the model sees it) and class ``target``, with ``random_orders`` random orders as the baseline.
+
+    Costs 2 · (1 + random_orders) · (steps + 1) forward passes, in batches of ``batch_size``.
+    """
+    layout = model.layout
+    if tuple(np.shape(grid_map)) != layout.grid_hw:
+        raise VitExplorerError(f"map of shape {np.shape(grid_map)} does not match the {layout.grid_hw} patch grid")
+    if steps < 1 or random_orders < 1:
+        raise VitExplorerError("faithfulness needs at least one step and one random order")
+    rng = np.random.default_rng(seed)
+    orders = [importance_order(grid_map)] + [rng.permutation(layout.num_patches) for _ in range(random_orders)]
+    masks = np.concatenate([step_masks(order, steps) for order in orders])  # [orders · (steps + 1), patches]
+    image = to_pixels(view, model.preprocess)[0]
+    blank = to_pixels(baseline_view(view, layout, baseline), model.preprocess)[0]
+    probs = []
+    # deletion replaces the first patches of each order; insertion shows only them
+    for start_from, put_in in ((image, blank), (blank, image)):
+        for start in range(0, len(masks), batch_size):  # perturbed images are built batch by batch
+            changed = pixel_masks(masks[start : start + batch_size], layout, view.shape[:2])
+            probs.append(target_probabilities(model, start_from * (1 - changed) + put_in * changed, target))
+    probs = np.concatenate(probs)
+    deletion, insertion = probs.reshape(2, len(orders), steps + 1)
+    return FaithfulnessCurves(
+        target=target,
+        fractions=np.linspace(0.0, 1.0, steps + 1),
+        deletion=deletion[0],
+        insertion=insertion[0],
+        random_deletion=deletion[1:].mean(axis=0),
+        random_insertion=insertion[1:].mean(axis=0),
+    )
