@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from conftest import photo
-from vit_explorer import analyze, load_model, record_attention
+from conftest import assert_class_maps_work, photo
+from vit_explorer import VitExplorerError, analyze, load_model, record_attention
 from vit_explorer.models import adapter_for
 from vit_explorer.models.hf_adapter import HFAdapter, from_hf_module
 
@@ -76,6 +76,21 @@ def test_capture_matches_manual_attention_and_restores_sdpa(case):
         torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-5)
     layout = adapter_for(model).layout(model, input_hw)
     assert layout.prefix_names == prefix and layout.grid_hw == grid and attentions.shape[-1] == layout.num_tokens
+
+
+@pytest.mark.parametrize("case", ["vit", "deit-teacher"])
+def test_class_specific_maps_and_faithfulness(case):
+    module = CASES[case][0]()
+    assert_class_maps_work(from_hf_module(module, f"hf-{case}"), photo((64, 64)))
+    assert module.config._attn_implementation == "sdpa"
+
+
+def test_a_backbone_has_no_class_to_explain():
+    from vit_explorer.analysis import class_evidence
+
+    backbone = from_hf_module(CASES["dinov2-registers-56px"][0](), "dinov2-test")
+    with pytest.raises(VitExplorerError, match="no classifier head"):
+        class_evidence(backbone, analyze(backbone, photo((56, 56))))
 
 
 def test_labels_come_from_id2label_and_backbones_have_none():

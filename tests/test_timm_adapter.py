@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import photo
+from conftest import assert_class_maps_work, photo
 from vit_explorer import analyze, load_model, record_attention, views
 from vit_explorer.models import adapter_for
 from vit_explorer.models.timm_adapter import TimmAdapter, from_timm_module
@@ -66,6 +66,14 @@ def test_capture_matches_manual_attention_and_keeps_logits(case):
     layout = adapter_for(model).layout(model, input_hw)
     assert layout.prefix_names == prefix and layout.grid_hw == grid
     assert attentions.shape[-1] == layout.num_tokens
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_class_specific_maps_and_faithfulness(case):
+    make, _, _, input_hw = CASES[case]
+    module = make()
+    assert_class_maps_work(from_timm_module(module, f"timm-{case}", input_hw), photo((input_hw[1], input_hw[0])))
+    assert all(block.attn.fused_attn for block in module.blocks)  # restored after the gradient pass too
 
 
 def test_fused_attention_is_restored_when_the_forward_raises():
