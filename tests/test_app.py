@@ -74,8 +74,11 @@ def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, 
     recoloured = app.on_controls(session, *viridis.__dict__.values())
     assert not np.array_equal(recoloured[2], grid_selected)
     for options in ({"head_fusion": "max"}, {"discard_ratio": 0.5}, {"start_layer": 3}, {"residual_weight": 0.1}):
-        changed = app.on_rollout_controls(session, *app.Controls(**options).__dict__.values())
+        changed, class_view = app.on_rollout_controls(session, *app.Controls(**options).__dict__.values())
         assert not np.array_equal(changed, rollout), options
+    _, relevance_view = app.on_rollout_controls(session, *CONTROLS)
+    _, moved = app.on_rollout_controls(session, *app.Controls(start_layer=3).__dict__.values())
+    assert not np.array_equal(moved, relevance_view)  # the class map shares the rollout options
 
     reset = app.on_reset_query(session, *CONTROLS)
     assert reset[0].query == 0 and reset[-1]["value"] == "cls"
@@ -157,3 +160,54 @@ def test_app_views_handle_register_tokens_of_a_timm_model(upload):
     assert register_view[0].query == 2 and "reg2" in register_view[-1]
     patch_view = app.on_patch_click(click(200, 200), register_view[0], *CONTROLS)
     assert patch_view[0].query == session.analysis.layout.patch_token(3, 3)
+
+
+def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
+    session, outputs = analysed(models, upload, checkpoint)
+    class_view, top_heads, plot, note = outputs[13:17]
+    target_update = outputs[-2]
+    top = session.analysis.top_k(1)[0]
+    assert session.evidence.target == top.index and target_update["value"] == top.index
+    assert target_update["choices"][0] == (f"{top.label} ({top.prob:.1%})", top.index) and len(target_update["choices"]) == 4
+    assert isinstance(class_view, np.ndarray) and plot is None and top.label in note
+    assert any(row[0].startswith("gradient importance") for row in top_heads)
+    calls = forward_counter(models, checkpoint)
+
+    other = (top.index + 1) % 4
+    ordered = app.Controls(order_by="gradient importance")
+    session2, other_view, grid, other_heads, cleared, other_note = app.on_target(models, session, other, *ordered.__dict__.values())
+    assert session2.evidence.target == other and len(calls) == 1  # one forward (and backward) pass for the new class
+    assert not np.array_equal(other_view, class_view) and f"thing {other}" in other_note and cleared is None
+    assert other_heads != top_heads and isinstance(grid, np.ndarray)
+    app.on_target(models, session2, top.index, *CONTROLS)
+    assert len(calls) == 1  # the first target's evidence is kept on the analysis
+
+    grad_view, cleared, _ = app.on_method(session, *app.Controls(method="grad-rollout").__dict__.values())
+    assert not np.array_equal(grad_view, class_view) and cleared is None and len(calls) == 1
+    chart, text = app.on_score(models, session, *CONTROLS)
+    assert chart.ndim == 3 and "deletion AUC" in text and "insertion AUC" in text and "random orders" in text
+    assert len(calls) > 1  # scoring runs the perturbed images through the model
+    archive = app.on_export(session, *CONTROLS)
+    with zipfile.ZipFile(archive) as bundle:
+        assert "relevance.png" in bundle.namelist()
+
+
+@pytest.mark.hf
+def test_a_backbone_shows_a_note_instead_of_class_maps(upload):
+    transformers = pytest.importorskip("transformers")
+    from vit_explorer.models.hf_adapter import from_hf_module
+
+    config = transformers.Dinov2Config(image_size=56, patch_size=14, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64)
+    models = app.ModelCache()
+    models.put("hf:test-backbone", from_hf_module(transformers.Dinov2Model(config).eval(), "hf:test-backbone"))
+    outputs = app.run_analysis(models, upload, "hf:test-backbone", *CONTROLS)
+    session = outputs[0]
+    assert session.evidence is None and outputs[13] is None and outputs[16] == app.NO_CLASSIFIER
+    assert outputs[-2]["interactive"] is False
+    rollout_view, *_ = app.on_method(session, *app.Controls(method="rollout").__dict__.values())
+    assert isinstance(rollout_view, np.ndarray)  # class-agnostic maps still show
+    with pytest.raises(gr.Error, match="no classifier head"):
+        app.on_score(models, session, *CONTROLS)
+    with pytest.raises(gr.Error, match="needs a target class"):
+        app.on_controls(session, *app.Controls(order_by="gradient importance").__dict__.values())

@@ -1,4 +1,4 @@
-"""A real browser against the served app: upload, overview, tile click, patch click."""
+"""A real browser against the served app: upload, overview, tile click, patch click, class maps and their score."""
 
 from __future__ import annotations
 
@@ -87,6 +87,16 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             wait_for_change(page, "head-view", head_after)
             assert page.get_by_text("patch (").first.is_visible()
             page.screenshot(path=str(OUTPUT / "3-patch-clicked.png"), full_page=True)
+
+            page.get_by_role("tab", name="Class maps").click()
+            page.wait_for_selector("#class-view img", timeout=30_000)
+            relevance_map = image_bytes(page, "class-view")
+            page.get_by_label("gradient-weighted rollout").check()
+            wait_for_change(page, "class-view", relevance_map)
+            page.locator("#score").click()
+            page.wait_for_selector("#faithfulness img", timeout=60_000)
+            assert page.get_by_text("deletion AUC").first.is_visible()
+            page.screenshot(path=str(OUTPUT / "4-class-maps.png"), full_page=True)
             assert errors == []
         finally:
             browser.close()

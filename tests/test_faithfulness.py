@@ -79,3 +79,18 @@ def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
 def test_a_map_of_the_wrong_shape_is_refused(tiny_model):
     with pytest.raises(VitExplorerError, match="patch grid"):
         deletion_insertion(tiny_model, np.zeros((64, 64, 3), np.uint8), np.zeros((3, 3)), target=0)
+
+
+def test_beating_chance_needs_a_margin_at_both_curves():
+    from vit_explorer.faithfulness import FaithfulnessCurves
+
+    fractions = np.linspace(0, 1, 3)
+
+    def curves(deletion, insertion):
+        return FaithfulnessCurves(target=0, fractions=fractions, deletion=np.array(deletion), insertion=np.array(insertion),
+                                  random_deletion=np.array([1.0, 0.5, 0.0]), random_insertion=np.array([0.0, 0.5, 1.0]))
+
+    good = curves([1.0, 0.1, 0.0], [0.0, 0.9, 1.0])
+    assert good.margins == pytest.approx({"deletion": 0.2, "insertion": 0.2}) and good.beats_chance()
+    assert not curves([1.0, 0.1, 0.0], [0.0, 0.52, 1.0]).beats_chance()  # insertion only 0.01 above chance
+    assert not curves([1.0, 0.5, 0.0], [0.0, 0.5, 1.0]).beats_chance()

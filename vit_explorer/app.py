@@ -21,7 +21,8 @@ import gradio as gr
 import numpy as np
 
 from . import charts, export, render, views
-from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, analyze
+from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence
+from .faithfulness import CLEAR_MARGIN, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, deletion_insertion
 from .errors import VitExplorerError
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .models.builtin import ASSETS, builtin_names
@@ -105,6 +106,7 @@ class Controls:
     discard_ratio: float = 0.0
     start_layer: int = 0
     residual_weight: float = 0.5
+    method: str = "relevance"  # the class-maps tab's map
 
     @property
     def rollout(self) -> views.RolloutOptions:
@@ -113,18 +115,25 @@ class Controls:
 
 @dataclass(frozen=True)
 class Session:
-    """What one browser tab holds: its analysis and what is selected in it."""
+    """What one browser tab holds: its analysis and what is selected in it.
+
+    ``evidence`` is the gradient evidence of the target class (None for a model without a
+    classifier); changing the target is the one control besides an upload that runs the model.
+    """
 
     analysis: Analysis
+    model_spec: str
     query: int | None
     layer: int
     head: int | None  # None: the mean of heads
+    evidence: ClassEvidence | None = None
     geometry: render.GridGeometry | None = None
     order: np.ndarray | None = None
 
 
-def new_session(analysis: Analysis) -> Session:
-    return Session(analysis=analysis, query=views.default_query(analysis), layer=analysis.map_shape[0] - 1, head=None)
+def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None) -> Session:
+    return Session(analysis=analysis, model_spec=model_spec, query=views.default_query(analysis), layer=analysis.map_shape[0] - 1,
+                   head=None, evidence=evidence)
 
 
 def query_choices(analysis: Analysis) -> list[str]:
@@ -160,13 +169,22 @@ def top_predictions(analysis: Analysis) -> dict[str, float]:
     return {prediction.label: prediction.prob for prediction in analysis.top_k(5)}
 
 
+def target_choices(analysis: Analysis) -> list[tuple[str, int]]:
+    """(shown, class index): the top five with their probabilities, then every class by index."""
+    top = analysis.top_k(5)
+    first = {prediction.index for prediction in top}
+    return [(f"{p.label} ({p.prob:.1%})", p.index) for p in top] + [
+        (analysis.label(index), index) for index in range(analysis.num_classes) if index not in first
+    ]
+
+
 # ---- rendering of the views that follow the query -------------------------------------------
 
 def render_grid(session: Session, controls: Controls) -> tuple[Session, np.ndarray]:
     picture, geometry, order = views.grid_picture(
         session.analysis, session.query, cmap=controls.cmap, overlay=controls.overlay,
         shared=controls.normalisation == "shared", order_by=controls.order_by,
-        selected=None if session.head is None else (session.layer, session.head),
+        evidence=session.evidence, selected=None if session.head is None else (session.layer, session.head),
     )
     return replace(session, geometry=geometry, order=order), picture
 
@@ -180,6 +198,24 @@ def render_head(session: Session, controls: Controls) -> np.ndarray:
 def render_rollout(session: Session, controls: Controls) -> np.ndarray:
     grid_map = views.rollout_map(session.analysis, session.query, controls.rollout)
     return views.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label="rollout")
+
+
+NO_CLASSIFIER = "This model has no classifier head: class-specific maps and faithfulness scores need class scores."
+
+
+def render_class(session: Session, controls: Controls) -> np.ndarray | None:
+    """The class-maps tab's map, or None where the method needs a classifier this model lacks."""
+    if session.evidence is None and controls.method in views.CLASS_SPECIFIC:
+        return None
+    return export.class_map_picture(session.analysis, controls.method, session.evidence, controls.rollout, controls.cmap)
+
+
+def class_note(session: Session) -> str:
+    if session.evidence is None:
+        return NO_CLASSIFIER
+    passes = 2 * (DEFAULT_RANDOM_ORDERS + 1) * (DEFAULT_STEPS + 1)
+    return (f"Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and inserts patches in "
+            f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({passes} forward passes).")
 
 
 def query_caption(session: Session) -> str:
@@ -221,20 +257,30 @@ def render_statistics(analysis: Analysis) -> tuple:
     )
 
 
+TOP_HEADS_COLUMNS = ["ranking", "rank", "layer", "head", "value"]
+
+
+def top_heads_table(session: Session) -> list[list]:
+    return views.top_heads(session.analysis, session.evidence)
+
+
 def control_updates(session: Session) -> tuple:
-    """Slider and dropdown ranges for this analysis: layer, head, start layer, query token."""
+    """Slider and dropdown ranges for this analysis: layer, head, start layer, target class, query token."""
     layers = session.analysis.map_shape[0]
+    evidence = session.evidence
     return (
         gr.update(maximum=layers - 1, value=session.layer),
         gr.update(choices=head_choices(session.analysis), value=head_label(session.head)),
         gr.update(maximum=layers - 1, value=0),
+        gr.update(choices=target_choices(session.analysis) if evidence else [], value=evidence.target if evidence else None,
+                  interactive=evidence is not None),
         gr.update(choices=query_choices(session.analysis), value=query_label(session) if session.query is None or session.query < session.analysis.num_prefix_tokens else None),
     )
 
 
 def empty_outputs() -> tuple:
-    return (None, "Upload an image to begin.", None, None, None, None, None, None, None, None, None, "",
-            gr.update(), gr.update(), gr.update(), gr.update())
+    return (None, "Upload an image to begin.", None, None, None, None, None, None, None, None, None, "", None, None, None, "",
+            gr.update(), gr.update(), gr.update(), gr.update(), gr.update())
 
 
 def full_outputs(session: Session, controls: Controls) -> tuple:
@@ -243,16 +289,19 @@ def full_outputs(session: Session, controls: Controls) -> tuple:
     top5, overview_rollout, overview_last = render_overview(session, controls)
     distance, entropy, prefix = render_statistics(session.analysis)
     return (session, model_summary(session.analysis), image, top5, overview_rollout, overview_last, grid, head, rollout,
-            distance, entropy, prefix, caption, *control_updates(session))
+            distance, entropy, prefix, caption, render_class(session, controls), top_heads_table(session), None, class_note(session),
+            *control_updates(session))
 
 
 @user_errors
 def run_analysis(models: ModelCache, upload: str | None, spec: str, *control_values) -> tuple:
-    """Upload (or model change) → one forward pass → all views."""
+    """Upload (or model change) → one forward pass, and one backward pass for the top class → all views."""
     if upload is None:
         return empty_outputs()
-    analysis = analyze(models.get(spec), upload, name=Path(upload).name, memory_budget=models.memory_budget)
-    return full_outputs(new_session(analysis), Controls(*control_values))
+    model = models.get(spec)
+    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget)
+    evidence = class_evidence(model, analysis) if analysis.num_classes else None
+    return full_outputs(new_session(analysis, spec, evidence), Controls(*control_values))
 
 
 def on_model_change(models: ModelCache, spec: str, current: str, upload: str | None, session: Session | None, *control_values) -> tuple:
@@ -277,12 +326,51 @@ def on_controls(session: Session | None, *control_values) -> tuple:
     """A view control changed: re-render from the cached maps, no forward pass."""
     session = require(session)
     controls = Controls(*control_values)
-    return (*render_query_views(session, controls), *render_overview(session, controls)[1:])
+    return (*render_query_views(session, controls), *render_overview(session, controls)[1:], render_class(session, controls))
 
 
 @user_errors
-def on_rollout_controls(session: Session | None, *control_values) -> np.ndarray:
-    return render_rollout(require(session), Controls(*control_values))
+def on_rollout_controls(session: Session | None, *control_values) -> tuple:
+    """Rollout options changed: the rollout view and the class map (which shares them) re-render."""
+    session, controls = require(session), Controls(*control_values)
+    return render_rollout(session, controls), render_class(session, controls)
+
+
+@user_errors
+def on_method(session: Session | None, *control_values) -> tuple:
+    """Another class-maps method: its map, and the previous map's score cleared."""
+    session = require(session)
+    return render_class(session, Controls(*control_values)), None, class_note(session)
+
+
+@user_errors
+def on_target(models: ModelCache, session: Session | None, target: int | None, *control_values) -> tuple:
+    """Another target class: one forward and backward pass (none for a target seen before on this image)."""
+    session = require(session)
+    if session.evidence is None or target is None:
+        return session, gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
+    evidence = class_evidence(models.get(session.model_spec), session.analysis, int(target))
+    session, controls = replace(session, evidence=evidence), Controls(*control_values)
+    session, grid = render_grid(session, controls)  # an ordering by gradient importance follows the target
+    return session, render_class(session, controls), grid, top_heads_table(session), None, class_note(session)
+
+
+@user_errors
+def on_score(models: ModelCache, session: Session | None, *control_values) -> tuple:
+    """Deletion and insertion curves of the map on screen against random orders: a chart and the AUCs."""
+    session, controls = require(session), Controls(*control_values)
+    if session.evidence is None:
+        raise VitExplorerError(NO_CLASSIFIER)
+    analysis, target = session.analysis, session.evidence.target
+    grid_map = views.class_map(analysis, controls.method, session.evidence, controls.rollout)
+    curves = deletion_insertion(models.get(session.model_spec), analysis.image, grid_map, target)
+    aucs, margins = curves.aucs, curves.margins
+    verdict = "beats random orders" if curves.beats_chance() else f"does not beat random orders by {CLEAR_MARGIN} at both"
+    title = f"{views.CLASS_METHODS[controls.method]} · target {analysis.label(target)}"
+    text = (f"**{views.CLASS_METHODS[controls.method]}** for **{analysis.label(target)}** {verdict}: "
+            f"deletion AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
+            f"insertion AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f}).")
+    return charts.faithfulness_chart(curves, title), text
 
 
 @user_errors
@@ -346,18 +434,23 @@ def export_dir() -> Path:
 
 @user_errors
 def on_export(session: Session | None, *control_values) -> str:
-    """A zip of what ``vit-explorer analyze`` writes, for the current query and options, plus the large views."""
+    """A zip of what ``vit-explorer analyze`` writes, for the current query and options, plus the selected head's
+    view and the class-maps tab's map."""
     session = require(session)
     controls = Controls(*control_values)
     with tempfile.TemporaryDirectory() as staging:
         folder = Path(staging)
         written = export.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
-                                     order_by=controls.order_by, shared=controls.normalisation == "shared")
-        head_png = folder / f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png"
-        render.save_png(render_head(session, controls), str(head_png))
+                                     order_by=controls.order_by, evidence=session.evidence, shared=controls.normalisation == "shared")
+        pictures = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
+                    f"{controls.method}.png": render_class(session, controls)}
+        for name, picture in pictures.items():
+            if picture is not None:
+                written.append(folder / name)
+                render.save_png(picture, str(written[-1]))
         archive = export_dir() / f"vit-explorer-{uuid.uuid4().hex[:12]}.zip"
         with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
-            for path in [*written, head_png]:
+            for path in written:
                 bundle.write(path, path.name)
     return str(archive)
 
@@ -435,27 +528,50 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                             start_layer = gr.Slider(0, 1, value=0, step=1, label="Start layer")
                             residual_weight = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Residual weight")
                         rollout_view = gr.Image(label="Attention rollout of the query", format="png", interactive=False, elem_id="rollout-view")
+                    with gr.Tab("Class maps"):
+                        with gr.Row():
+                            target = gr.Dropdown([], label="Target class", info="default: the top prediction; type to search",
+                                                 elem_id="target")
+                            method = gr.Radio([(name, key) for key, name in views.CLASS_METHODS.items()], value="relevance",
+                                              label="Map", info="rollout options (Rollout tab) apply to the rollout-based maps")
+                        with gr.Row():
+                            class_view = gr.Image(label="Class-specific map", format="png", interactive=False, elem_id="class-view")
+                            with gr.Column():
+                                class_text = gr.Markdown("")
+                                score = gr.Button("Score faithfulness", elem_id="score")
+                                faithfulness_plot = gr.Image(label="Deletion and insertion", show_label=False, format="png",
+                                                             interactive=False, elem_id="faithfulness")
                     with gr.Tab("Head statistics"):
                         with gr.Row():
                             distance_plot = gr.Image(label="Mean attention distance", show_label=False, format="png", interactive=False)
                             entropy_plot = gr.Image(label="Entropy", show_label=False, format="png", interactive=False)
                             prefix_plot = gr.Image(label="Prefix-token share", show_label=False, format="png", interactive=False)
+                        top_heads = gr.Dataframe(headers=TOP_HEADS_COLUMNS, label="Top heads of this image by each ranking "
+                                                 "(gradient importance: Σ|∇A ⊙ A| for the target class)", interactive=False,
+                                                 elem_id="top-heads")
                     with gr.Tab("Export"):
                         gr.Markdown("A zip with `attention.npz` (raw maps), `rollout.png`, `heads.png` and the selected head's view, "
                                     "for the current query and options — the same files `vit-explorer analyze` writes.")
                         export_button = gr.Button("Export")
                         export_file = gr.File(label="Download", interactive=False)
 
-        controls = [cmap, overlay, normalisation, order_by, head_fusion, discard_ratio, start_layer, residual_weight]
+        controls = [cmap, overlay, normalisation, order_by, head_fusion, discard_ratio, start_layer, residual_weight, method]
         query_outputs = [state, query_image, grid, head_view, rollout_view, caption]
         full = [state, summary, query_image, top5, overview_rollout, overview_last, grid, head_view, rollout_view,
-                distance_plot, entropy_plot, prefix_plot, caption, layer, head, start_layer, query]
+                distance_plot, entropy_plot, prefix_plot, caption, class_view, top_heads, faithfulness_plot, class_text,
+                layer, head, start_layer, target, query]
 
         def analyse(upload_path, spec, *values):
             return run_analysis(models, upload_path, spec, *values)
 
         def switch_model(spec, current, upload_path, session, *values):
             return on_model_change(models, spec, current, upload_path, session, *values)
+
+        def choose_target(session, target_index, *values):
+            return on_target(models, session, target_index, *values)
+
+        def score_map(session, *values):
+            return on_score(models, session, *values)
 
         upload.change(analyse, [upload, current_model, *controls], full, api_name="analyze", concurrency_limit=2,
                       show_progress="full")
@@ -468,11 +584,15 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
         for component in (layer, head):
             component.input(on_layer_head, [state, layer, head, *controls], [state, grid, head_view], api_name=False)
         for component in (cmap, overlay, normalisation, order_by):
-            component.input(on_controls, [state, *controls], [*query_outputs, overview_rollout, overview_last],
+            component.input(on_controls, [state, *controls], [*query_outputs, overview_rollout, overview_last, class_view],
                             api_name=f"set_{component.label.lower().replace(' ', '_')}")
         for component in (head_fusion, discard_ratio, start_layer, residual_weight):
-            component.input(on_rollout_controls, [state, *controls], rollout_view,
+            component.input(on_rollout_controls, [state, *controls], [rollout_view, class_view],
                             api_name=f"set_{component.label.lower().replace(' ', '_')}")
+        method.input(on_method, [state, *controls], [class_view, faithfulness_plot, class_text], api_name="set_method")
+        target.input(choose_target, [state, target, *controls], [state, class_view, grid, top_heads, faithfulness_plot, class_text],
+                     api_name="set_target", concurrency_limit=2)
+        score.click(score_map, [state, *controls], [faithfulness_plot, class_text], api_name="score", concurrency_limit=2)
         export_button.click(on_export, [state, *controls], export_file, api_name="export")
     return demo
 

@@ -62,9 +62,10 @@ def run_analyze(args: argparse.Namespace) -> None:
         progress(f"top prediction: {top.label} ({top.prob:.1%})")
     if curves is not None:
         aucs = curves.aucs
+        verdict = "beats random orders" if curves.beats_chance() else "does not clearly beat random orders"
         print(f"{args.method} map for {analysis.label(curves.target)!r}: deletion AUC {aucs['deletion']:.3f} "
               f"(random {aucs['random_deletion']:.3f}, lower is better), insertion AUC {aucs['insertion']:.3f} "
-              f"(random {aucs['random_insertion']:.3f}, higher is better)", flush=True)
+              f"(random {aucs['random_insertion']:.3f}, higher is better): {verdict}", flush=True)
     elif analysis.num_classes == 0:
         progress("no classifier head: no class probabilities, so the map was not scored")
     progress(f"wrote {', '.join(path.name for path in written)} to {out}")

@@ -43,14 +43,18 @@ def write_views(
     options: views.RolloutOptions = views.RolloutOptions(),
     cmap: str = "inferno",
     order_by: str = "none",
+    evidence: ClassEvidence | None = None,
     shared: bool = False,
 ) -> list[Path]:
-    """``rollout.png``, ``heads.png`` (the layers × heads grid of the query) and ``attention.npz`` in ``out_dir``."""
+    """``rollout.png``, ``heads.png`` (the layers × heads grid of the query) and ``attention.npz`` in ``out_dir``.
+
+    ``evidence`` (the target class's) is needed only to order heads by gradient importance.
+    """
     query = views.default_query(analysis) if query is None else query
     rollout = views.rollout_map(analysis, query, options)
     written = [out_dir / "rollout.png", out_dir / "heads.png", out_dir / "attention.npz"]
     render.save_png(views.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, label="rollout"), str(written[0]))
-    grid, _, _ = views.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by)
+    grid, _, _ = views.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence)
     render.save_png(grid, str(written[1]))
     write_npz(analysis, written[2])
     return written
@@ -58,10 +62,9 @@ def write_views(
 
 def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: views.RolloutOptions,
                       cmap: str = "inferno") -> np.ndarray:
-    """The large view of one ``views.CLASS_METHODS`` map, labelled with its method and target class."""
+    """The large view of one ``views.CLASS_METHODS`` map, its colour bar labelled with the method."""
     grid_map = views.class_map(analysis, method, evidence, options)
-    target = f" · {analysis.label(evidence.target)}" if evidence is not None and method in views.CLASS_SPECIFIC else ""
-    return views.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, label=f"{method}{target}")
+    return views.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, label=method)
 
 
 def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: str, out_dir: Path, **settings) -> list[Path]:

@@ -24,6 +24,7 @@ from .models.base import LoadedModel
 BASELINES = ("blur", "mean")
 DEFAULT_STEPS = 16
 DEFAULT_RANDOM_ORDERS = 3
+CLEAR_MARGIN = 0.05  # AUC difference from chance below which a map is not called better than random
 
 
 def area_under(fractions: np.ndarray, values: np.ndarray) -> float:
@@ -48,8 +49,18 @@ class FaithfulnessCurves:
         return {name: area_under(self.fractions, getattr(self, name))
                 for name in ("deletion", "insertion", "random_deletion", "random_insertion")}
 
+    @property
+    def margins(self) -> dict[str, float]:
+        """How much better than random orders the map is: positive is better, for both curves."""
+        aucs = self.aucs
+        return {"deletion": aucs["random_deletion"] - aucs["deletion"], "insertion": aucs["insertion"] - aucs["random_insertion"]}
+
+    def beats_chance(self, margin: float = CLEAR_MARGIN) -> bool:
+        """Whether the map beats random orders by ``margin`` at both deletion and insertion."""
+        return min(self.margins.values()) >= margin
+
     def as_dict(self) -> dict:
-        return {"target": self.target, "auc": self.aucs,
+        return {"target": self.target, "auc": self.aucs, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
                 **{name: getattr(self, name).round(6).tolist()
                    for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
 
