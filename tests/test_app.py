@@ -170,7 +170,8 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     assert session.evidence.target == top.index and target_update["value"] == top.index
     assert target_update["choices"][0] == (f"{top.label} ({top.prob:.1%})", top.index) and len(target_update["choices"]) == 4
     assert isinstance(class_view, np.ndarray) and plot is None and top.label in note
-    assert any(row[0].startswith("gradient importance") for row in top_heads)
+    assert top_heads["headers"][-1] == "gradient importance (highest first)" and len(top_heads["data"]) == 5
+    assert top_heads["data"][0][0] == 1 and top_heads["data"][0][-1].startswith("L")
     calls = forward_counter(models, checkpoint)
 
     other = (top.index + 1) % 4

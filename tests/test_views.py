@@ -104,11 +104,10 @@ def test_heads_rank_by_gradient_importance_and_statistics(analysis):
     evidence = ClassEvidence(target=0, weighted=np.zeros((layers, 17, 17), np.float32), importance=importance)
     order = head_order(analysis, "gradient importance", evidence)
     assert (np.diff(np.take_along_axis(importance, order, axis=1), axis=1) <= 0).all()  # most important first
-    rows = top_heads(analysis, evidence, k=3)
-    important = [row for row in rows if row[0].startswith("gradient importance")]
-    assert [row[4] for row in important] == [4.0, 4.0, 3.0] and important[0][2:4] == [1, 0]
-    assert not any(row[0].startswith("gradient") for row in top_heads(analysis, None))
-    entropy = [row for row in rows if row[0].startswith("entropy")]
-    assert entropy[0][4] == pytest.approx(head_statistic(analysis, "entropy").min(), abs=1e-4)
+    tops = top_heads(analysis, evidence, k=3)
+    assert tops["gradient importance"] == [(1, 0, 4.0), (2, 1, 4.0), (0, 3, 3.0)]
+    assert "gradient importance" not in top_heads(analysis, None)
+    assert tops["entropy"][0][2] == pytest.approx(head_statistic(analysis, "entropy").min(), abs=1e-4)
+    assert tops["distance"][0][2] <= tops["distance"][1][2] and tops["prefix share"][0][2] >= tops["prefix share"][1][2]
     with pytest.raises(VitExplorerError, match="needs a target class"):
         head_order(analysis, "gradient importance", None)

@@ -257,11 +257,16 @@ def render_statistics(analysis: Analysis) -> tuple:
     )
 
 
-TOP_HEADS_COLUMNS = ["ranking", "rank", "layer", "head", "value"]
+TOP_HEADS = 5
 
 
-def top_heads_table(session: Session) -> list[list]:
-    return views.top_heads(session.analysis, session.evidence)
+def top_heads_table(session: Session) -> dict:
+    """One row per rank, one column per ranking, cells "L<layer> h<head> · value"."""
+    tops = views.top_heads(session.analysis, session.evidence, TOP_HEADS)
+    headers = ["rank", *(f"{name} ({views.RANKINGS[name]})" for name in tops)]
+    rows = [[rank + 1, *(f"L{layer} h{head} · {value:.3g}" for layer, head, value in (heads[rank] for heads in tops.values()))]
+            for rank in range(min(TOP_HEADS, *(len(heads) for heads in tops.values())))]
+    return {"headers": headers, "data": rows}
 
 
 def control_updates(session: Session) -> tuple:
@@ -546,7 +551,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                             distance_plot = gr.Image(label="Mean attention distance", show_label=False, format="png", interactive=False)
                             entropy_plot = gr.Image(label="Entropy", show_label=False, format="png", interactive=False)
                             prefix_plot = gr.Image(label="Prefix-token share", show_label=False, format="png", interactive=False)
-                        top_heads = gr.Dataframe(headers=TOP_HEADS_COLUMNS, label="Top heads of this image by each ranking "
+                        top_heads = gr.Dataframe(label="Top heads of this image by each ranking "
                                                  "(gradient importance: Σ|∇A ⊙ A| for the target class)", interactive=False,
                                                  elem_id="top-heads")
                     with gr.Tab("Export"):

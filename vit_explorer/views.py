@@ -120,18 +120,17 @@ def head_order(analysis: Analysis, order_by: str, evidence: ClassEvidence | None
     return np.argsort(ranking_keys(analysis, order_by, evidence), axis=1, kind="stable")
 
 
-def top_heads(analysis: Analysis, evidence: ClassEvidence | None, k: int = 5) -> list[list]:
-    """Rows (ranking, rank, layer, head, value) of the ``k`` first heads of the whole model by each
-    ranking; gradient importance only where there is a target class."""
-    rows = []
-    for name, direction in RANKINGS.items():
+def top_heads(analysis: Analysis, evidence: ClassEvidence | None, k: int = 5) -> dict[str, list[tuple[int, int, float]]]:
+    """By each ranking, the ``k`` first heads of the whole model as (layer, head, value); gradient
+    importance only where there is a target class."""
+    tops = {}
+    for name in RANKINGS:
         if name == GRADIENT_IMPORTANCE and evidence is None:
             continue
         values = ranking_values(analysis, name, evidence)
         flat = np.argsort(ranking_keys(analysis, name, evidence), axis=None, kind="stable")[:k]
-        for rank, (layer, head) in enumerate(zip(*np.unravel_index(flat, values.shape))):
-            rows.append([f"{name} ({direction})", rank + 1, int(layer), int(head), round(float(values[layer, head]), 4)])
-    return rows
+        tops[name] = [(int(layer), int(head), float(values[layer, head])) for layer, head in zip(*np.unravel_index(flat, values.shape))]
+    return tops
 
 
 def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) -> np.ndarray:
