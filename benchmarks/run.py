@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from vit_explorer import app, render, views  # noqa: E402
 from vit_explorer.analysis import analyze  # noqa: E402
 from vit_explorer.capture import record_attention  # noqa: E402
+from vit_explorer.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS  # noqa: E402
 from vit_explorer.models import load_model  # noqa: E402
 from vit_explorer.models.base import LoadedModel, Preprocess  # noqa: E402
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter  # noqa: E402
@@ -68,8 +69,29 @@ def photo(size: int) -> np.ndarray:
     return np.asarray(Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((size, size), Image.Resampling.BICUBIC))
 
 
+def paired_ratio(numerator, denominator, repeats: int, warmup: int = 1) -> dict:
+    """Median of per-pair ratios, the two functions run alternately, so that the machine's drift
+    (other jobs on its shared cores) hits both sides of each pair alike; plus each side's median."""
+    for _ in range(warmup):
+        denominator()
+        numerator()
+    ratios, tops, bottoms = [], [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        denominator()
+        middle = time.perf_counter()
+        numerator()
+        end = time.perf_counter()
+        bottoms.append(middle - start)
+        tops.append(end - middle)
+        ratios.append((end - middle) / (middle - start))
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"numerator_s": statistics.median(tops), "denominator_s": statistics.median(bottoms), "ratio": statistics.median(ratios),
+            "ratio_q1": quartiles[0], "ratio_q3": quartiles[2]}
+
+
 def capture_overhead(models: dict[str, LoadedModel], batches: list[int], repeats: int) -> list[dict]:
-    """Forward with capture / the same forward without it."""
+    """Forward with capture / the same forward without it, alternated pair by pair."""
     rows = []
     for name, model in models.items():
         for batch in batches:
@@ -79,9 +101,45 @@ def capture_overhead(models: dict[str, LoadedModel], batches: list[int], repeats
                 with torch.inference_mode():
                     model.module(images)
 
-            plain_s = median_time(plain, repeats)
-            capture_s = median_time(lambda: record_attention(model, images), repeats)
-            rows.append({"model": name, "batch": batch, "forward_s": plain_s, "capture_s": capture_s, "ratio": capture_s / plain_s})
+            timing = paired_ratio(lambda: record_attention(model, images), plain, repeats)
+            rows.append({"model": name, "batch": batch, "forward_s": timing["denominator_s"], "capture_s": timing["numerator_s"],
+                         "ratio": timing["ratio"], "ratio_q1": timing["ratio_q1"], "ratio_q3": timing["ratio_q3"]})
+    return rows
+
+
+def class_maps(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
+    """What the class-maps tab costs, as ratios to one forward pass of the same model: a new target
+    class (forward + backward with the maps kept), a method change (cached), a faithfulness score."""
+    rows = []
+    for name, model in models.items():
+        cache = app.ModelCache()
+        cache.put(name, model)
+        with tempfile.TemporaryDirectory() as folder:
+            from PIL import Image
+
+            path = Path(folder) / "image.png"
+            Image.fromarray(photo(model.preprocess.input_hw[0])).save(path)
+            session = app.run_analysis(cache, str(path), name, *app.Controls().__dict__.values())[0]
+        pixels = torch.randn(1, 3, *model.preprocess.input_hw)
+
+        def forward():
+            with torch.inference_mode():
+                model.module(pixels)
+
+        targets = iter(range(10**6))
+
+        def new_target():  # a class not seen before, so nothing is reused
+            session.analysis.evidence.clear()
+            app.on_target(cache, session, next(targets) % session.analysis.num_classes, *app.Controls().__dict__.values())
+
+        events = {
+            "target class (forward + backward)": (new_target, repeats),
+            "map method (cached)": (lambda: app.on_method(session, *app.Controls(method="grad-rollout").__dict__.values()), repeats),
+            f"faithfulness score ({2 * (DEFAULT_RANDOM_ORDERS + 1) * (DEFAULT_STEPS + 1)} images)": (lambda: app.on_score(cache, session, *app.Controls().__dict__.values()), max(1, repeats // 3)),
+        }
+        for event, (function, count) in events.items():
+            timing = paired_ratio(function, forward, count)
+            rows.append({"model": name, "event": event, "update_s": timing["numerator_s"], "ratio_to_forward": timing["ratio"]})
     return rows
 
 
@@ -266,7 +324,7 @@ def main() -> None:
         grid = (3, 3)
         rss_model, rss_size = None, 0
     else:
-        repeats, tokens = 7, [197, 577, 1370]
+        repeats, tokens = 9, [197, 577, 1370]
         default = load_model("builtin:shapes")
         vit_b = random_model(VIT_B16, "ViT-B/16 224 (random)")
         capture_models = interaction_models = {"builtin:shapes": default, "ViT-B/16 224 (random)": vit_b}
@@ -278,6 +336,7 @@ def main() -> None:
                     "cpus": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
         "capture_overhead": capture_overhead(capture_models, [1, 8] if not args.tiny else [1, 2], repeats),
         "interaction_latency": interaction_latency(interaction_models, repeats),
+        "class_maps": class_maps(interaction_models, repeats),
         "rendering": [rendering(*grid, repeats)],
         "rollout_scaling": rollout_scaling(tokens, 12 if not args.tiny else 2, repeats),
         "memory": memory(memory_models),

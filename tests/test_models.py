@@ -83,3 +83,15 @@ def test_corrupt_checkpoint_and_missing_config(tmp_path):
     torch.save(make_vit(TINY).state_dict(), bare)
     with pytest.raises(VitExplorerError, match="no config found"):
         load_model(str(bare))
+
+
+def test_device_choice_is_checked(tiny_checkpoint):
+    from vit_explorer.models import default_device
+
+    assert load_model(str(tiny_checkpoint), device="cpu").device.type == "cpu"
+    assert load_model(str(tiny_checkpoint)).device == default_device()
+    with pytest.raises(VitExplorerError, match="unknown device 'gpu0'"):
+        load_model(str(tiny_checkpoint), device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(VitExplorerError, match="no CUDA GPU"):
+            load_model(str(tiny_checkpoint), device="cuda")

@@ -207,24 +207,25 @@ def choose_storage(full_bytes: int, memory_budget: int) -> str:
 
 
 class StackSink(LayerSink):
-    """Keeps each layer's map of image 0 as a numpy array of ``dtype`` as soon as it arrives."""
+    """Keeps each layer's map of image 0 in ``dtype`` as it arrives, where the model runs; ``stack``
+    brings them to the CPU in one transfer (one copy on a CPU)."""
 
     def __init__(self, dtype: np.dtype) -> None:
         super().__init__()
-        self.dtype = dtype
+        self.dtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        self.layers[layer] = attention[0].to(torch.float32).cpu().numpy().astype(self.dtype, copy=False)
+        self.layers[layer] = attention[0].to(self.dtype)
 
     def stack(self) -> np.ndarray:
-        return np.stack(self.in_layer_order())  # [layers, heads, n, n]
+        return torch.stack(self.in_layer_order()).cpu().numpy()  # [layers, heads, n, n]
 
 
-class CompactSink(StackSink):
+class CompactSink(LayerSink):
     """Reduces each layer's map to what the views need, then drops it."""
 
     def __init__(self, layout: TokenLayout) -> None:
-        super().__init__(np.float16)
+        super().__init__()
         self.layout = layout
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
@@ -256,7 +257,7 @@ class RowSink(StackSink):
         self.query = query
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        self.layers[layer] = attention[0, :, self.query, :].to(torch.float32).cpu().numpy()
+        self.layers[layer] = attention[0, :, self.query, :].to(torch.float32)
 
 
 def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Analysis:

@@ -25,7 +25,7 @@ def run_analyze(args: argparse.Namespace) -> None:
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
     progress(f"loading {args.model}")
-    model = load_model(args.model, input_hw=args.input_size)
+    model = load_model(args.model, input_hw=args.input_size, device=args.device)
     progress(f"analysing {args.image}")
     analysis = analyze(model, image, name=str(args.image), memory_budget=int(args.memory_budget_mb * 2**20))
     options = views.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
@@ -123,6 +123,7 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--residual-weight", type=float, default=0.5)
     analyze.add_argument("--cmap", default="inferno")
     analyze.add_argument("--input-size", type=input_size, default=None, help="e.g. 518 or 448x640, for timm/hf models that allow it")
+    analyze.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one)")
     analyze.add_argument("--memory-budget-mb", type=float, default=1024, help="above this, maps are kept in float16 or compactly")
     analyze.set_defaults(run=run_analyze)
 

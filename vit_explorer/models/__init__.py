@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from ..errors import VitExplorerError
@@ -30,30 +31,48 @@ def adapter_for(module: nn.Module) -> CaptureAdapter:
     raise VitExplorerError(f"vit_explorer does not know how to capture attention from a {type(module).__name__}")
 
 
-def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = None) -> LoadedModel:
-    """Load a model by spec; ``input_hw`` asks for another input size where the family allows it."""
+def default_device() -> torch.device:
+    """The GPU when there is one (maps come back to the CPU once per analysis), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = None, device: str | torch.device | None = None) -> LoadedModel:
+    """Load a model by spec onto ``device`` (default: ``default_device()``); ``input_hw`` asks for
+    another input size where the family allows it."""
     from .builtin import load_builtin
     from .checkpoint import load_vit_checkpoint
     from .hf_adapter import load_hf
     from .timm_adapter import load_timm
 
+    try:
+        target = torch.device(device) if device is not None else default_device()
+    except RuntimeError as error:
+        raise VitExplorerError(f"unknown device {device!r}: {error}") from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise VitExplorerError(f"device {device!r} was asked for, but torch sees no CUDA GPU here; use --device cpu")
     prefix, _, rest = spec.partition(":")
     if prefix == "builtin" and rest:
-        loaded = load_builtin(rest)
+        loaded = fixed_size(load_builtin(rest), input_hw)
     elif prefix == "timm" and rest:
-        return load_timm(rest, input_hw)
+        loaded = load_timm(rest, input_hw)
     elif prefix == "hf" and rest:
-        return load_hf(rest, input_hw)
+        loaded = load_hf(rest, input_hw)
     elif Path(spec).expanduser().suffix in CHECKPOINT_SUFFIXES:
-        loaded = load_vit_checkpoint(Path(spec).expanduser())
+        loaded = fixed_size(load_vit_checkpoint(Path(spec).expanduser()), input_hw)
     else:
         raise VitExplorerError(
             f"unknown model spec {spec!r}: use {DEFAULT_MODEL}, timm:NAME, hf:REPO_OR_FOLDER, "
             "or a path to a .safetensors/.pt checkpoint with its config"
         )
-    if input_hw is not None and tuple(input_hw) != loaded.preprocess.input_hw:
-        raise VitExplorerError(f"{spec} has learned position embeddings for {loaded.preprocess.input_hw}; it cannot take {input_hw}")
+    loaded.module.to(target)
     return loaded
 
 
-__all__ = ["CaptureAdapter", "LoadedModel", "Preprocess", "DEFAULT_MODEL", "adapter_for", "load_model"]
+def fixed_size(loaded: LoadedModel, input_hw: tuple[int, int] | None) -> LoadedModel:
+    """``loaded``, if ``input_hw`` is its own size: this project's ViT cannot resize its position embeddings."""
+    if input_hw is not None and tuple(input_hw) != loaded.preprocess.input_hw:
+        raise VitExplorerError(f"{loaded.name} has learned position embeddings for {loaded.preprocess.input_hw}; it cannot take {input_hw}")
+    return loaded
+
+
+__all__ = ["CaptureAdapter", "LoadedModel", "Preprocess", "DEFAULT_MODEL", "adapter_for", "default_device", "load_model"]
