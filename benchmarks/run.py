@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from vit_explorer import app, render, views  # noqa: E402
 from vit_explorer.analysis import analyze  # noqa: E402
-from vit_explorer.capture import record_attention  # noqa: E402
+from vit_explorer.capture import AttentionRecorder, record_attention  # noqa: E402
 from vit_explorer.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS  # noqa: E402
 from vit_explorer.models import load_model  # noqa: E402
 from vit_explorer.models.base import LoadedModel, Preprocess  # noqa: E402
@@ -91,7 +91,8 @@ def paired_ratio(numerator, denominator, repeats: int, warmup: int = 1) -> dict:
 
 
 def capture_overhead(models: dict[str, LoadedModel], batches: list[int], repeats: int) -> list[dict]:
-    """Forward with capture / the same forward without it, alternated pair by pair."""
+    """Forward with capture / the same forward without it, alternated pair by pair: ``record_attention``
+    (a fresh output tensor each call) and an ``AttentionRecorder`` reusing its output tensor."""
     rows = []
     for name, model in models.items():
         for batch in batches:
@@ -101,9 +102,12 @@ def capture_overhead(models: dict[str, LoadedModel], batches: list[int], repeats
                 with torch.inference_mode():
                     model.module(images)
 
-            timing = paired_ratio(lambda: record_attention(model, images), plain, repeats)
-            rows.append({"model": name, "batch": batch, "forward_s": timing["denominator_s"], "capture_s": timing["numerator_s"],
-                         "ratio": timing["ratio"], "ratio_q1": timing["ratio_q1"], "ratio_q3": timing["ratio_q3"]})
+            fresh = paired_ratio(lambda: record_attention(model, images), plain, repeats)
+            with AttentionRecorder(model, reuse_output=True) as record:
+                reused = paired_ratio(lambda: record(images), plain, repeats)
+            rows.append({"model": name, "batch": batch, "forward_s": fresh["denominator_s"], "capture_s": fresh["numerator_s"],
+                         "ratio": fresh["ratio"], "ratio_q1": fresh["ratio_q1"], "ratio_q3": fresh["ratio_q3"],
+                         "ratio_reused_output": reused["ratio"]})
     return rows
 
 

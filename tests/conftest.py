@@ -18,6 +18,11 @@ TINY = {"image_size": 64, "patch_size": 16, "num_classes": 5, "dim": 32, "depth"
 CLI_MODEL = {"image_size": 256, "patch_size": 16, "num_classes": 4, "dim": 32, "depth": 6, "heads": 4, "dim_head": 8, "mlp_dim": 64}
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption("--load-analyses", type=int, default=6, help="analyses per client in the load test (CI: 6; larger: 25)")
+    parser.addoption("--soak-updates", type=int, default=200, help="interactive updates in the soak test (CI: 200; larger: 500+)")
+
+
 def make_vit(config: dict, seed: int = 0) -> ViT:
     torch.manual_seed(seed)
     return ViT(**config).eval()

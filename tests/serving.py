@@ -20,13 +20,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_app(model: str, log: Path, timeout_s: float = 120.0) -> Iterator[str]:
-    """The URL of a served app; the server's output goes to ``log``."""
+def running_server(model: str, log: Path, *extra: str, env: dict | None = None, timeout_s: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The URL and process of a served app (``extra``: more ``serve`` arguments); its output goes to ``log``."""
     port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "w") as output:
         server = subprocess.Popen(
-            [sys.executable, "-m", "vit_explorer.cli", "serve", "--model", model, "--port", str(port), "--no-browser"],
+            [sys.executable, "-m", "vit_explorer.cli", "serve", "--model", model, "--port", str(port), "--no-browser", *extra],
             stdout=output, stderr=subprocess.STDOUT, env=env,
         )
         url = f"http://127.0.0.1:{port}/"
@@ -44,10 +44,25 @@ def running_app(model: str, log: Path, timeout_s: float = 120.0) -> Iterator[str
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the app did not answer within {timeout_s} s: {log.read_text()[-2000:]}")
                 time.sleep(0.5)
-            yield url
+            yield url, server
         finally:
             server.terminate()
             try:
                 server.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 server.kill()
+
+
+@contextlib.contextmanager
+def running_app(model: str, log: Path, timeout_s: float = 120.0) -> Iterator[str]:
+    """The URL of a served app; the server's output goes to ``log``."""
+    with running_server(model, log, timeout_s=timeout_s) as (url, _):
+        yield url
+
+
+def rss_mib(process: subprocess.Popen) -> float:
+    """Resident memory of a running process, from /proc."""
+    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {process.pid}")

@@ -1,6 +1,7 @@
 """The app's callbacks, called directly (no server): what each event shows, and that only uploads run the model."""
 
 import zipfile
+from pathlib import Path
 
 import gradio as gr
 import numpy as np
@@ -120,8 +121,13 @@ def test_bad_upload_is_a_message_not_a_crash(models, tmp_path, checkpoint):
 
 def test_failed_model_switch_keeps_the_previous_model(models, upload, checkpoint):
     session, _ = analysed(models, upload, checkpoint)
-    result = app.on_model_change(models, "no-such-model", checkpoint, upload, session, *CONTROLS)
-    assert result[0] == checkpoint and result[1]["value"] == checkpoint and result[2] is session
+    corrupt = Path(checkpoint).with_name("corrupt.safetensors")
+    corrupt.write_bytes(b"\x00" * 64)
+    for bad in ("no-such-model", str(corrupt), "timm:not_a_model_xyz"):
+        result = app.on_model_change(models, bad, checkpoint, upload, session, *CONTROLS)
+        assert result[0] == checkpoint and result[1]["value"] == checkpoint and result[2] is session, bad
+    after = app.on_controls(session, *CONTROLS)  # the previous model's maps still serve
+    assert isinstance(after[2], np.ndarray)
     switched = app.on_model_change(models, checkpoint, checkpoint, upload, None, *CONTROLS)
     assert switched[0] == checkpoint and switched[2].analysis.model_name == "six.safetensors"
 

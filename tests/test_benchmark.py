@@ -18,7 +18,7 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
     results = json.loads(out.read_text())
     assert {"machine", "capture_overhead", "interaction_latency", "class_maps", "rendering", "rollout_scaling", "memory"} <= set(results)
     assert len(results["interaction_latency"]) == 5 and len(results["class_maps"]) == 3
-    assert all(row["ratio_q1"] <= row["ratio"] <= row["ratio_q3"] for row in results["capture_overhead"])
+    assert all(row["ratio_q1"] <= row["ratio"] <= row["ratio_q3"] and row["ratio_reused_output"] > 0 for row in results["capture_overhead"])
     for section in ("capture_overhead", "rendering", "rollout_scaling"):
         assert all(row["ratio"] > 0 for row in results[section])
     assert "capture_overhead" in result.stdout

@@ -132,3 +132,21 @@ def test_gradient_capture_leaves_the_no_grad_path_and_no_hooks_behind(tiny_vit):
     assert all(not module._forward_hooks for module in tiny_vit.modules())
     _, attentions = record_attention(tiny_vit, torch.randn(1, 3, 64, 64))
     assert not attentions.requires_grad and attentions.is_inference()
+
+
+def test_reused_output_is_one_tensor_overwritten_by_each_pass(tiny_vit):
+    first_images, second_images = torch.randn(2, 3, 64, 64), torch.randn(2, 3, 64, 64)
+    _, expected_second = record_attention(tiny_vit, second_images)
+    with AttentionRecorder(tiny_vit, reuse_output=True) as record:
+        _, first = record(first_images)
+        first_copy = first.clone()
+        _, second = record(second_images)
+        assert second is first  # the same memory, now holding the second batch's maps
+        torch.testing.assert_close(second, expected_second)
+        assert not torch.equal(first_copy, second)
+        _, single = record(second_images[:1])  # another shape: a new tensor
+        assert single is not second and single.shape[0] == 1
+    with AttentionRecorder(tiny_vit) as record:
+        assert record(first_images)[1] is not record(first_images)[1]
+    with pytest.raises(ValueError, match="reuse_output"):
+        AttentionRecorder(tiny_vit, keep_graph=True, reuse_output=True)

@@ -1,5 +1,6 @@
 """The served app: loopback only by default, and no file from outside its own folders."""
 
+import time
 import urllib.error
 import urllib.request
 
@@ -35,3 +36,74 @@ def test_file_routes_do_not_serve_files_outside_the_app(tmp_path):
             status, body = fetch(url + path)
             assert b"top secret" not in body and b"root:" not in body, path
             assert status >= 400, (path, status)
+
+
+def test_share_is_off_by_default_and_warns_when_on(monkeypatch, capsys, tmp_path):
+    from vit_explorer import app
+
+    launches = []
+    monkeypatch.setattr(app.gr.Blocks, "launch", lambda self, **options: launches.append(options))
+    checkpoint = str(write_checkpoint(tmp_path / "m.safetensors", CLI_MODEL))
+    app.serve(checkpoint, open_browser=False)
+    assert launches[-1]["share"] is False and launches[-1]["server_name"] == "127.0.0.1"
+    assert "warning" not in capsys.readouterr().err
+    app.serve(checkpoint, open_browser=False, share=True)
+    assert launches[-1]["share"] is True
+    assert app.SHARE_WARNING in capsys.readouterr().err
+    assert launches[-1]["max_file_size"] == app.MAX_UPLOAD
+
+
+def test_uploads_over_the_size_limit_are_refused(tmp_path):
+    import httpx
+
+    checkpoint = write_checkpoint(tmp_path / "served.safetensors", CLI_MODEL)
+    with running_app(str(checkpoint), tmp_path / "server.log") as url:
+        small = httpx.post(url + "gradio_api/upload", files={"files": ("small.png", b"\x89PNG" + b"0" * 1000)}, timeout=30)
+        assert small.status_code == 200
+        big = httpx.post(url + "gradio_api/upload", files={"files": ("big.png", b"\x89PNG" + b"0" * (21 * 2**20))}, timeout=60)
+        assert big.status_code == 413, (big.status_code, big.text[:200])
+
+
+def files_under(folder):
+    return [path for path in folder.rglob("*") if path.is_file()]
+
+
+def test_rendered_views_and_uploads_are_deleted_after_their_time_to_live(tmp_path):
+    gradio_client = pytest.importorskip("gradio_client")
+    from conftest import photo
+    from serving import running_server
+    from vit_explorer import app
+
+    cache = tmp_path / "gradio-cache"
+    image = tmp_path / "image.png"
+    photo((256, 256)).save(image)
+    checkpoint = write_checkpoint(tmp_path / "served.safetensors", CLI_MODEL)
+    controls = ("inferno", True, "per tile", "none", "mean", 0.0, 0, 0.5, "relevance")
+    with running_server(str(checkpoint), tmp_path / "server.log", "--cache-ttl-s", "4", env={"GRADIO_TEMP_DIR": str(cache)}) as (url, _):
+        client = gradio_client.Client(url, verbose=False, download_files=str(tmp_path / "downloads"))
+        for _ in range(3):
+            client.predict(gradio_client.handle_file(str(image)), *controls, api_name="/analyze")
+            client.predict("viridis", *controls[1:], api_name="/set_colormap")
+        written = files_under(cache)
+        assert len(written) > 10  # every view is a PNG in the cache
+        time.sleep(9)  # older than 4 s, swept every 2 s
+        left = files_under(cache)
+    # what stays is Gradio's copy of the six example images: fixed, however long the app runs
+    examples = {path.name for path in app.EXAMPLES.glob("*.png")}
+    outlived = [path for path in left if path.name not in examples]
+    assert outlived == [], f"{len(outlived)} of {len(written)} files outlived their time to live"
+
+
+def test_old_export_zips_are_removed(tmp_path, monkeypatch):
+    import os
+
+    from vit_explorer import app
+
+    monkeypatch.setattr(app.tempfile, "gettempdir", lambda: str(tmp_path))
+    folder = app.export_dir(ttl_s=60)
+    old, new = folder / "old.zip", folder / "new.zip"
+    old.write_bytes(b"old")
+    new.write_bytes(b"new")
+    os.utime(old, (time.time() - 120, time.time() - 120))
+    app.export_dir(ttl_s=60)
+    assert not old.exists() and new.exists()

@@ -12,7 +12,7 @@ from vit_explorer import analyze, load_model
 
 pytestmark = pytest.mark.slow
 gradio_client = pytest.importorskip("gradio_client")
-CONTROLS = ("inferno", True, "per tile", "none", "mean", 0.0, 0, 0.5)
+CONTROLS = ("inferno", True, "per tile", "none", "mean", 0.0, 0, 0.5, "relevance")
 
 
 def session_run(url: str, image_path: str) -> np.ndarray:

@@ -84,6 +84,24 @@ def test_fused_attention_is_restored_when_the_forward_raises():
     assert sum(len(m._forward_hooks) for m in model.modules()) == 0
 
 
+def test_a_failure_inside_the_gradient_pass_restores_everything():
+    from vit_explorer.capture import record_attention_gradients
+
+    model = CASES["vit"][0]()
+
+    def fail(*_):
+        raise RuntimeError("injected failure in block 1")
+
+    failing = model.blocks[1].mlp.register_forward_hook(fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        record_attention_gradients(model, torch.randn(1, 3, 64, 64))
+    failing.remove()
+    assert all(block.attn.fused_attn for block in model.blocks)
+    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+    logits, attentions, _ = record_attention_gradients(model, torch.randn(1, 3, 64, 64))  # and it works again
+    assert attentions.shape[1] == 2
+
+
 def test_analyze_and_views_on_registers_and_no_class_token(tmp_path):
     registers = from_timm_module(CASES["dinov2-reg4-98px"][0](), "dinov2-test")
     result = analyze(registers, photo((120, 90)))
@@ -117,3 +135,21 @@ def test_unknown_timm_name_is_a_user_error():
 
     with pytest.raises(VitExplorerError, match="timm has no model 'not_a_model_xyz'"):
         load_model("timm:not_a_model_xyz")
+
+
+def test_without_network_a_hub_name_says_how_to_load_a_local_file(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    image = tmp_path / "image.png"
+    photo((64, 64)).save(image)
+    # a fresh process: huggingface_hub reads its offline switch and cache folder once, at import
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")}
+    result = subprocess.run([sys.executable, "-m", "vit_explorer.cli", "analyze", str(image), "--model", "timm:vit_tiny_patch16_224",
+                             "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[-1].startswith("vit-explorer: error: could not fetch weights for timm:vit_tiny_patch16_224")
+    assert "timm:vit_tiny_patch16_224@/path/to/model.safetensors" in lines[-1]
+    assert not (tmp_path / "out").exists()

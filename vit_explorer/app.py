@@ -7,6 +7,7 @@ is the session's state, and every other control re-renders from it.
 from __future__ import annotations
 
 import functools
+import sys
 import tempfile
 import threading
 import time
@@ -35,7 +36,7 @@ INTRO = (
 EXAMPLES = ASSETS / "examples"
 MAX_UPLOAD = "20mb"
 EXPORT_DIR_NAME = "vit-explorer-exports"
-EXPORT_TTL_S = 3600
+CACHE_TTL_S = 3600  # seconds generated images, uploads and export zips stay on disk
 NORMALISATIONS = ("per tile", "shared")
 MEAN_HEADS = "mean of heads"
 MEAN_PATCHES = "mean of patch queries"
@@ -426,11 +427,11 @@ def on_layer_head(session: Session | None, layer: int, head: str, *control_value
     return select_head(replace(session, layer=int(layer), head=head_index), Controls(*control_values))[:3]
 
 
-def export_dir() -> Path:
-    """The folder of export zips; zips older than an hour are removed each time it is used."""
+def export_dir(ttl_s: float = CACHE_TTL_S) -> Path:
+    """The folder of export zips; zips older than ``ttl_s`` are removed each time it is used."""
     folder = Path(tempfile.gettempdir()) / EXPORT_DIR_NAME
     folder.mkdir(exist_ok=True)
-    cutoff = time.time() - EXPORT_TTL_S
+    cutoff = time.time() - ttl_s
     for old in folder.glob("*.zip"):
         if old.stat().st_mtime < cutoff:
             old.unlink(missing_ok=True)
@@ -438,7 +439,7 @@ def export_dir() -> Path:
 
 
 @user_errors
-def on_export(session: Session | None, *control_values) -> str:
+def on_export(session: Session | None, *control_values, ttl_s: float = CACHE_TTL_S) -> str:
     """A zip of what ``vit-explorer analyze`` writes, for the current query and options, plus the selected head's
     view and the class-maps tab's map."""
     session = require(session)
@@ -453,7 +454,7 @@ def on_export(session: Session | None, *control_values) -> str:
             if picture is not None:
                 written.append(folder / name)
                 render.save_png(picture, str(written[-1]))
-        archive = export_dir() / f"vit-explorer-{uuid.uuid4().hex[:12]}.zip"
+        archive = export_dir(ttl_s) / f"vit-explorer-{uuid.uuid4().hex[:12]}.zip"
         with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
             for path in written:
                 bundle.write(path, path.name)
@@ -481,11 +482,16 @@ def model_choices(initial: str) -> list[str]:
     return names if initial in names else [initial, *names]
 
 
-def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None) -> gr.Blocks:
-    """The app's layout and wiring; ``model_spec`` is the model selected at start."""
+def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None, cache_ttl_s: int = CACHE_TTL_S) -> gr.Blocks:
+    """The app's layout and wiring; ``model_spec`` is the model selected at start.
+
+    Every rendered view is a file in Gradio's cache; files older than ``cache_ttl_s`` are deleted
+    (checked every ``cache_ttl_s / 2`` seconds, at most every 10 minutes), and all of them when the
+    server stops, so disk use is bounded by what one ``cache_ttl_s`` of use produces.
+    """
     models = models or ModelCache()
-    with gr.Blocks(title=TITLE, delete_cache=(600, 3600)) as demo:
-        state = gr.State(None, time_to_live=3600)
+    with gr.Blocks(title=TITLE, delete_cache=(max(1, min(600, cache_ttl_s // 2)), cache_ttl_s)) as demo:
+        state = gr.State(None, time_to_live=CACHE_TTL_S)
         current_model = gr.State(model_spec)
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         with gr.Row():
@@ -598,18 +604,25 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
         target.input(choose_target, [state, target, *controls], [state, class_view, grid, top_heads, faithfulness_plot, class_text],
                      api_name="set_target", concurrency_limit=2)
         score.click(score_map, [state, *controls], [faithfulness_plot, class_text], api_name="score", concurrency_limit=2)
-        export_button.click(on_export, [state, *controls], export_file, api_name="export")
+        def export(session, *values):
+            return on_export(session, *values, ttl_s=cache_ttl_s)
+
+        export_button.click(export, [state, *controls], export_file, api_name="export")
     return demo
 
 
+SHARE_WARNING = ("vit-explorer: warning: --share opens a public Gradio link: anyone with it can use this app, upload files to "
+                 "this machine and run the model here")
+
+
 def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False, open_browser: bool = True,
-          memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+          memory_budget: int = DEFAULT_MEMORY_BUDGET, cache_ttl_s: int = CACHE_TTL_S) -> None:
     """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app."""
     models = ModelCache(memory_budget=memory_budget)
     models.get(model_spec)
     if share:
-        print("vit-explorer: warning: --share makes this app reachable by anyone with the link", flush=True)
-    demo = build_demo(model_spec, models)
+        print(SHARE_WARNING, file=sys.stderr, flush=True)
+    demo = build_demo(model_spec, models, cache_ttl_s)
     demo.queue(default_concurrency_limit=4)
     demo.launch(server_name=host, server_port=port, share=share, inbrowser=open_browser, max_file_size=MAX_UPLOAD,
                 allowed_paths=[str(EXAMPLES)] if EXAMPLES.is_dir() else None, footer_links=["api"],

@@ -82,22 +82,32 @@ class LayerSink(MutableMapping):
 
 
 class StackingSink(LayerSink):
-    """Copies each layer's map into one preallocated ``[b, layers, heads, n, n]`` tensor as it arrives,
-    so the per-layer maps are freed at once instead of all being held until a final stack."""
+    """Copies each layer's map into one ``[b, layers, heads, n, n]`` tensor as it arrives, so the
+    per-layer maps are freed at once instead of all being held until a final stack.
 
-    def __init__(self, num_layers: int) -> None:
+    With ``reuse``, the tensor outlives ``clear`` and the next pass of the same shape writes into it:
+    a fresh tensor of tens of MB costs a page fault per 4 KiB on first write, which is most of
+    what capture adds to a forward pass (see the README's figures).
+    """
+
+    def __init__(self, num_layers: int, reuse: bool = False) -> None:
         super().__init__()
         self.num_layers = num_layers
+        self.reuse = reuse
         self.stacked: torch.Tensor | None = None
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        if self.stacked is None:
-            self.stacked = attention.new_empty((attention.shape[0], self.num_layers, *attention.shape[1:]))
+        shape = (attention.shape[0], self.num_layers, *attention.shape[1:])
+        stale = self.stacked is None or self.stacked.shape != shape or self.stacked.dtype != attention.dtype
+        if stale or self.stacked.device != attention.device:
+            self.stacked = attention.new_empty(shape)
         self.stacked[:, layer] = attention
         self.layers[layer] = self.stacked[:, layer]
 
     def clear(self) -> None:
-        self.stacked, self.layers = None, {}
+        self.layers = {}
+        if not self.reuse:
+            self.stacked = None
 
 
 class AttentionRecorder:
@@ -106,13 +116,20 @@ class AttentionRecorder:
     ``with AttentionRecorder(model) as record: logits, attentions = record(images)`` — hooks (and
     any fused-attention switch) are in place inside the block only and are undone on exit, also when
     a forward pass raises. Outside ``keep_graph`` the passes run under ``torch.inference_mode``.
+
+    ``reuse_output=True`` (for loops over batches that consume each batch's maps before the next):
+    every call returns the same attentions tensor, overwritten by the next call of the same shape,
+    which saves allocating and first-touching it each time.
     """
 
-    def __init__(self, model: nn.Module | LoadedModel, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False) -> None:
+    def __init__(self, model: nn.Module | LoadedModel, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False,
+                 reuse_output: bool = False) -> None:
+        if keep_graph and reuse_output:
+            raise ValueError("reuse_output cannot be combined with keep_graph: the graph holds each layer's own map")
         self.module, self.adapter = resolve(model, adapter)
         self.keep_graph = keep_graph
         self.num_layers = self.adapter.map_shape(self.module)[0]
-        self._sink: LayerSink = LayerSink() if keep_graph else StackingSink(self.num_layers)
+        self._sink: LayerSink = LayerSink() if keep_graph else StackingSink(self.num_layers, reuse=reuse_output)
         self._stack: ExitStack | None = None
         self._forward = None
 
@@ -130,6 +147,8 @@ class AttentionRecorder:
         assert self._stack is not None
         self._forward = None
         self._sink.clear()
+        if isinstance(self._sink, StackingSink):
+            self._sink.stacked = None  # the reused tensor stays with the caller, not with the recorder
         self._stack.close()
 
     def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,7 +75,7 @@ def run_serve(args: argparse.Namespace) -> None:
     from .app import serve
 
     serve(model_spec=args.model, host=args.host, port=args.port, share=args.share, open_browser=not args.no_browser,
-          memory_budget=int(args.memory_budget_mb * 2**20))
+          memory_budget=int(args.memory_budget_mb * 2**20), cache_ttl_s=args.cache_ttl_s)
 
 
 def run_train_default(args: argparse.Namespace) -> None:
@@ -134,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
     serve.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     serve.add_argument("--memory-budget-mb", type=float, default=1024, help="above this, maps are kept in float16 or compactly")
+    serve.add_argument("--cache-ttl-s", type=int, default=3600, help="seconds rendered views, uploads and exports stay on disk (default 3600)")
     serve.set_defaults(run=run_serve)
 
     train = commands.add_parser("train-default", help="train the embedded shapes model")
