@@ -27,15 +27,15 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vit_explorer import app, render, views  # noqa: E402
-from vit_explorer.analysis import analyze  # noqa: E402
-from vit_explorer.capture import AttentionRecorder, record_attention  # noqa: E402
-from vit_explorer.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS  # noqa: E402
-from vit_explorer.models import load_model  # noqa: E402
-from vit_explorer.models.base import LoadedModel, Preprocess  # noqa: E402
-from vit_explorer.models.vit_pytorch import VitPytorchAdapter  # noqa: E402
-from vit_explorer.rollout import attention_rollout, rollout_factors, rollout_rows  # noqa: E402
-from vit_explorer.vit import ViT  # noqa: E402
+from vit_explorer import app, render, views
+from vit_explorer.analysis import analyze
+from vit_explorer.capture import AttentionRecorder, record_attention
+from vit_explorer.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
+from vit_explorer.models import load_model
+from vit_explorer.models.base import LoadedModel, Preprocess
+from vit_explorer.models.vit_pytorch import VitPytorchAdapter
+from vit_explorer.rollout import attention_rollout, rollout_factors, rollout_rows
+from vit_explorer.vit import ViT
 
 VIT_B16 = {"image_size": 224, "patch_size": 16, "num_classes": 1000, "dim": 768, "depth": 12, "heads": 12, "dim_head": 64, "mlp_dim": 3072}
 VIT_L_518 = {"image_size": 518, "patch_size": 14, "num_classes": 10, "dim": 64, "depth": 24, "heads": 16, "dim_head": 8, "mlp_dim": 128}
@@ -200,8 +200,8 @@ def select(x: float, y: float):
 
 def rendering(layers: int, heads: int, repeats: int) -> dict:
     """The layers × heads grid with numpy LUTs / the same grid with one matplotlib subplot per tile."""
-    from matplotlib.figure import Figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     rng = np.random.default_rng(0)
     maps = rng.random((layers, heads, 14, 14)).astype(np.float32)

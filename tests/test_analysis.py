@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import photo
+
 from vit_explorer import analyze, load_model, record_attention
 from vit_explorer.images import model_view, to_pixels
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 import pytest
-
 from conftest import CLI_MODEL, photo, write_checkpoint
+
 from vit_explorer import app
 
 

@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import CLI_MODEL, photo, write_checkpoint
 from serving import running_app
+
 from vit_explorer import analyze, load_model, views
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -1,8 +1,8 @@
 import pytest
 import torch
+from conftest import TINY, make_vit
 from einops import rearrange
 
-from conftest import TINY, make_vit
 from vit_explorer import VitExplorerError
 from vit_explorer.capture import AttentionRecorder, record_attention, record_attention_gradients
 

@@ -4,10 +4,10 @@ import sys
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest import CLI_MODEL, photo, write_checkpoint
+from PIL import Image
 from test_images import encoded, png_header_claiming
+
 from vit_explorer.cli import main
 
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY, write_checkpoint
+
 from vit_explorer import VitExplorerError, load_model
 from vit_explorer.faithfulness import area_under, baseline_view, deletion_insertion, importance_order, pixel_masks, step_masks
 from vit_explorer.images import to_pixels

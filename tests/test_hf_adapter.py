@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import assert_class_maps_work, photo
+
 from vit_explorer import VitExplorerError, analyze, load_model, record_attention
 from vit_explorer.models import adapter_for
 from vit_explorer.models.hf_adapter import HFAdapter, from_hf_module

@@ -2,9 +2,9 @@ import io
 
 import numpy as np
 import pytest
+from conftest import photo
 from PIL import Image
 
-from conftest import photo
 from vit_explorer import VitExplorerError
 from vit_explorer.images import MAX_PIXELS, load_image, model_view, to_pixels
 from vit_explorer.models.base import Preprocess

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest import CLI_MODEL, photo, write_checkpoint
+from PIL import Image
 from serving import rss_mib, running_server
+
 from vit_explorer import analyze, load_model, views
 
 pytestmark = pytest.mark.slow

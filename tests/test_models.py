@@ -2,9 +2,9 @@ import json
 
 import pytest
 import torch
+from conftest import TINY, make_vit, write_checkpoint
 from safetensors.torch import save_file
 
-from conftest import TINY, make_vit, write_checkpoint
 from vit_explorer import VitExplorerError, load_model
 
 

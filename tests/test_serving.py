@@ -5,9 +5,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import CLI_MODEL, write_checkpoint
 from serving import running_app
+
 from vit_explorer.cli import parser
 
 pytestmark = pytest.mark.slow
@@ -72,6 +72,7 @@ def test_rendered_views_and_uploads_are_deleted_after_their_time_to_live(tmp_pat
     gradio_client = pytest.importorskip("gradio_client")
     from conftest import photo
     from serving import running_server
+
     from vit_explorer import app
 
     cache = tmp_path / "gradio-cache"

@@ -5,9 +5,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from conftest import CLI_MODEL, photo, write_checkpoint
 from serving import running_app
+
 from vit_explorer import analyze, load_model
 
 pytestmark = pytest.mark.slow

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import assert_class_maps_work, photo
+
 from vit_explorer import analyze, load_model, record_attention, views
 from vit_explorer.models import adapter_for
 from vit_explorer.models.timm_adapter import TimmAdapter, from_timm_module

@@ -4,13 +4,24 @@ import torch
 
 from vit_explorer import VitExplorerError, analyze, load_model
 from vit_explorer.analysis import ClassEvidence, class_evidence
-from vit_explorer.images import to_pixels
 from vit_explorer.capture import record_attention_gradients
+from vit_explorer.images import to_pixels
 from vit_explorer.relevance import relevance
 from vit_explorer.rollout import attention_rollout
 from vit_explorer.views import (
-    CLASS_METHODS, RolloutOptions, attention_map, class_map, default_query, grid_picture, head_order, head_statistic,
-    map_picture, query_rows, rollout_map, token_at, top_heads,
+    CLASS_METHODS,
+    RolloutOptions,
+    attention_map,
+    class_map,
+    default_query,
+    grid_picture,
+    head_order,
+    head_statistic,
+    map_picture,
+    query_rows,
+    rollout_map,
+    token_at,
+    top_heads,
 )
 
 

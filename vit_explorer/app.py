@@ -23,15 +23,16 @@ import numpy as np
 
 from . import charts, export, render, views
 from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence
-from .faithfulness import CLEAR_MARGIN, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, deletion_insertion
 from .errors import VitExplorerError
+from .faithfulness import CLEAR_MARGIN, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, deletion_insertion
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .models.builtin import ASSETS, builtin_names
 
 TITLE = "vit_explorer"
 INTRO = (
     "See what a Vision Transformer looks at: upload an image, then compare the softmax attention of every head "
-    "of every layer, click any patch to see where it looks, and follow attention rollout to the class token."
+    "of every layer, click any patch to see where it looks, follow attention rollout to the class token, and see "
+    "which patches a chosen class depends on, scored by deletion and insertion against random orders."
 )
 EXAMPLES = ASSETS / "examples"
 MAX_UPLOAD = "20mb"

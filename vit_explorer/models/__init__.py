@@ -75,4 +75,4 @@ def fixed_size(loaded: LoadedModel, input_hw: tuple[int, int] | None) -> LoadedM
     return loaded
 
 
-__all__ = ["CaptureAdapter", "LoadedModel", "Preprocess", "DEFAULT_MODEL", "adapter_for", "default_device", "load_model"]
+__all__ = ["DEFAULT_MODEL", "CaptureAdapter", "LoadedModel", "Preprocess", "adapter_for", "default_device", "load_model"]
