@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from vit_explorer import app, render, views
 from vit_explorer.analysis import analyze
 from vit_explorer.capture import AttentionRecorder, record_attention
-from vit_explorer.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
+from vit_explorer.faithfulness import forward_passes
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel, Preprocess
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter
@@ -139,7 +139,7 @@ def class_maps(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
         events = {
             "target class (forward + backward)": (new_target, repeats),
             "map method (cached)": (lambda: app.on_method(session, *app.Controls(method="grad-rollout").__dict__.values()), repeats),
-            f"faithfulness score ({2 * (DEFAULT_RANDOM_ORDERS + 1) * (DEFAULT_STEPS + 1)} images)": (lambda: app.on_score(cache, session, *app.Controls().__dict__.values()), max(1, repeats // 3)),
+            f"faithfulness score ({forward_passes()} images)": (lambda: app.on_score(cache, session, *app.Controls().__dict__.values()), max(1, repeats // 3)),
         }
         for event, (function, count) in events.items():
             timing = paired_ratio(function, forward, count)

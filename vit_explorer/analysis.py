@@ -173,6 +173,12 @@ class ClassEvidence:
     weighted: np.ndarray
     importance: np.ndarray
 
+    @classmethod
+    def from_gradients(cls, target: int, attentions: torch.Tensor, gradients: torch.Tensor) -> ClassEvidence:
+        """Reduce one image's maps and their gradients, both ``[layers, heads, n, n]``."""
+        return cls(target=target, weighted=relevance.weighted_attention(attentions, gradients).numpy(),
+                   importance=relevance.gradient_importance(attentions, gradients).numpy())
+
 
 def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None) -> ClassEvidence:
     """One forward and backward pass of ``analysis``'s image for ``target`` (default: top class), kept
@@ -184,12 +190,7 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
     def compute() -> ClassEvidence:
         pixels = to_pixels(analysis.image, model.preprocess).to(model.device)
         _, attentions, gradients = record_attention_gradients(model, pixels, torch.tensor([index]))
-        attentions, gradients = attentions[0].float().cpu(), gradients[0].float().cpu()
-        return ClassEvidence(
-            target=index,
-            weighted=relevance.weighted_attention(attentions, gradients).numpy(),
-            importance=relevance.gradient_importance(attentions, gradients).numpy(),
-        )
+        return ClassEvidence.from_gradients(index, attentions[0].float().cpu(), gradients[0].float().cpu())
 
     return bounded(analysis.evidence, analysis.evidence_limit, index, compute)
 

@@ -24,7 +24,7 @@ import numpy as np
 from . import charts, export, render, views
 from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence
 from .errors import VitExplorerError
-from .faithfulness import CLEAR_MARGIN, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, deletion_insertion
+from .faithfulness import CLEAR_MARGIN, DEFAULT_RANDOM_ORDERS, deletion_insertion, forward_passes
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .models.builtin import ASSETS, builtin_names
 
@@ -215,9 +215,8 @@ def render_class(session: Session, controls: Controls) -> np.ndarray | None:
 def class_note(session: Session) -> str:
     if session.evidence is None:
         return NO_CLASSIFIER
-    passes = 2 * (DEFAULT_RANDOM_ORDERS + 1) * (DEFAULT_STEPS + 1)
     return (f"Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and inserts patches in "
-            f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({passes} forward passes).")
+            f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward passes).")
 
 
 def query_caption(session: Session) -> str:
@@ -605,6 +604,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
         target.input(choose_target, [state, target, *controls], [state, class_view, grid, top_heads, faithfulness_plot, class_text],
                      api_name="set_target", concurrency_limit=2)
         score.click(score_map, [state, *controls], [faithfulness_plot, class_text], api_name="score", concurrency_limit=2)
+
         def export(session, *values):
             return on_export(session, *values, ttl_s=cache_ttl_s)
 

@@ -98,8 +98,9 @@ class StackingSink(LayerSink):
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
         shape = (attention.shape[0], self.num_layers, *attention.shape[1:])
-        stale = self.stacked is None or self.stacked.shape != shape or self.stacked.dtype != attention.dtype
-        if stale or self.stacked.device != attention.device:
+        fits = (self.stacked is not None and self.stacked.shape == shape and self.stacked.dtype == attention.dtype
+                and self.stacked.device == attention.device)
+        if not fits:
             self.stacked = attention.new_empty(shape)
         self.stacked[:, layer] = attention
         self.layers[layer] = self.stacked[:, layer]

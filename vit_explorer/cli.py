@@ -19,7 +19,7 @@ def progress(message: str) -> None:
 def run_analyze(args: argparse.Namespace) -> None:
     from . import export, render, views
     from .analysis import analyze, class_evidence
-    from .faithfulness import deletion_insertion
+    from .faithfulness import deletion_insertion, forward_passes
     from .images import load_image
     from .models import load_model
 
@@ -37,7 +37,7 @@ def run_analyze(args: argparse.Namespace) -> None:
         evidence = None
     curves = None
     if scored:
-        progress(f"scoring the {args.method} map: deletion and insertion, {2 * (args.random_orders + 1) * (args.steps + 1)} forward passes")
+        progress(f"scoring the {args.method} map: deletion and insertion, {forward_passes(args.steps, args.random_orders)} forward passes")
         curves = deletion_insertion(model, analysis.image, views.class_map(analysis, args.method, evidence, options), evidence.target,
                                     steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
     out = Path(args.out)

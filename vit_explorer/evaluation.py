@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from . import relevance
 from .analysis import Analysis, ClassEvidence
 from .capture import record_attention_gradients
 from .faithfulness import deletion_insertion
@@ -85,9 +84,7 @@ def sample_analyses(model: LoadedModel, samples: list[Sample], batch_size: int =
         for sample, sample_logits, maps, grads in zip(batch, logits.float().cpu(), attentions.float().cpu(), gradients.float().cpu()):
             analysis = Analysis(image=sample.image, attentions=maps.numpy(), logits=sample_logits.numpy(), layout=model.layout,
                                 labels=model.labels, model_name=model.name)
-            evidence = ClassEvidence(target=sample.label, weighted=relevance.weighted_attention(maps, grads).numpy(),
-                                     importance=relevance.gradient_importance(maps, grads).numpy())
-            yield sample, analysis, evidence
+            yield sample, analysis, ClassEvidence.from_gradients(sample.label, maps, grads)
 
 
 def evaluate_on_shapes(model: LoadedModel, samples: list[Sample], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:

@@ -27,6 +27,11 @@ DEFAULT_RANDOM_ORDERS = 3
 CLEAR_MARGIN = 0.05  # AUC difference from chance below which a map is not called better than random
 
 
+def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS) -> int:
+    """Images one ``deletion_insertion`` runs through the model: 2 curves × (1 + random orders) × (steps + 1)."""
+    return 2 * (1 + random_orders) * (steps + 1)
+
+
 def area_under(fractions: np.ndarray, values: np.ndarray) -> float:
     """Trapezoidal area under ``values`` over ``fractions`` (0…1)."""
     return float(((values[1:] + values[:-1]) * np.diff(fractions)).sum() / 2)
@@ -122,7 +127,7 @@ def deletion_insertion(
     """Deletion and insertion curves of ``grid_map`` ``[grid_h, grid_w]`` for the image ``view`` ``[H, W, 3]``
     (as the model sees it) and class ``target``, with ``random_orders`` random orders as the baseline.
 
-    Costs 2 · (1 + random_orders) · (steps + 1) forward passes, in batches of ``batch_size``.
+    Costs ``forward_passes(steps, random_orders)`` images through the model, in batches of ``batch_size``.
     """
     layout = model.layout
     if tuple(np.shape(grid_map)) != layout.grid_hw:
