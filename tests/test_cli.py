@@ -89,3 +89,32 @@ def test_an_unknown_target_is_one_line(tmp_path, capsys, cli_checkpoint, image_f
     error = capsys.readouterr().err.strip().splitlines()
     assert error[-1].startswith("vit-explorer: error:") and "no class named 'thing 7'" in error[-1]
     assert not out.exists()
+
+
+def test_version_and_every_option_says_its_default(capsys):
+    with pytest.raises(SystemExit) as exit_code:
+        main(["--version"])
+    assert exit_code.value.code == 0 and capsys.readouterr().out.startswith("vit-explorer 0.")
+    from vit_explorer.cli import parser
+
+    commands = parser()._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        for action in command._actions:
+            if action.dest in ("help", "image") or action.required:
+                continue
+            assert action.help, (name, action.dest)
+            text = " ".join(command.format_help().split())
+            if action.default not in (None, False):
+                assert f"(default: {action.default})" in text or "(default" in action.help, (name, action.dest)
+
+
+def test_a_wide_image_is_stretched_by_default_and_padded_on_request(tmp_path, capsys, cli_checkpoint):
+    image = tmp_path / "wide.png"
+    photo((512, 256)).save(image)
+    assert main(["analyze", str(image), "--model", str(cli_checkpoint), "--out", str(tmp_path / "a"), "--no-faithfulness"]) == 0
+    assert "512×256 image stretched to 256×256 (proportions changed 2.00×; nothing cropped)" in capsys.readouterr().err
+    assert main(["analyze", str(image), "--model", str(cli_checkpoint), "--out", str(tmp_path / "b"), "--no-faithfulness",
+                 "--fit", "pad"]) == 0
+    assert "padded to the model's 256×256 proportions" in capsys.readouterr().err
+    padded = np.load(tmp_path / "b" / "attention.npz")["image"]
+    assert np.ptp(padded[:50].reshape(-1, 3), axis=0).max() <= 1 and np.ptp(padded[100:150].reshape(-1, 3), axis=0).max() > 10

@@ -31,6 +31,9 @@ def test_file_routes_do_not_serve_files_outside_the_app(tmp_path):
     secret.write_text("top secret contents")
     checkpoint = write_checkpoint(tmp_path / "served.safetensors", CLI_MODEL)
     with running_app(str(checkpoint), tmp_path / "server.log") as url:
+        log = (tmp_path / "server.log").read_text()
+        assert f"serving {checkpoint} at {url.rstrip('/')} (this machine only); press Ctrl+C to stop" in log, log
+        assert "share=True" not in log, log
         for path in (f"gradio_api/file={secret}", f"file={secret}", "gradio_api/file=/etc/passwd",
                      "gradio_api/file=../../../../etc/passwd", f"gradio_api/file={checkpoint}"):
             status, body = fetch(url + path)
@@ -42,7 +45,13 @@ def test_share_is_off_by_default_and_warns_when_on(monkeypatch, capsys, tmp_path
     from vit_explorer import app
 
     launches = []
-    monkeypatch.setattr(app.gr.Blocks, "launch", lambda self, **options: launches.append(options))
+
+    def launch(self, **options):
+        launches.append(options)
+        self.server_port, self.share_url = 7860, "https://example.gradio.live" if options["share"] else None
+
+    monkeypatch.setattr(app.gr.Blocks, "launch", launch)
+    monkeypatch.setattr(app.gr.Blocks, "block_thread", lambda self: None)
     checkpoint = str(write_checkpoint(tmp_path / "m.safetensors", CLI_MODEL))
     app.serve(checkpoint, open_browser=False)
     assert launches[-1]["share"] is False and launches[-1]["server_name"] == "127.0.0.1"

@@ -1,4 +1,5 @@
 import numpy as np
+from scipy import ndimage
 
 from vit_explorer.shapes import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZE, generate_set
 
@@ -19,18 +20,57 @@ def test_samples_have_one_object_whose_mask_and_box_agree():
         assert sample.image.shape == (IMAGE_SIZE, IMAGE_SIZE, 3) and sample.image.dtype == np.uint8
         ys, xs = np.nonzero(sample.mask)
         assert sample.bbox == (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
-        width = sample.bbox[2] - sample.bbox[0]
-        assert 0.4 * MIN_SIZE <= width <= 1.1 * MAX_SIZE  # a rotated square reaches past its circle
-        inside = sample.image[sample.mask].astype(float).mean(axis=0)
-        outside = sample.image[~sample.mask].astype(float).mean(axis=0)
-        assert np.linalg.norm(inside - outside) > 40  # the object stands out from its background
+        parts, count = ndimage.label(sample.mask)
+        sizes = np.bincount(parts.ravel())[1:]
+        assert sizes.max() >= 0.99 * sizes.sum()  # one object (a sharp tip may rasterise as a stray pixel)
+        width = max(sample.bbox[2] - sample.bbox[0], sample.bbox[3] - sample.bbox[1])
+        assert 0.6 * MIN_SIZE <= width <= 1.1 * MAX_SIZE  # a rotated square reaches past its circle
+
+
+def test_sizes_span_one_and_a_half_to_eight_patches():
+    widths = [max(s.bbox[2] - s.bbox[0], s.bbox[3] - s.bbox[1]) for s in generate_set(12, 150)]
+    assert min(widths) < 2.5 * 16 and max(widths) > 6.5 * 16
+
+
+def luminance(pixels: np.ndarray) -> np.ndarray:
+    return pixels.astype(float) @ np.array([0.299, 0.587, 0.114])
+
+
+def test_objects_are_darker_or_brighter_than_their_surround_and_stand_out():
+    """No contrast polarity to learn instead of the shape: both occur often, and each object differs
+    from a band of background around it."""
+    differences, distances = [], []
+    for sample in generate_set(13, 150):
+        band = ndimage.binary_dilation(sample.mask, iterations=6) & ~ndimage.binary_dilation(sample.mask, iterations=2)
+        edge = sample.mask & ~ndimage.binary_erosion(sample.mask, iterations=2)  # painted in every style
+        differences.append(luminance(sample.image[edge]).mean() - luminance(sample.image[band]).mean())
+        distances.append(np.linalg.norm(sample.image[edge].mean(0) - sample.image[band].mean(0)))
+    differences = np.array(differences)
+    assert (differences > 10).mean() > 0.25 and (differences < -10).mean() > 0.25
+    assert np.median(distances) > 40
 
 
 def test_rings_have_a_hole_and_circles_do_not():
-    samples = generate_set(5, 120)
-    for sample in samples:
+    for sample in generate_set(5, 120):
         cy, cx = [(lo + hi) // 2 for lo, hi in ((sample.bbox[1], sample.bbox[3]), (sample.bbox[0], sample.bbox[2]))]
         if sample.class_name == "ring":
             assert not sample.mask[cy, cx]
         if sample.class_name in ("circle", "square"):
             assert sample.mask[cy, cx]
+
+
+def test_some_objects_are_hollow_or_outlined():
+    """Outlined or hollow objects show the background through their silhouette: the middle of the mask
+    looks like the band around it, not like the edge."""
+    hollow = 0
+    samples = [s for s in generate_set(14, 200) if s.class_name in ("square", "triangle", "star", "cross")]
+    for sample in samples:
+        core = ndimage.binary_erosion(sample.mask, iterations=5)
+        if core.sum() < 20:
+            continue
+        edge = sample.mask & ~ndimage.binary_erosion(sample.mask, iterations=2)
+        band = ndimage.binary_dilation(sample.mask, iterations=6) & ~ndimage.binary_dilation(sample.mask, iterations=2)
+        to_band = np.linalg.norm(sample.image[core].mean(0) - sample.image[band].mean(0))
+        to_edge = np.linalg.norm(sample.image[core].mean(0) - sample.image[edge].mean(0))
+        hollow += to_band < to_edge
+    assert 0.15 < hollow / len(samples) < 0.8

@@ -20,9 +20,10 @@ import torch
 from . import relevance, stats
 from .capture import LayerSink, capture_into, record_attention_gradients
 from .errors import VitExplorerError
-from .images import ImageSource, load_image, model_view, to_pixels
+from .images import ImageSource, fit_note, load_image, model_view, to_pixels
 from .layout import TokenLayout
 from .models.base import LoadedModel
+from .ood import OodVerdict, recording_features
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of maps kept per analysis
 T = TypeVar("T")
@@ -47,6 +48,9 @@ class Analysis:
         layout: token layout (prefix tokens, patch grid).
         labels: class names, or None when the model has none.
         model_name: the spec the model was loaded from.
+        random_weights: the model was built with random weights (``@random``): a real layout, nothing learned.
+        view_note: how the uploaded image became the model's input (size, stretched or padded).
+        ood: the out-of-distribution verdict, for a model calibrated for one (``ood`` module); else None.
         compact: for a compact analysis, ``head_mean`` ``[layers, n, n]``, ``prefix_rows``
             ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` and the
             statistics ``[layers, heads]`` by name; else None.
@@ -61,6 +65,9 @@ class Analysis:
     labels: list[str] | None
     model_name: str
     compact: dict[str, Any] | None = None
+    ood: OodVerdict | None = None
+    view_note: str = ""
+    random_weights: bool = False
     row_source: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
     # arrays that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
@@ -261,18 +268,24 @@ class RowSink(StackSink):
         self.layers[layer] = attention[0, :, self.query, :].to(torch.float32)
 
 
-def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Analysis:
-    """Decode ``image``, resize it to the model's input, capture every layer's attention once.
+def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+            fit: str = "stretch") -> Analysis:
+    """Decode ``image``, fit it to the model's input (``images.FITS``), capture every layer's attention once.
 
     ``memory_budget`` (bytes) decides how the maps are kept: float32, float16 or compact (module doc).
     """
-    view = model_view(load_image(image, name), model.preprocess)
+    decoded = load_image(image, name)
+    view = model_view(decoded, model.preprocess, fit)
     pixels = to_pixels(view, model.preprocess).to(model.device)
     storage = choose_storage(map_bytes(model.layout, *model.adapter.map_shape(model.module)), memory_budget)
     sink = CompactSink(model.layout) if storage == "compact" else StackSink(np.dtype(storage))
-    logits = capture_into(model, pixels, sink)
+    head = model.adapter.classifier(model.module) if model.ood is not None else None
+    with recording_features(head) as features:  # read from the same forward pass as the maps
+        logits = capture_into(model, pixels, sink)
     result = Analysis(image=view, attentions=None, logits=logits[0].float().cpu().numpy(), layout=model.layout,
-                      labels=model.labels, model_name=model.name)
+                      labels=model.labels, model_name=model.name,
+                      ood=model.ood.verdict(features[0][0].numpy()) if model.ood is not None else None,
+                      view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), random_weights=model.random_weights)
     if isinstance(sink, CompactSink):
         result.compact = sink.reduced()
         result.row_source = lambda query: query_rows_by_forward(model, pixels, query)

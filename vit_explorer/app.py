@@ -26,7 +26,8 @@ from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, c
 from .errors import VitExplorerError
 from .faithfulness import CLEAR_MARGIN, DEFAULT_RANDOM_ORDERS, deletion_insertion, forward_passes
 from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .models.builtin import ASSETS, builtin_names
+from .models.builtin import EXAMPLES, builtin_names
+from .rollout import HEAD_FUSIONS
 
 TITLE = "vit_explorer"
 INTRO = (
@@ -34,7 +35,6 @@ INTRO = (
     "of every layer, click any patch to see where it looks, follow attention rollout to the class token, and see "
     "which patches a chosen class depends on, scored by deletion and insertion against random orders."
 )
-EXAMPLES = ASSETS / "examples"
 MAX_UPLOAD = "20mb"
 EXPORT_DIR_NAME = "vit-explorer-exports"
 CACHE_TTL_S = 3600  # seconds generated images, uploads and export zips stay on disk
@@ -109,6 +109,7 @@ class Controls:
     start_layer: int = 0
     residual_weight: float = 0.5
     method: str = "relevance"  # the class-maps tab's map
+    fit: str = "stretch"  # how an image of other proportions meets the model's input (``images.FITS``)
 
     @property
     def rollout(self) -> views.RolloutOptions:
@@ -155,16 +156,26 @@ def head_label(head: int | None) -> str:
     return MEAN_HEADS if head is None else f"h{head}"
 
 
+RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
+
+
 def model_summary(analysis: Analysis) -> str:
     layout = analysis.layout
     layers, heads = analysis.map_shape
     tokens = layout.num_tokens
     prefix = ", ".join(layout.prefix_names) or "none (rollout and grid use the mean over patch queries)"
-    return (
+    summary = (
         f"**{analysis.model_name}** · input {layout.input_hw[0]}×{layout.input_hw[1]} px · {layers} layers × {heads} heads · "
         f"{tokens} tokens = {layout.grid_hw[0]}×{layout.grid_hw[1]} patches of {layout.patch_hw[0]}×{layout.patch_hw[1]} px "
         f"+ prefix: {prefix} · held: {analysis.nbytes / 2**20:.1f} MiB ({analysis.storage})"
     )
+    if analysis.random_weights:
+        summary += f"  \n**{RANDOM_WEIGHTS_NOTE}**"
+    if analysis.view_note:
+        summary += f"  \n{analysis.view_note}"
+    if analysis.ood is not None and analysis.ood.flagged:
+        summary = f"> ⚠️ **Outside what this model knows.** {analysis.ood.notice(analysis.model_name)}\n\n{summary}"
+    return summary
 
 
 def top_predictions(analysis: Analysis) -> dict[str, float]:
@@ -305,9 +316,10 @@ def run_analysis(models: ModelCache, upload: str | None, spec: str, *control_val
     if upload is None:
         return empty_outputs()
     model = models.get(spec)
-    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget)
+    controls = Controls(*control_values)
+    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit)
     evidence = class_evidence(model, analysis) if analysis.num_classes else None
-    return full_outputs(new_session(analysis, spec, evidence), Controls(*control_values))
+    return full_outputs(new_session(analysis, spec, evidence), controls)
 
 
 def on_model_change(models: ModelCache, spec: str, current: str, upload: str | None, session: Session | None, *control_values) -> tuple:
@@ -468,6 +480,8 @@ CURATED_TIMM = (
     "vit_small_patch14_reg4_dinov2.lvd142m",
 )
 CURATED_HF = ("google/vit-base-patch16-224", "facebook/dinov2-with-registers-small")
+# architectures to try with no download: the real token layout (class, distillation, register tokens), random weights
+CURATED_TIMM_RANDOM = ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_small_patch14_reg4_dinov2")
 
 
 def model_choices(initial: str) -> list[str]:
@@ -477,6 +491,7 @@ def model_choices(initial: str) -> list[str]:
     names = [f"builtin:{name}" for name in builtin_names()]
     if find_spec("timm") is not None:
         names += [f"timm:{name}" for name in CURATED_TIMM]
+        names += [f"timm:{name}@random" for name in CURATED_TIMM_RANDOM]
     if find_spec("transformers") is not None:
         names += [f"hf:{name}" for name in CURATED_HF]
     return names if initial in names else [initial, *names]
@@ -498,7 +513,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
             model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
                                 info="built-in, timm:NAME, hf:REPO, or a path to a checkpoint (hub models download once, then load from cache)",
                                 scale=1)
-            summary = gr.Markdown("Upload an image to begin.")
+            summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
         with gr.Row():
             with gr.Column(scale=2, min_width=320):
                 upload = ImageUpload(type="filepath", sources=["upload", "clipboard"], label="Image (upload or paste)", height=260,
@@ -508,6 +523,8 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                 query_image = gr.Image(label="The image as the model sees it — click a patch to query it", interactive=False,
                                        format="png", buttons=[], elem_id="query-image")
                 caption = gr.Markdown("")
+                fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch", label="Fit to the model's input",
+                               info="for images of other proportions: stretch the whole image, or keep its proportions")
                 with gr.Row():
                     query = gr.Dropdown([], label="Query token", info="prefix token, or the mean of patch queries", scale=2)
                     reset = gr.Button("Back to class token", scale=1)
@@ -534,7 +551,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                                 head_view = gr.Image(label="Selected layer and head", format="png", interactive=False, elem_id="head-view")
                     with gr.Tab("Rollout"):
                         with gr.Row():
-                            head_fusion = gr.Radio(["mean", "max", "min"], value="mean", label="Head fusion")
+                            head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
                             discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio")
                             start_layer = gr.Slider(0, 1, value=0, step=1, label="Start layer")
                             residual_weight = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Residual weight")
@@ -566,7 +583,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                         export_button = gr.Button("Export")
                         export_file = gr.File(label="Download", interactive=False)
 
-        controls = [cmap, overlay, normalisation, order_by, head_fusion, discard_ratio, start_layer, residual_weight, method]
+        controls = [cmap, overlay, normalisation, order_by, head_fusion, discard_ratio, start_layer, residual_weight, method, fit]
         query_outputs = [state, query_image, grid, head_view, rollout_view, caption]
         full = [state, summary, query_image, top5, overview_rollout, overview_last, grid, head_view, rollout_view,
                 distance_plot, entropy_plot, prefix_plot, caption, class_view, top_heads, faithfulness_plot, class_text,
@@ -586,6 +603,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
 
         upload.change(analyse, [upload, current_model, *controls], full, api_name="analyze", concurrency_limit=2,
                       show_progress="full")
+        fit.input(analyse, [upload, current_model, *controls], full, api_name="set_fit", concurrency_limit=2)
         model.input(switch_model, [model, current_model, upload, state, *controls], [current_model, model, *full],
                     api_name="change_model", concurrency_limit=2)
         query_image.select(on_patch_click, [state, *controls], [*query_outputs, query], api_name="select_patch")
@@ -627,4 +645,19 @@ def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 
     demo.queue(default_concurrency_limit=4)
     demo.launch(server_name=host, server_port=port, share=share, inbrowser=open_browser, max_file_size=MAX_UPLOAD,
                 allowed_paths=[str(EXAMPLES)] if EXAMPLES.is_dir() else None, footer_links=["api"],
-                theme=gr.themes.Soft())
+                theme=gr.themes.Soft(), quiet=True, prevent_thread_lock=True)
+    print(serving_line(model_spec, host, demo.server_port, demo.share_url), file=sys.stderr, flush=True)
+    try:
+        demo.block_thread()
+    except KeyboardInterrupt:
+        demo.close()
+
+
+def serving_line(model_spec: str, host: str, port: int, share_url: str | None) -> str:
+    """The one line ``serve`` prints: where the app is, who can reach it, and how to stop it."""
+    local = host in ("127.0.0.1", "localhost", "::1")
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    reach = "this machine only" if local else f"other machines that can reach {host} too"
+    if share_url:
+        reach += f", and anyone with the public link {share_url}"
+    return f"vit-explorer: serving {model_spec} at http://{shown}:{port} ({reach}); press Ctrl+C to stop"

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import VitExplorerError
+from .images import FITS
 from .models import DEFAULT_MODEL
 
 
@@ -27,7 +28,12 @@ def run_analyze(args: argparse.Namespace) -> None:
     progress(f"loading {args.model}")
     model = load_model(args.model, input_hw=args.input_size, device=args.device)
     progress(f"analysing {args.image}")
-    analysis = analyze(model, image, name=str(args.image), memory_budget=int(args.memory_budget_mb * 2**20))
+    analysis = analyze(model, image, name=str(args.image), memory_budget=int(args.memory_budget_mb * 2**20), fit=args.fit)
+    progress(analysis.view_note)
+    if analysis.random_weights:
+        progress(f"{args.model}: random weights: the token layout is real, but nothing is learned")
+    if analysis.ood is not None and analysis.ood.flagged:
+        progress(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
     options = views.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
     # the target class is needed for class-specific maps and for scoring any map; a backbone has none
     scored = analysis.num_classes > 0 and not args.no_faithfulness
@@ -81,7 +87,7 @@ def run_serve(args: argparse.Namespace) -> None:
 def run_train_default(args: argparse.Namespace) -> None:
     from .train import train_default
 
-    figures = train_default(Path(args.out), seed=args.seed, steps=args.steps)
+    figures = train_default(Path(args.out), seed=args.seed, scale=args.scale, resume=args.resume)
     progress(f"wrote {args.out}: held-out accuracy {figures['heldout_accuracy']:.1%}")
 
 
@@ -96,20 +102,44 @@ def input_size(text: str) -> tuple[int, int]:
     return (parts[0], parts[-1])
 
 
+MEMORY_BUDGET_MB = 1024
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default; options that default to nothing say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS) or "(default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
     from .faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
     from .models.builtin import ASSETS
+    from .render import COLORMAPS
+    from .rollout import HEAD_FUSIONS
     from .views import CLASS_METHODS
 
-    main = argparse.ArgumentParser(prog="vit-explorer", description="See what a Vision Transformer looks at. Without a command: serve the app.")
+    try:
+        installed = version("vit-explorer")
+    except PackageNotFoundError:
+        installed = "unknown (not installed)"
+    main = argparse.ArgumentParser(prog="vit-explorer", formatter_class=HelpFormatter,
+                                   description="See what a Vision Transformer looks at. Without a command: serve the app.")
+    main.add_argument("--version", action="version", version=f"%(prog)s {installed}")
     commands = main.add_subparsers(dest="command")
+    spec_help = f"model spec: {DEFAULT_MODEL}, timm:NAME[@FILE|@random], hf:REPO_OR_FOLDER[@random], or a checkpoint file"
 
     analyze = commands.add_parser(
-        "analyze", help="write rollout.png, heads.png, attention.npz, the --method map and its faithfulness.json for one image"
+        "analyze", formatter_class=HelpFormatter,
+        help="write rollout.png, heads.png, attention.npz, the --method map and its faithfulness.json for one image"
     )
     analyze.add_argument("image", help="image file")
-    analyze.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
-    analyze.add_argument("--out", required=True, help="output folder")
+    analyze.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
+    analyze.add_argument("--out", required=True, help="output folder (required)")
     analyze.add_argument("--method", default="rollout", choices=list(CLASS_METHODS),
                          help="the map to write as METHOD.png and score: " + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
     analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction)")
@@ -117,30 +147,35 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
     analyze.add_argument("--baseline", default="blur", choices=list(BASELINES), help="what deleted patches show")
     analyze.add_argument("--no-faithfulness", action="store_true", help="skip the deletion / insertion score")
-    analyze.add_argument("--head-fusion", default="mean", choices=["mean", "max", "min"])
-    analyze.add_argument("--discard-ratio", type=float, default=0.0)
-    analyze.add_argument("--start-layer", type=int, default=0)
-    analyze.add_argument("--residual-weight", type=float, default=0.5)
-    analyze.add_argument("--cmap", default="inferno")
-    analyze.add_argument("--input-size", type=input_size, default=None, help="e.g. 518 or 448x640, for timm/hf models that allow it")
+    analyze.add_argument("--head-fusion", default="mean", choices=list(HEAD_FUSIONS), help="how rollout combines the heads of a layer")
+    analyze.add_argument("--discard-ratio", type=float, default=0.0, help="share of the weakest attention links rollout drops per layer")
+    analyze.add_argument("--start-layer", type=int, default=0, help="first layer rollout multiplies in")
+    analyze.add_argument("--residual-weight", type=float, default=0.5, help="weight of the identity (the skip connection) in rollout")
+    analyze.add_argument("--cmap", default="inferno", choices=list(COLORMAPS), help="colour map of the pictures")
+    analyze.add_argument("--input-size", type=input_size, default=None, help="e.g. 518 or 448x640, for timm/hf models that allow it "
+                         "(default: the model's own size)")
     analyze.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one)")
-    analyze.add_argument("--memory-budget-mb", type=float, default=1024, help="above this, maps are kept in float16 or compactly")
+    analyze.add_argument("--fit", default="stretch", choices=FITS,
+                         help="for images of other proportions: stretch to the model's input, or pad to its proportions (letterbox)")
+    analyze.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB, help="above this, maps are kept in float16 or compactly")
     analyze.set_defaults(run=run_analyze)
 
-    serve = commands.add_parser("serve", help="start the web app on this machine")
-    serve.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    serve.add_argument("--port", type=int, default=7860)
+    serve = commands.add_parser("serve", formatter_class=HelpFormatter, help="start the web app on this machine")
+    serve.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind; 127.0.0.1 is this machine only")
+    serve.add_argument("--port", type=int, default=7860, help="port to listen on")
     serve.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
     serve.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
-    serve.add_argument("--memory-budget-mb", type=float, default=1024, help="above this, maps are kept in float16 or compactly")
-    serve.add_argument("--cache-ttl-s", type=int, default=3600, help="seconds rendered views, uploads and exports stay on disk (default 3600)")
+    serve.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB, help="above this, maps are kept in float16 or compactly")
+    serve.add_argument("--cache-ttl-s", type=int, default=3600, help="seconds rendered views, uploads and exports stay on disk")
     serve.set_defaults(run=run_serve)
 
-    train = commands.add_parser("train-default", help="train the embedded shapes model")
-    train.add_argument("--out", default=str(ASSETS / "shapes.safetensors"))
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--steps", type=int, default=3000)
+    train = commands.add_parser("train-default", formatter_class=HelpFormatter,
+                                help="train the embedded shapes model (about an hour on 2 CPU cores)")
+    train.add_argument("--out", default=str(ASSETS / "shapes.safetensors"), help="where to write the weights")
+    train.add_argument("--seed", type=int, default=0, help="seed of the training images and initial weights")
+    train.add_argument("--scale", type=float, default=1.0, help="share of the documented steps and pool sizes, for trials")
+    train.add_argument("--resume", action="store_true", help="continue from the checkpoint beside --out")
     train.set_defaults(run=run_train_default)
     return main
 

@@ -15,7 +15,8 @@ from .faithfulness import FaithfulnessCurves
 def write_npz(analysis: Analysis, path: Path) -> None:
     """Raw maps: ``attentions`` [layers, heads, n, n] (for a compact analysis ``head_mean``,
     ``prefix_rows``, ``patch_mean_rows`` and ``statistic_*`` instead), ``grid``, ``num_prefix_tokens``, ``prefix_names``,
-    ``image``, ``logits``, ``probs``, and ``labels`` when the model has them."""
+    ``image``, ``logits``, ``probs``, ``weights`` ("trained" or "random"), ``ood_score`` and ``ood_threshold`` for a
+    model calibrated for out-of-distribution inputs, and ``labels`` when the model has them."""
     arrays = {
         "grid": np.array(analysis.grid),
         "num_prefix_tokens": np.array(analysis.num_prefix_tokens),
@@ -24,7 +25,10 @@ def write_npz(analysis: Analysis, path: Path) -> None:
         "logits": analysis.logits,
         "probs": analysis.probs,
         "model": np.array(analysis.model_name),
+        "weights": np.array("random" if analysis.random_weights else "trained"),
     }
+    if analysis.ood is not None:
+        arrays.update(ood_score=np.array(analysis.ood.score), ood_threshold=np.array(analysis.ood.threshold))
     if analysis.attentions is not None:
         arrays["attentions"] = analysis.attentions
     else:  # compact analysis: what was kept instead of the full stack

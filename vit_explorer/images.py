@@ -80,14 +80,41 @@ def load_image(source: ImageSource, name: str | None = None) -> Image.Image:
         raise VitExplorerError(f"{name}: image data is damaged or truncated ({error})") from None
 
 
-def model_view(image: Image.Image, preprocess: Preprocess) -> np.ndarray:
-    """The RGB image resized to the model's input, as the model sees it ``[H, W, 3]`` uint8."""
+FITS = ("stretch", "pad")  # how an image of other proportions meets the model's input
+
+
+def model_view(image: Image.Image, preprocess: Preprocess, fit: str = "stretch") -> np.ndarray:
+    """The RGB image as the model sees it ``[H, W, 3]`` uint8: resized to the model's input, either
+    stretched (``"stretch"``, the whole image, proportions changed) or letterboxed (``"pad"``, the whole
+    image at its own proportions, centred on its mean colour)."""
     height, width = preprocess.input_hw
     try:
         resample = INTERPOLATIONS[preprocess.interpolation]
     except KeyError:
         raise VitExplorerError(f"unknown interpolation {preprocess.interpolation!r}; use one of {sorted(INTERPOLATIONS)}") from None
-    return np.asarray(image.resize((width, height), resample), dtype=np.uint8)
+    if fit == "stretch":
+        return np.asarray(image.resize((width, height), resample), dtype=np.uint8)
+    if fit != "pad":
+        raise VitExplorerError(f"unknown fit {fit!r}; use one of {', '.join(FITS)}")
+    scale = min(width / image.width, height / image.height)
+    inner = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    mean = tuple(int(c) for c in np.asarray(image, dtype=np.float64).reshape(-1, 3).mean(axis=0).round())
+    canvas = Image.new("RGB", (width, height), mean)
+    canvas.paste(image.resize(inner, resample), ((width - inner[0]) // 2, (height - inner[1]) // 2))
+    return np.asarray(canvas, dtype=np.uint8)
+
+
+def fit_note(source_wh: tuple[int, int], input_hw: tuple[int, int], fit: str) -> str:
+    """One line on how an image of ``source_wh`` pixels became the model's ``input_hw`` input."""
+    width, height = source_wh
+    described = f"{width}×{height} image"
+    if width * input_hw[0] == height * input_hw[1]:
+        return f"{described} resized to {input_hw[1]}×{input_hw[0]}"
+    if fit == "pad":
+        return f"{described} padded to the model's {input_hw[1]}×{input_hw[0]} proportions with its mean colour (letterbox)"
+    change = (width / height) / (input_hw[1] / input_hw[0])
+    return (f"{described} stretched to {input_hw[1]}×{input_hw[0]} (proportions changed {max(change, 1 / change):.2f}×; "
+            "nothing cropped); pad to square keeps its proportions")
 
 
 def to_pixels(view: np.ndarray, preprocess: Preprocess) -> torch.Tensor:

@@ -1,10 +1,20 @@
-"""``vit-explorer train-default``: train the embedded shapes ViT on the generator, reproducibly."""
+"""``vit-explorer train-default``: train the embedded shapes ViT on the generator, reproducibly and resumably.
+
+Progressive resizing makes the domain-randomised task fit 2 CPU cores: most steps run at 128 px
+(an 8×8 grid, 65 tokens, about 12 times cheaper per image than 257 tokens), then the position
+embedding is interpolated to the 16×16 grid and the model is fine-tuned at 256 px. A checkpoint is
+written every ``CHECKPOINT_EVERY`` steps beside the output; ``--resume`` continues from it.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +22,10 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from .images import to_pixels
+from .models.base import Preprocess
 from .models.checkpoint import CONFIG_KEY
-from .shapes import CLASSES, IMAGE_SIZE, generate_set, write_examples
+from .shapes import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZE, generate, write_examples
 from .vit import ViT
 
 SHAPES_VIT = {
@@ -28,92 +40,217 @@ SHAPES_VIT = {
 }
 MEAN = (0.5, 0.5, 0.5)
 STD = (0.25, 0.25, 0.25)
-CURRICULUM = 0.2
-LARGE_OBJECT_PX = 48
+PREPROCESS = Preprocess(input_hw=(IMAGE_SIZE, IMAGE_SIZE), mean=MEAN, std=STD)
 HELDOUT_SEED = 1_000_003  # never used for training: the held-out set of the README figures and tests
+CHECKPOINT_EVERY = 250
+PATCH_LOSS_WEIGHT = 0.5
+KNOWN = "six synthetic shapes (" + ", ".join(CLASSES) + "), one per image"
+CHUNK = 500  # images per generator seed, so that the pool is the same however many processes draw it
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One resolution of the schedule: its image side, steps, batch, peak learning rate, and the share of
+    its first steps that draw only larger objects (at first the class token attends almost uniformly, so a
+    one-patch object is too faint a signal to start learning from)."""
+
+    name: str
+    image_size: int
+    steps: int
+    batch_size: int
+    lr: float
+    pool_size: int
+    large_first: float = 0.0
+
+
+def default_stages(scale: float = 1.0) -> tuple[Stage, Stage]:
+    """The documented schedule; ``scale`` shortens every stage (for tests and trials)."""
+    return (
+        Stage("low-res", 128, max(1, int(16000 * scale)), 64, 1e-3, max(CHUNK, int(80_000 * scale)), large_first=0.1),
+        Stage("full-res", IMAGE_SIZE, max(1, int(1500 * scale)), 32, 3e-4, max(CHUNK, int(12_000 * scale))),
+    )
 
 
 def to_batch(images: np.ndarray) -> torch.Tensor:
-    """``[b, H, W, 3]`` uint8 → normalised ``[b, 3, H, W]``."""
-    pixels = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255.0)
-    return (pixels - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    """``[b, H, W, 3]`` uint8 → normalised ``[b, 3, H, W]``, with the same pixels as ``images.to_pixels``."""
+    return torch.cat([to_pixels(image, PREPROCESS) for image in images])
 
 
-def dihedral(images: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    """One random flip/quarter-turn per batch: every shape class is closed under them."""
-    images = torch.rot90(images, int(rng.integers(4)), dims=(2, 3))
-    return images.flip(3) if rng.random() < 0.5 else images
+@dataclass(frozen=True)
+class Pool:
+    """Generated training images ``[b, H, W, 3]`` uint8, labels ``[b]``, object diameters in 256-px pixels
+    ``[b]``, and each patch's object class ``[b, rows, cols]`` (0 background, 1 + label on the object)."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    diameters: np.ndarray
+    patch_classes: np.ndarray
+
+
+def _draw_chunk(job: tuple[int, int, int]) -> Pool:
+    seed, count, size = job
+    rng = np.random.default_rng(seed)
+    scale = size / IMAGE_SIZE
+    samples = [generate(rng, size, MIN_SIZE * scale, MAX_SIZE * scale) for _ in range(count)]
+    rows = size // SHAPES_VIT["patch_size"]
+    covered = np.stack([s.mask.reshape(rows, size // rows, rows, size // rows).mean(axis=(1, 3)) for s in samples])
+    labels = np.array([s.label for s in samples])
+    # a patch counts as the object's when a quarter of it is covered
+    patch_classes = np.where(covered >= 0.25, labels[:, None, None] + 1, 0).astype(np.int64)
+    diameters = np.array([max(s.bbox[2] - s.bbox[0], s.bbox[3] - s.bbox[1]) / scale for s in samples])
+    return Pool(np.stack([s.image for s in samples]), labels, diameters, patch_classes)
+
+
+def draw_pool(seed: int, count: int, size: int, processes: int = 2) -> Pool:
+    """``count`` generated images at ``size`` px (the same for the same seed, however many processes)."""
+    jobs = [(seed * 1_000_000 + start // CHUNK, min(CHUNK, count - start), size) for start in range(0, count, CHUNK)]
+    with multiprocessing.get_context("spawn").Pool(processes) as workers:
+        parts = workers.map(_draw_chunk, jobs)
+    return Pool(*(np.concatenate([getattr(part, name) for part in parts]) for name in ("images", "labels", "diameters", "patch_classes")))
+
+
+def augment(images: torch.Tensor, patch_classes: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random flip/quarter-turn and channel order per batch, and per image a random polarity: each
+    shape class is closed under all three, and (with mean 0.5 in ``PREPROCESS``) inverting an image is
+    negating its normalised pixels. The patch classes ``[b, rows, cols]`` turn with the images."""
+    turns, flip = int(rng.integers(4)), rng.random() < 0.5
+    images, patch_classes = torch.rot90(images, turns, dims=(2, 3)), torch.rot90(patch_classes, turns, dims=(1, 2))
+    if flip:
+        images, patch_classes = images.flip(3), patch_classes.flip(2)
+    images = images[:, torch.from_numpy(rng.permutation(3))]
+    signs = torch.from_numpy(np.where(rng.random(len(images)) < 0.5, -1.0, 1.0).astype(np.float32))
+    return images * signs.view(-1, 1, 1, 1), patch_classes
+
+
+def tokens_and_logits(model: ViT, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seed ViT's forward, also returning its final patch tokens ``[b, patches, dim]``."""
+    x = model.to_patch_embedding(images)
+    x = torch.cat((model.cls_token.expand(len(images), -1, -1), x), dim=1)
+    x = model.transformer(model.dropout(x + model.pos_embedding[: x.shape[1]]))
+    return x[:, 1:], model.mlp_head(x[:, 0])
+
+
+def resize_grid(model: ViT, image_size: int) -> ViT:
+    """The same weights for ``image_size`` input: the patch position embedding bicubically interpolated."""
+    config = dict(SHAPES_VIT, image_size=image_size)
+    resized = ViT(**config)
+    state = model.state_dict()
+    old_rows = model.grid_size[0]
+    new_rows = resized.grid_size[0]
+    prefix, patches = state["pos_embedding"][:1], state["pos_embedding"][1:]
+    grid = patches.reshape(old_rows, old_rows, -1).permute(2, 0, 1).unsqueeze(0)  # [1, dim, rows, cols]
+    grid = torch.nn.functional.interpolate(grid, size=(new_rows, new_rows), mode="bicubic", align_corners=False)
+    state["pos_embedding"] = torch.cat([prefix, grid[0].permute(1, 2, 0).reshape(new_rows * new_rows, -1)])
+    resized.load_state_dict(state)
+    return resized
 
 
 def accuracy(model: ViT, images: np.ndarray, labels: np.ndarray, batch_size: int = 100) -> float:
+    """Top-1 accuracy of ``model`` on uint8 ``images`` ``[b, H, W, 3]``."""
+    was_training = model.training
     model.eval()
     correct = 0
     with torch.inference_mode():
         for start in range(0, len(images), batch_size):
             logits = model(to_batch(images[start : start + batch_size]))
             correct += int((logits.argmax(-1).numpy() == labels[start : start + batch_size]).sum())
-    model.train()
+    model.train(was_training)
     return correct / len(images)
 
 
-def train_default(out: Path, seed: int = 0, steps: int = 3000, batch_size: int = 32, pool_size: int = 8000, lr: float = 1e-3) -> dict:
-    """Train the shapes ViT and write ``out`` (safetensors with its config and labels embedded).
+def _schedule(stage: Stage) -> Callable[[int], float]:
+    warmup = max(1, stage.steps // 20)
+    return lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, stage.steps) / stage.steps))
 
-    Training images come from a pool of ``pool_size`` generated images (seed ``seed``), each batch
-    seen under a random flip or quarter-turn. For the first ``CURRICULUM`` share of the steps only
-    the larger objects are drawn: at first the class token attends almost uniformly, so a shape
-    of one or two patches is a 1/256 share of what it sees, too faint a signal to start learning from.
-    Returns the figures written beside the weights.
-    """
+
+def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = False) -> dict:
+    """Train the shapes ViT and write ``out`` (safetensors with its config, labels and out-of-distribution
+    statistics embedded). Returns the figures written beside the weights."""
+    from .ood import fit_mahalanobis
+
     torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    print(f"generating {pool_size} training and 500 held-out images…", file=sys.stderr)
-    pool = generate_set(seed, pool_size)
-    pool_images = np.stack([sample.image for sample in pool])
-    pool_labels = np.array([sample.label for sample in pool])
-    large = np.array([i for i, sample in enumerate(pool) if sample.bbox[2] - sample.bbox[0] >= LARGE_OBJECT_PX])
-    heldout = generate_set(HELDOUT_SEED, 500)
-    heldout_images = np.stack([sample.image for sample in heldout])
-    heldout_labels = np.array([sample.label for sample in heldout])
-
-    model = ViT(**SHAPES_VIT)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
-    warmup = max(1, steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
-    )
-    model.train()
-    progress = tqdm(range(steps), desc="train-default", file=sys.stderr, dynamic_ncols=True)
-    running_loss, running_acc = None, None
-    for step in progress:
-        index = large[rng.integers(0, len(large), batch_size)] if step < CURRICULUM * steps else rng.integers(0, pool_size, batch_size)
-        images = dihedral(to_batch(pool_images[index]), rng)
-        labels = torch.from_numpy(pool_labels[index])
-        logits = model(images)
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        batch_acc = float((logits.argmax(-1) == labels).float().mean())
-        loss_value = loss.item()
-        running_loss = loss_value if running_loss is None else 0.95 * running_loss + 0.05 * loss_value
-        running_acc = batch_acc if running_acc is None else 0.95 * running_acc + 0.05 * batch_acc
-        progress.set_postfix(loss=f"{running_loss:.3f}", acc=f"{running_acc:.3f}")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    stages = default_stages(scale)
+    state_path = out.with_suffix(".training.pt")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    model: ViT = ViT(**dict(SHAPES_VIT, image_size=stages[0].image_size))
+    # trained beside the ViT and not shipped: the ViT itself stays the seed architecture
+    patch_head = torch.nn.Linear(SHAPES_VIT["dim"], len(CLASSES) + 1)
+    stage_index, step, elapsed_before, rng_state = 0, 0, 0.0, None
+    saved = None
+    if resume and state_path.is_file():
+        saved = torch.load(state_path, map_location="cpu", weights_only=False)
+        stage_index, step, elapsed_before, rng_state = saved["stage"], saved["step"], saved["elapsed_s"], saved["rng"]
+        model = ViT(**dict(SHAPES_VIT, image_size=stages[stage_index].image_size))
+        model.load_state_dict(saved["model"])
+        patch_head.load_state_dict(saved["patch_head"])
+        torch.set_rng_state(saved["torch_rng"])
+        print(f"resuming at stage {stages[stage_index].name}, step {step}", file=sys.stderr)
+    figures: dict = {"seed": seed, "stages": [stage.__dict__ for stage in stages]}
+    for index in range(stage_index, len(stages)):
+        stage = stages[index]
+        if model.image_size[0] != stage.image_size:
+            model = resize_grid(model, stage.image_size)
+        print(f"{stage.name}: drawing {stage.pool_size} images at {stage.image_size} px…", file=sys.stderr)
+        pool = draw_pool(seed * 10 + index, stage.pool_size, stage.image_size)
+        large = np.flatnonzero(pool.diameters >= 48)
+        optimizer = torch.optim.AdamW([*model.parameters(), *patch_head.parameters()], lr=stage.lr, weight_decay=0.05)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(stage))
+        rng = np.random.default_rng([seed, index])
+        if saved is not None and index == stage_index:
+            optimizer.load_state_dict(saved["optimizer"])
+            schedule.load_state_dict(saved["schedule"])
+            rng.bit_generator.state = rng_state
+        else:
+            step = 0
+        model.train()
+        progress = tqdm(range(step, stage.steps), desc=stage.name, file=sys.stderr, dynamic_ncols=True, initial=step, total=stage.steps)
+        running_loss, running_acc = None, None
+        for step in progress:
+            source = large if step < stage.large_first * stage.steps else None
+            index_batch = source[rng.integers(0, len(source), stage.batch_size)] if source is not None else rng.integers(0, len(pool.labels), stage.batch_size)
+            batch, patch_target = augment(to_batch(pool.images[index_batch]), torch.from_numpy(pool.patch_classes[index_batch]), rng)
+            target = torch.from_numpy(pool.labels[index_batch])
+            tokens, logits = tokens_and_logits(model, batch)
+            loss = torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1)
+            # dense supervision: each final patch token names the class of the object it covers (or none)
+            loss = loss + PATCH_LOSS_WEIGHT * torch.nn.functional.cross_entropy(patch_head(tokens).flatten(0, 1), patch_target.flatten())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([*model.parameters(), *patch_head.parameters()], 1.0)
+            optimizer.step()
+            schedule.step()
+            batch_acc = float((logits.argmax(-1) == target).float().mean())
+            running_loss = loss.item() if running_loss is None else 0.98 * running_loss + 0.02 * loss.item()
+            running_acc = batch_acc if running_acc is None else 0.98 * running_acc + 0.02 * batch_acc
+            progress.set_postfix(loss=f"{running_loss:.3f}", acc=f"{running_acc:.3f}")
+            if (step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == stage.steps:
+                _save_state(state_path, model, patch_head, optimizer, schedule, index, step + 1, rng,
+                            elapsed_before + time.perf_counter() - started)
+        saved = None
+        figures[f"{stage.name}_train_accuracy_last"] = running_acc
+        del pool
     model.eval()
-    figures = {
-        "seed": seed,
-        "steps": steps,
-        "batch_size": batch_size,
-        "pool_size": pool_size,
-        "train_accuracy_last": running_acc,
-        "heldout_accuracy": accuracy(model, heldout_images, heldout_labels),
-    }
-    print(f"held-out accuracy {figures['heldout_accuracy']:.3f} on 500 images", file=sys.stderr)
-    config = {"vit": SHAPES_VIT, "labels": list(CLASSES), "mean": list(MEAN), "std": list(STD), "training": figures}
+    print("held-out accuracy and out-of-distribution statistics…", file=sys.stderr)
+    heldout, fitting = draw_pool(HELDOUT_SEED, 1000, IMAGE_SIZE), draw_pool(seed * 10 + 9, 4000, IMAGE_SIZE)
+    figures["heldout_accuracy"] = accuracy(model, heldout.images, heldout.labels)
+    ood = fit_mahalanobis(model, model.mlp_head, to_batch, fitting.images, fitting.labels, heldout.images, KNOWN)
+    figures["train_minutes"] = round((elapsed_before + time.perf_counter() - started) / 60, 1)
+    print(f"held-out accuracy {figures['heldout_accuracy']:.3f} on 1000 images; {figures['train_minutes']} min", file=sys.stderr)
+    config = {"vit": SHAPES_VIT, "labels": list(CLASSES), "mean": list(MEAN), "std": list(STD), "training": figures, "ood": ood}
     out.parent.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-    save_file(state, str(out), metadata={CONFIG_KEY: json.dumps(config)})
+    partial = out.with_suffix(".partial")
+    save_file(state, str(partial), metadata={CONFIG_KEY: json.dumps(config)})
+    partial.replace(out)
     write_examples(out.parent / "examples")
     return figures
+
+
+def _save_state(path: Path, model: ViT, patch_head: torch.nn.Module, optimizer, schedule, stage: int, step: int,
+                rng: np.random.Generator, elapsed_s: float) -> None:
+    partial = path.with_suffix(".partial")
+    torch.save({"model": model.state_dict(), "patch_head": patch_head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "stage": stage,
+                "step": step, "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s}, partial)
+    partial.replace(path)

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..errors import VitExplorerError
 from ..layout import TokenLayout
+from ..ood import OodCalibration
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -56,6 +57,10 @@ class CaptureAdapter(ABC):
         Everything the adapter changed on the module (hooks, fused-attention switches) is undone
         on exit, also when the forward raised.
         """
+
+    def classifier(self, module: nn.Module) -> nn.Module | None:
+        """The classifier head, whose input is the feature the out-of-distribution score reads (None: unknown)."""
+        return None
 
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels ``[b, 3, H, W]`` → logits ``[b, classes]`` by the model's normal forward, no capture
@@ -106,6 +111,9 @@ class LoadedModel:
     adapter: CaptureAdapter
     labels: list[str] | None = None
     notes: list[str] = field(default_factory=list)
+    # statistics that tell when an image is outside what the model knows (``ood``); None: never flagged
+    ood: OodCalibration | None = None
+    random_weights: bool = False  # built with freshly initialised weights (``@random``): nothing learned
 
     @property
     def device(self) -> torch.device:

@@ -1,14 +1,17 @@
-"""Models shipped in ``assets/``: ``builtin:NAME`` is ``assets/NAME.safetensors``."""
+"""Models shipped in ``assets/`` (installed as ``vit_explorer.assets``): ``builtin:NAME`` is ``NAME.safetensors``."""
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from ..errors import VitExplorerError
 from .base import LoadedModel
 from .checkpoint import load_vit_checkpoint
 
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
+# installs unpack packages as folders, so the data package is a real directory
+ASSETS = Path(str(files("vit_explorer.assets")))
+EXAMPLES = ASSETS / "examples"
 
 
 def builtin_names() -> list[str]:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import VitExplorerError
+from ..ood import OodCalibration
 from .base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, Preprocess
 from .vit_pytorch import VitPytorchAdapter, build_vit
 
@@ -112,4 +113,5 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         layout=adapter.layout(module, preprocess.input_hw),
         adapter=adapter,
         labels=list(labels) if labels is not None else None,
+        ood=OodCalibration.from_config(config["ood"]) if "ood" in config else None,
     )

@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import VitExplorerError
 from ..layout import TokenLayout
 from .base import IMAGENET_MEAN, IMAGENET_STD, CaptureAdapter, LoadedModel, Preprocess
+from .hub import load_cached_or_fetch
 
 MODEL_TYPES = {"vit", "deit", "dinov2", "dinov2_with_registers"}
 RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's numbers, as image processors store them
@@ -129,21 +130,37 @@ def from_hf_module(module: nn.Module, name: str, source: str | None = None, inpu
                        adapter=adapter, labels=labels)
 
 
+RANDOM_SUFFIX = "@random"  # ``hf:CONFIG_FOLDER@random``: the architecture of a config with random weights
+
+
 def load_hf(source: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
-    """A hub repo or local folder, through transformers' own download and cache, with eager attention."""
+    """A hub repo or local folder, through transformers' own download and cache (the local cache
+    first), with eager attention; ``SOURCE@random`` builds the config's architecture with random weights."""
     transformers = require_transformers()
-    local = Path(source).expanduser()
-    where = str(local) if local.exists() else source
-    last_error: Exception | None = None
-    for auto in (transformers.AutoModelForImageClassification, transformers.AutoModel):
-        try:
-            module = auto.from_pretrained(where, attn_implementation="eager")
-            return from_hf_module(module, f"hf:{source}", where, input_hw)
-        except ValueError as error:  # not a model this Auto class knows: try the bare backbone
-            last_error = error
-        except OSError as error:
-            raise VitExplorerError(
-                f"could not load hf:{source} ({str(error).splitlines()[0]}). Without network, give a local folder "
-                f"saved with save_pretrained(): --model hf:/path/to/folder"
-            ) from None
-    raise VitExplorerError(f"hf:{source} is not a vision model vit_explorer can capture ({last_error})")
+    random_weights = source.endswith(RANDOM_SUFFIX)
+    location = source.removesuffix(RANDOM_SUFFIX)
+    local = Path(location).expanduser()
+    where = str(local) if local.exists() else location
+
+    def build() -> LoadedModel:
+        last_error: Exception | None = None
+        config = transformers.AutoConfig.from_pretrained(where) if random_weights else None
+        for auto in (transformers.AutoModelForImageClassification, transformers.AutoModel):
+            try:
+                if config is not None:
+                    module = auto.from_config(config, attn_implementation="eager")
+                else:
+                    module = auto.from_pretrained(where, attn_implementation="eager")
+            except ValueError as error:  # not a model this Auto class knows: try the bare backbone
+                last_error = error
+                continue
+            loaded = from_hf_module(module, f"hf:{source}", where, input_hw)
+            loaded.random_weights = random_weights
+            return loaded
+        raise VitExplorerError(f"hf:{source} is not a vision model vit_explorer can capture ({last_error})")
+
+    hint = "Without network, give a local folder saved with save_pretrained(): --model hf:/path/to/folder"
+    try:
+        return build() if local.exists() else load_cached_or_fetch(build, f"hf:{location}", hint)
+    except OSError as error:
+        raise VitExplorerError(f"could not load hf:{source} ({str(error).splitlines()[0]}). {hint}") from None

@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import VitExplorerError
 from ..layout import TokenLayout
 from .base import HookAdapter, LoadedModel, Preprocess
+from .hub import load_cached_or_fetch
 
 
 def require_timm():
@@ -121,18 +122,30 @@ def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | N
     )
 
 
+RANDOM = "random"  # ``NAME@random``: the architecture with freshly initialised weights, no download
+
+
 def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
-    """``NAME`` from the hub (through timm's own download and cache) or ``NAME@FILE`` from local weights."""
+    """``NAME`` from the hub (the local cache first, through timm's own download), ``NAME@FILE`` from
+    local weights, or ``NAME@random`` with random weights (the real token layout, no download)."""
     timm = require_timm()
     name, _, weights = spec.partition("@")
     kwargs = {"img_size": input_hw} if input_hw is not None else {}
-    if weights:
+    random_weights = weights == RANDOM
+    if weights and not random_weights:
         path = Path(weights).expanduser()
         if not path.is_file():
-            raise VitExplorerError(f"timm weights file {path} does not exist")
+            raise VitExplorerError(f"timm weights file {path} does not exist (or use timm:{name}@{RANDOM} for random weights)")
         kwargs["pretrained_cfg_overlay"] = {"file": str(path)}
     try:
-        module = timm.create_model(name, pretrained=True, **kwargs)
+        if random_weights:
+            module = timm.create_model(name, pretrained=False, **kwargs)
+        elif weights:
+            module = timm.create_model(name, pretrained=True, **kwargs)
+        else:
+            module = load_cached_or_fetch(
+                lambda: timm.create_model(name, pretrained=True, **kwargs), f"timm:{name}",
+                f"Load local weights with timm:{name}@/path/to/model.safetensors, or try the architecture with timm:{name}@{RANDOM}.")
     except RuntimeError as error:
         message = str(error).splitlines()[0]
         if "Unknown model" in message:
@@ -143,4 +156,6 @@ def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
             f"could not fetch weights for timm:{name} ({str(error).splitlines()[0]}). Without network, load local weights "
             f"with timm:{name}@/path/to/model.safetensors, or fill the Hugging Face cache first"
         ) from None
-    return from_timm_module(module, f"timm:{spec}", input_hw)
+    loaded = from_timm_module(module, f"timm:{spec}", input_hw)
+    loaded.random_weights = random_weights
+    return loaded

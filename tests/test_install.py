@@ -1,0 +1,47 @@
+"""Install like a user: the built wheel carries the shipped model and runs from any folder."""
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPOSITORY), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)],
+                   check=True, capture_output=True, timeout=600)
+    (built,) = dist.glob("vit_explorer-*.whl")
+    return built
+
+
+def test_the_wheel_holds_the_model_and_the_examples(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "vit_explorer/assets/shapes.safetensors" in names
+    assert len([name for name in names if name.startswith("vit_explorer/assets/examples/") and name.endswith(".png")]) == 6
+    assert not any(name.startswith("vit_explorer/assets/screenshot") for name in names)  # the README's pictures stay out
+
+
+def test_an_installed_wheel_analyses_an_example_from_an_unrelated_folder(wheel, tmp_path):
+    environment = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(environment)
+    python = environment / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, capture_output=True, timeout=600)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    located = subprocess.run([str(python), "-c", "import vit_explorer; print(vit_explorer.__file__)"], cwd=elsewhere,
+                             capture_output=True, text=True, check=True)
+    assert located.stdout.startswith(str(environment)), located.stdout  # the wheel's copy, not the checkout
+    example = next((REPOSITORY / "assets" / "examples").glob("*.png"))
+    result = subprocess.run([str(environment / "bin" / "vit-explorer"), "analyze", str(example), "--out", "out", "--no-faithfulness"],
+                            cwd=elsewhere, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert {"rollout.png", "heads.png", "attention.npz"} <= {path.name for path in (elsewhere / "out").iterdir()}
+    assert "loading builtin:shapes" in result.stderr
