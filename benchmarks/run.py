@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from vit_explorer import app, render, views
+from vit_explorer import app, pictures, render
 from vit_explorer.analysis import analyze
 from vit_explorer.capture import AttentionRecorder, record_attention
 from vit_explorer.faithfulness import forward_passes
@@ -172,7 +172,7 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
             forward_s = median_time(forward, repeats)
             session, *_ = app.render_query_views(session, controls)
             y, x = session.geometry.tile_origin(1, 1)
-            height, width = views.view_hw(session.analysis)
+            height, width = pictures.view_hw(session.analysis)
             clicks = iter(range(10**6))
 
             def next_patch():  # a different patch each time, so no memoised rows are reused

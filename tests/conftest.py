@@ -62,7 +62,7 @@ def image_file(tmp_path: Path) -> Path:
 
 def assert_class_maps_work(model, image) -> None:
     """Every map method, gradient importance and a short faithfulness score on one image, for any family."""
-    from vit_explorer import analyze, views
+    from vit_explorer import analyze, maps
     from vit_explorer.analysis import class_evidence
     from vit_explorer.faithfulness import deletion_insertion
 
@@ -71,10 +71,10 @@ def assert_class_maps_work(model, image) -> None:
     assert evidence.target == analysis.top_k(1)[0].index
     assert evidence.importance.shape == tuple(analysis.map_shape) and evidence.importance.sum() > 0
     assert evidence.weighted.shape == (analysis.map_shape[0], model.layout.num_tokens, model.layout.num_tokens)
-    for method in views.CLASS_METHODS:
-        grid_map = views.class_map(analysis, method, evidence, views.RolloutOptions())
+    for method in maps.CLASS_METHODS:
+        grid_map = maps.class_map(analysis, method, evidence, maps.RolloutOptions())
         assert grid_map.shape == model.layout.grid_hw and np.isfinite(grid_map).all(), method
-    assert views.head_order(analysis, "gradient importance", evidence).shape == tuple(analysis.map_shape)
-    relevance_map = views.class_map(analysis, "relevance", evidence, views.RolloutOptions())
+    assert maps.head_order(analysis, "gradient importance", evidence).shape == tuple(analysis.map_shape)
+    relevance_map = maps.class_map(analysis, "relevance", evidence, maps.RolloutOptions())
     curves = deletion_insertion(model, analysis.image, relevance_map, evidence.target, steps=2, random_orders=1)
     assert curves.deletion[0] == pytest.approx(analysis.probs[evidence.target], abs=1e-4)

@@ -4,6 +4,7 @@ import torch
 from conftest import photo
 
 from vit_explorer import analyze, load_model, record_attention
+from vit_explorer.analysis import class_evidence, recompute_query_rows
 from vit_explorer.images import model_view, to_pixels
 
 
@@ -33,7 +34,7 @@ def test_analyze_accepts_pil_images_and_bytes(tiny_checkpoint, image_file):
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # capture left no global mode behind
 
 
-from vit_explorer import VitExplorerError, views
+from vit_explorer import VitExplorerError, maps, pictures
 from vit_explorer.analysis import choose_storage, map_bytes
 from vit_explorer.layout import TokenLayout
 
@@ -58,13 +59,56 @@ def test_memory_budget_switches_to_float16_then_to_compact_and_keeps_what_views_
     compact = analyze(model, image_file, memory_budget=full_bytes // 4)
     assert compact.attentions is None and compact.nbytes < full.nbytes
     np.testing.assert_allclose(compact.compact["head_mean"], full.attentions.mean(1), atol=1e-3)
+    with pytest.raises(VitExplorerError, match="recomputed with the model"):
+        maps.query_rows(compact, 9)  # a patch query's rows were not kept: only the explicit call brings them
+    recompute_query_rows(model, compact, 9)
     for query in (0, None, 9):  # class token, mean of patch queries, a patch (recomputed by a forward pass)
-        np.testing.assert_allclose(views.query_rows(compact, query), views.query_rows(full, query), atol=1e-3)
+        np.testing.assert_allclose(maps.query_rows(compact, query), maps.query_rows(full, query), atol=1e-3)
     for name in ("entropy", "distance", "prefix share"):
-        np.testing.assert_allclose(views.head_statistic(compact, name), views.head_statistic(full, name), rtol=1e-4, atol=1e-5)
-    options = views.RolloutOptions(discard_ratio=0.2, start_layer=1)
-    np.testing.assert_allclose(views.rollout_map(compact, 0, options), views.rollout_map(full, 0, options), atol=2e-3)
-    picture, _, _ = views.grid_picture(compact, 9)
-    assert picture.shape == views.grid_picture(full, 9)[0].shape
+        np.testing.assert_allclose(maps.head_statistic(compact, name), maps.head_statistic(full, name), rtol=1e-4, atol=1e-5)
+    options = maps.RolloutOptions(discard_ratio=0.2, start_layer=1)
+    np.testing.assert_allclose(maps.rollout_map(compact, 0, options), maps.rollout_map(full, 0, options), atol=2e-3)
+    picture, _, _ = pictures.grid_picture(compact, 9)
+    assert picture.shape == pictures.grid_picture(full, 9)[0].shape
     with pytest.raises(VitExplorerError, match="by mean only"):
-        views.rollout_map(compact, 0, views.RolloutOptions(head_fusion="max"))
+        maps.rollout_map(compact, 0, maps.RolloutOptions(head_fusion="max"))
+
+
+class Exploding(torch.nn.Module):
+    """Stands in for a model's attention: once armed, any forward pass through it raises."""
+
+    armed = False
+
+    def forward(self, x):
+        if Exploding.armed:
+            raise AssertionError("a view ran the model")
+        return x
+
+
+def test_one_forward_and_one_backward_pass_per_analysis_and_views_never_run_the_model(tiny_checkpoint, image_file, monkeypatch):
+    model = load_model(str(tiny_checkpoint))
+    forwards, backwards = [], []
+    model.module.register_forward_pre_hook(lambda *_: forwards.append(1))
+    gradient = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad", lambda *args, **kwargs: backwards.append(1) or gradient(*args, **kwargs))
+    analysis = analyze(model, image_file)
+    assert len(forwards) == 1 and len(backwards) == 1
+    assert list(analysis.evidence) == [analysis.top_k(1)[0].index]  # the top class's evidence came with the pass
+    assert class_evidence(model, analysis) is analysis.evidence[analysis.top_k(1)[0].index] and len(forwards) == 1
+
+    model.module.transformer.layers[0][0].attend = torch.nn.Sequential(model.module.transformer.layers[0][0].attend, Exploding())
+    Exploding.armed = True
+    try:
+        options = maps.RolloutOptions(discard_ratio=0.1)
+        evidence = analysis.evidence[analysis.top_k(1)[0].index]
+        for method in maps.CLASS_METHODS:
+            maps.class_map(analysis, method, evidence, options)
+        for query in (0, None, 7):
+            pictures.grid_picture(analysis, query, order_by="gradient importance", evidence=evidence)
+            maps.rollout_map(analysis, query, options)
+        for name in maps.RANKINGS:
+            maps.head_order(analysis, name, evidence)
+        with pytest.raises(AssertionError, match="a view ran the model"):  # the trap is live
+            model.logits(torch.zeros(1, 3, 64, 64))
+    finally:
+        Exploding.armed = False

@@ -62,7 +62,7 @@ def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, 
     calls = forward_counter(models, checkpoint)
     grid_before, head_before = outputs[6], outputs[7]
 
-    session, image, grid, head, rollout, caption, _ = app.on_patch_click(click(10, 370), session, *CONTROLS)
+    session, image, grid, head, rollout, caption, _ = app.on_patch_click(models, click(10, 370), session, *CONTROLS)
     assert session.query == session.analysis.layout.patch_token(15, 0) and "patch (15, 0)" in caption
     assert not np.array_equal(grid, grid_before) and not np.array_equal(head, head_before)
 
@@ -164,7 +164,7 @@ def test_app_views_handle_register_tokens_of_a_timm_model(upload):
     assert outputs[-1]["choices"] == ["cls", "reg1", "reg2", "reg3", "reg4", app.MEAN_PATCHES]
     register_view = app.on_query_choice(session, "reg2", *CONTROLS)
     assert register_view[0].query == 2 and "reg2" in register_view[-1]
-    patch_view = app.on_patch_click(click(200, 200), register_view[0], *CONTROLS)
+    patch_view = app.on_patch_click(models, click(200, 200), register_view[0], *CONTROLS)
     assert patch_view[0].query == session.analysis.layout.patch_token(3, 3)
 
 

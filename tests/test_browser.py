@@ -9,7 +9,7 @@ import pytest
 from conftest import CLI_MODEL, photo, write_checkpoint
 from serving import running_app
 
-from vit_explorer import analyze, load_model, views
+from vit_explorer import analyze, load_model, pictures
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -54,7 +54,7 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
     url, checkpoint = served
     upload = tmp_path / "upload.png"
     photo((256, 256), seed=11).save(upload)
-    _, geometry, _ = views.grid_picture(analyze(load_model(str(checkpoint)), upload), 0)
+    _, geometry, _ = pictures.grid_picture(analyze(load_model(str(checkpoint)), upload), 0)
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(

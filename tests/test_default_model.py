@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from vit_explorer import analyze, load_model, views
+from vit_explorer import analyze, load_model, maps
 from vit_explorer.analysis import class_evidence
 from vit_explorer.evaluation import heldout_faithfulness, heldout_figures
 from vit_explorer.models import DEFAULT_MODEL
@@ -74,7 +74,7 @@ def test_the_target_class_moves_the_map_to_its_object(shapes_model):
     for method in ("relevance", "grad-rollout"):
         left_share = {}
         for target in ("square", "circle"):
-            grid_map = views.class_map(analysis, method, class_evidence(shapes_model, analysis, target), views.RolloutOptions())
+            grid_map = maps.class_map(analysis, method, class_evidence(shapes_model, analysis, target), maps.RolloutOptions())
             left_share[target] = grid_map[:, :8].sum() / grid_map.sum()
         assert left_share["square"] > left_share["circle"] + 0.15, (method, left_share)  # measured 0.38 and 0.13
 

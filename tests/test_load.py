@@ -18,7 +18,7 @@ from conftest import CLI_MODEL, photo, write_checkpoint
 from PIL import Image
 from serving import rss_mib, running_server
 
-from vit_explorer import analyze, load_model, views
+from vit_explorer import analyze, load_model, pictures
 
 pytestmark = pytest.mark.slow
 gradio_client = pytest.importorskip("gradio_client")
@@ -61,7 +61,7 @@ def test_concurrent_clients_each_get_their_own_answers(checkpoint, tmp_path, req
     for paths in images.values():
         for path in paths:
             analysis = analyze(model, path)
-            expected[path] = ({p.label: p.prob for p in analysis.top_k(5)}, views.image_picture(analysis, 0))
+            expected[path] = ({p.label: p.prob for p in analysis.top_k(5)}, pictures.image_picture(analysis, 0))
 
     def run_client(client: int) -> tuple[list[float], list[float], list[str]]:
         session = gradio_client.Client(url, verbose=False, download_files=str(tmp_path / f"downloads{client}"))

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import assert_class_maps_work, photo
 
-from vit_explorer import analyze, load_model, record_attention, views
+from vit_explorer import analyze, load_model, maps, record_attention
 from vit_explorer.models import adapter_for
 from vit_explorer.models.timm_adapter import TimmAdapter, from_timm_module
 
@@ -106,13 +106,13 @@ def test_analyze_and_views_on_registers_and_no_class_token(tmp_path):
     registers = from_timm_module(CASES["dinov2-reg4-98px"][0](), "dinov2-test")
     result = analyze(registers, photo((120, 90)))
     assert result.attentions.shape == (2, 6, 54, 54) and result.layout.num_prefix_tokens == 5
-    assert views.default_query(result) == 0
-    assert views.rollout_map(result, 3, views.RolloutOptions()).shape == (7, 7)  # a register token as query
+    assert maps.default_query(result) == 0
+    assert maps.rollout_map(result, 3, maps.RolloutOptions()).shape == (7, 7)  # a register token as query
     no_cls = from_timm_module(CASES["no-class-token"][0](), "gap-test")
     assert no_cls.notes and "mean over patch queries" in no_cls.notes[0]
     result = analyze(no_cls, photo())
-    assert views.default_query(result) is None
-    assert views.rollout_map(result, None, views.RolloutOptions()).shape == (4, 4)
+    assert maps.default_query(result) is None
+    assert maps.rollout_map(result, None, maps.RolloutOptions()).shape == (4, 4)
 
 
 def test_local_timm_safetensors_file_loads_offline(tmp_path, monkeypatch):

@@ -1,10 +1,11 @@
 """``analyze``: one image through one model, captured once, kept as CPU arrays for every view.
 
-Maps are kept in float32 while they fit the memory budget, in float16 while half of that fits,
-and beyond that compactly: per layer the head-mean matrix (for rollout), every head's rows of the
-prefix tokens and of the mean patch query, and the head statistics — each reduced as its layer's
-map arrives, so the full stack is never held. A patch query's per-head rows are then recomputed
-on demand with one more forward pass.
+One upload costs one forward and one backward pass: the maps of every layer, and the gradient
+evidence of the top class for the class-specific maps, come from the same pass (``capture``). Maps are
+kept in float32 while they fit the memory budget, in float16 while half of that fits, and beyond
+that compactly (``capture.CompactSink``). The ``Analysis`` holds arrays only, never the model: what
+needs the model again (another target class, a compact analysis's patch query) is an explicit call
+that takes it (``class_evidence``, ``recompute_query_rows``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import numpy as np
 import torch
 
 from . import relevance, stats
-from .capture import LayerSink, capture_into, record_attention_gradients
+from .capture import TOP, CompactSink, RowSink, StackingSink, capture
 from .errors import VitExplorerError
 from .images import ImageSource, fit_note, load_image, model_view, to_pixels
 from .layout import TokenLayout
 from .models.base import LoadedModel
-from .ood import OodVerdict, recording_features
+from .ood import OodVerdict
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of maps kept per analysis
 T = TypeVar("T")
@@ -53,9 +54,8 @@ class Analysis:
         ood: the out-of-distribution verdict, for a model calibrated for one (``ood`` module); else None.
         compact: for a compact analysis, ``head_mean`` ``[layers, n, n]``, ``prefix_rows``
             ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` and the
-            statistics ``[layers, heads]`` by name; else None.
-        row_source: for a compact analysis, recomputes one query's rows ``[layers, heads, n]`` with
-            a forward pass (it holds the model); else None.
+            statistics ``[layers, heads]`` by name; else None. A patch query's rows are then
+            recomputed with the model by ``recompute_query_rows``.
     """
 
     image: np.ndarray
@@ -68,7 +68,6 @@ class Analysis:
     ood: OodVerdict | None = None
     view_note: str = ""
     random_weights: bool = False
-    row_source: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
     # arrays that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
     derived_limit: ClassVar[int] = 32
@@ -186,20 +185,35 @@ class ClassEvidence:
         return cls(target=target, weighted=relevance.weighted_attention(attentions, gradients).numpy(),
                    importance=relevance.gradient_importance(attentions, gradients).numpy())
 
+    @classmethod
+    def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0) -> ClassEvidence:
+        """Image ``image``'s evidence from ``capture``'s per-layer ``relevance.layer_evidence`` pairs."""
+        return cls(target=target, weighted=torch.stack([weighted[image] for weighted, _ in layers]).numpy(),
+                   importance=torch.stack([importance[image] for _, importance in layers]).numpy())
+
 
 def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None) -> ClassEvidence:
-    """One forward and backward pass of ``analysis``'s image for ``target`` (default: top class), kept
-    on the analysis for the last few targets so that switching back costs nothing."""
-    if model.name != analysis.model_name:
-        raise VitExplorerError(f"this analysis was made with {analysis.model_name}, not {model.name}")
+    """The gradient evidence of ``target`` (default: top class). The top class's comes with the analysis;
+    another costs one forward and one backward pass of ``analysis``'s image, and the last few are kept
+    on the analysis so that switching back costs nothing."""
+    check_model(model, analysis)
     index = analysis.class_index(target)
 
     def compute() -> ClassEvidence:
-        pixels = to_pixels(analysis.image, model.preprocess).to(model.device)
-        _, attentions, gradients = record_attention_gradients(model, pixels, torch.tensor([index]))
-        return ClassEvidence.from_gradients(index, attentions[0].float().cpu(), gradients[0].float().cpu())
+        captured = capture(model, pixels_of(model, analysis), target=index, reduce_gradients=relevance.layer_evidence)
+        return ClassEvidence.from_layers(index, captured.gradients)
 
     return bounded(analysis.evidence, analysis.evidence_limit, index, compute)
+
+
+def check_model(model: LoadedModel, analysis: Analysis) -> None:
+    if model.name != analysis.model_name:
+        raise VitExplorerError(f"this analysis was made with {analysis.model_name}, not {model.name}")
+
+
+def pixels_of(model: LoadedModel, analysis: Analysis) -> torch.Tensor:
+    """The model's input for the image of ``analysis`` ``[1, 3, H, W]``, on the model's device."""
+    return to_pixels(analysis.image, model.preprocess).to(model.device)
 
 
 def map_bytes(layout: TokenLayout, layers: int, heads: int, itemsize: int = 4) -> int:
@@ -214,90 +228,46 @@ def choose_storage(full_bytes: int, memory_budget: int) -> str:
     return "float16" if full_bytes // 2 <= memory_budget else "compact"
 
 
-class StackSink(LayerSink):
-    """Keeps each layer's map of image 0 in ``dtype`` as it arrives, where the model runs; ``stack``
-    brings them to the CPU in one transfer (one copy on a CPU)."""
-
-    def __init__(self, dtype: np.dtype) -> None:
-        super().__init__()
-        self.dtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-
-    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        self.layers[layer] = attention[0].to(self.dtype)
-
-    def stack(self) -> np.ndarray:
-        return torch.stack(self.in_layer_order()).cpu().numpy()  # [layers, heads, n, n]
-
-
-class CompactSink(LayerSink):
-    """Reduces each layer's map to what the views need, then drops it."""
-
-    def __init__(self, layout: TokenLayout) -> None:
-        super().__init__()
-        self.layout = layout
-
-    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        maps = attention[0].to(torch.float32).cpu().numpy()  # [heads, n, n], this layer only
-        prefix = self.layout.num_prefix_tokens
-        statistics = {name: compute(maps[None], self.layout)[0] for name, compute in stats.HEAD_STATISTICS.items()}
-        self.layers[layer] = {
-            "head_mean": maps.mean(axis=0).astype(np.float16),
-            "prefix_rows": maps[:, :prefix, :].astype(np.float16),
-            "patch_mean_rows": maps[:, prefix:, :].mean(axis=1).astype(np.float16),
-            "statistics": statistics,
-        }
-
-    def reduced(self) -> dict[str, Any]:
-        layers = self.in_layer_order()
-        return {
-            "head_mean": np.stack([layer["head_mean"] for layer in layers]),
-            "prefix_rows": np.stack([layer["prefix_rows"] for layer in layers]),
-            "patch_mean_rows": np.stack([layer["patch_mean_rows"] for layer in layers]),
-            "statistics": {name: np.stack([layer["statistics"][name] for layer in layers]) for name in stats.HEAD_STATISTICS},
-        }
-
-
-class RowSink(StackSink):
-    """Keeps only one query's row of every head ``[heads, n]`` per layer."""
-
-    def __init__(self, query: int) -> None:
-        super().__init__(np.float32)
-        self.query = query
-
-    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        self.layers[layer] = attention[0, :, self.query, :].to(torch.float32)
-
-
 def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET,
-            fit: str = "stretch") -> Analysis:
-    """Decode ``image``, fit it to the model's input (``images.FITS``), capture every layer's attention once.
+            fit: str = "stretch", explain: bool = True) -> Analysis:
+    """Decode ``image``, fit it to the model's input (``images.FITS``), and capture every layer's attention
+    in one forward pass; with ``explain`` (and a classifier head), the backward pass of the same pass
+    gives the top class's evidence for the class-specific maps.
 
     ``memory_budget`` (bytes) decides how the maps are kept: float32, float16 or compact (module doc).
     """
     decoded = load_image(image, name)
     view = model_view(decoded, model.preprocess, fit)
     pixels = to_pixels(view, model.preprocess).to(model.device)
+    layers, _ = model.adapter.map_shape(model.module)
     storage = choose_storage(map_bytes(model.layout, *model.adapter.map_shape(model.module)), memory_budget)
-    sink = CompactSink(model.layout) if storage == "compact" else StackSink(np.dtype(storage))
-    head = model.adapter.classifier(model.module) if model.ood is not None else None
-    with recording_features(head) as features:  # read from the same forward pass as the maps
-        logits = capture_into(model, pixels, sink)
-    result = Analysis(image=view, attentions=None, logits=logits[0].float().cpu().numpy(), layout=model.layout,
+    sink = (CompactSink(model.layout, stats.HEAD_STATISTICS) if storage == "compact"
+            else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
+    captured = capture(model, pixels, sink, target=TOP if explain else None, reduce_gradients=relevance.layer_evidence,
+                       features=model.ood is not None)
+    result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu().numpy(), layout=model.layout,
                       labels=model.labels, model_name=model.name,
-                      ood=model.ood.verdict(features[0][0].numpy()) if model.ood is not None else None,
+                      ood=model.ood.verdict(captured.features[0].numpy()) if model.ood is not None else None,
                       view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), random_weights=model.random_weights)
-    if isinstance(sink, CompactSink):
-        result.compact = sink.reduced()
-        result.row_source = lambda query: query_rows_by_forward(model, pixels, query)
+    if storage == "compact":
+        result.compact = captured.kept
         model.layout.validate(result.compact["head_mean"].shape[-1])
     else:
-        result.attentions = sink.stack()
+        result.attentions = captured.kept[0].cpu().numpy()  # [layers, heads, n, n], one transfer from the device
         model.layout.validate(result.attentions.shape[-1])
+    if captured.targets is not None:
+        target = int(captured.targets[0])
+        result.evidence[target] = ClassEvidence.from_layers(target, captured.gradients)
     return result
 
 
-def query_rows_by_forward(model: LoadedModel, pixels: torch.Tensor, query: int) -> np.ndarray:
-    """Every head's row of token ``query`` in every layer ``[layers, heads, n]``, from one more forward pass."""
-    sink = RowSink(query)
-    capture_into(model, pixels, sink)
-    return sink.stack()
+def recompute_query_rows(model: LoadedModel, analysis: Analysis, query: int) -> np.ndarray:
+    """Every head's row of token ``query`` in every layer ``[layers, heads, n]``, recomputed with one
+    forward pass of ``model`` and kept on the analysis, where ``maps.query_rows`` finds it. For a
+    compact analysis, which did not keep patch queries' rows."""
+    check_model(model, analysis)
+
+    def compute() -> np.ndarray:
+        return capture(model, pixels_of(model, analysis), RowSink(query)).kept
+
+    return memo(analysis, ("query_rows", query), compute)

@@ -1,4 +1,4 @@
-"""The Gradio app: layout and wiring only. Every callback calls into ``views``/``charts``/``export``.
+"""The Gradio app: layout and wiring only. Every callback calls into ``maps``/``pictures``/``charts``/``export``.
 
 The model runs once per (image, model); the resulting ``Analysis`` (CPU arrays, no model reference)
 is the session's state, and every other control re-renders from it.
@@ -9,25 +9,24 @@ from __future__ import annotations
 import functools
 import sys
 import tempfile
-import threading
-import time
 import uuid
 import zipfile
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
 
-from . import charts, export, render, views
-from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence
+from . import charts, export, maps, pictures, render
+from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, analyze, class_evidence, recompute_query_rows
 from .errors import VitExplorerError
-from .faithfulness import CLEAR_MARGIN, DEFAULT_RANDOM_ORDERS, deletion_insertion, forward_passes
-from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .models.builtin import EXAMPLES, builtin_names
+from .faithfulness import DEFAULT_RANDOM_ORDERS, deletion_insertion, forward_passes
+from .models import DEFAULT_MODEL
+from .models.builtin import EXAMPLES
 from .rollout import HEAD_FUSIONS
+from .session import CACHE_TTL_S, Controls, ModelCache, Session, export_dir, model_choices, new_session
+from .upload import ImageUpload
 
 TITLE = "vit_explorer"
 INTRO = (
@@ -36,8 +35,6 @@ INTRO = (
     "which patches a chosen class depends on, scored by deletion and insertion against random orders."
 )
 MAX_UPLOAD = "20mb"
-EXPORT_DIR_NAME = "vit-explorer-exports"
-CACHE_TTL_S = 3600  # seconds generated images, uploads and export zips stay on disk
 NORMALISATIONS = ("per tile", "shared")
 MEAN_HEADS = "mean of heads"
 MEAN_PATCHES = "mean of patch queries"
@@ -56,96 +53,13 @@ def user_errors(callback: Callable) -> Callable:
     return wrapped
 
 
-class ImageUpload(gr.Image):
-    """An image input (upload, paste, webcam off) that hands the uploaded file over unopened.
-
-    Gradio's own image preprocessing opens the file with Pillow before the callback runs, which
-    turns a hostile or broken file into a bare "Error"; vit_explorer's decoder gives a message instead.
-    """
-
-    is_template = True  # rendered by the frontend's ordinary image component
-
-    def preprocess(self, payload):  # type: ignore[override]
-        return None if payload is None else payload.path
-
-
-class ModelCache:
-    """The last ``capacity`` loaded models, shared by all sessions (loading is serialised), and the
-    memory budget their analyses keep to."""
-
-    def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
-        self.capacity = capacity
-        self.memory_budget = memory_budget  # bytes of maps per analysis, see ``analyze``
-        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, spec: str, model: LoadedModel) -> None:
-        """Make an already built model available under ``spec`` (for models built in code)."""
-        with self._lock:
-            self._models[spec] = model
-            while len(self._models) > self.capacity:
-                self._models.popitem(last=False)
-
-    def get(self, spec: str) -> LoadedModel:
-        with self._lock:
-            if spec in self._models:
-                self._models.move_to_end(spec)
-                return self._models[spec]
-            model = load_model(spec)
-        self.put(spec, model)
-        return model
-
-
-@dataclass(frozen=True)
-class Controls:
-    """The values of the view controls, in the order the callbacks receive them."""
-
-    cmap: str = "inferno"
-    overlay: bool = True
-    normalisation: str = "per tile"
-    order_by: str = "none"
-    head_fusion: str = "mean"
-    discard_ratio: float = 0.0
-    start_layer: int = 0
-    residual_weight: float = 0.5
-    method: str = "relevance"  # the class-maps tab's map
-    fit: str = "stretch"  # how an image of other proportions meets the model's input (``images.FITS``)
-
-    @property
-    def rollout(self) -> views.RolloutOptions:
-        return views.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer), float(self.residual_weight))
-
-
-@dataclass(frozen=True)
-class Session:
-    """What one browser tab holds: its analysis and what is selected in it.
-
-    ``evidence`` is the gradient evidence of the target class (None for a model without a
-    classifier); changing the target is the one control besides an upload that runs the model.
-    """
-
-    analysis: Analysis
-    model_spec: str
-    query: int | None
-    layer: int
-    head: int | None  # None: the mean of heads
-    evidence: ClassEvidence | None = None
-    geometry: render.GridGeometry | None = None
-    order: np.ndarray | None = None
-
-
-def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None) -> Session:
-    return Session(analysis=analysis, model_spec=model_spec, query=views.default_query(analysis), layer=analysis.map_shape[0] - 1,
-                   head=None, evidence=evidence)
-
-
 def query_choices(analysis: Analysis) -> list[str]:
     prefix = list(analysis.layout.prefix_names)
     return prefix + [MEAN_PATCHES] if prefix else [MEAN_PATCHES]
 
 
 def query_label(session: Session) -> str:
-    return views.query_name(session.analysis, session.query)
+    return maps.query_name(session.analysis, session.query)
 
 
 def head_choices(analysis: Analysis) -> list[str]:
@@ -194,7 +108,7 @@ def target_choices(analysis: Analysis) -> list[tuple[str, int]]:
 # ---- rendering of the views that follow the query -------------------------------------------
 
 def render_grid(session: Session, controls: Controls) -> tuple[Session, np.ndarray]:
-    picture, geometry, order = views.grid_picture(
+    picture, geometry, order = pictures.grid_picture(
         session.analysis, session.query, cmap=controls.cmap, overlay=controls.overlay,
         shared=controls.normalisation == "shared", order_by=controls.order_by,
         evidence=session.evidence, selected=None if session.head is None else (session.layer, session.head),
@@ -203,14 +117,14 @@ def render_grid(session: Session, controls: Controls) -> tuple[Session, np.ndarr
 
 
 def render_head(session: Session, controls: Controls) -> np.ndarray:
-    grid_map = views.attention_map(session.analysis, session.query, session.layer, session.head)
+    grid_map = maps.attention_map(session.analysis, session.query, session.layer, session.head)
     label = f"L{session.layer} {head_label(session.head)}"
-    return views.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label=label)
+    return pictures.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label=label)
 
 
 def render_rollout(session: Session, controls: Controls) -> np.ndarray:
-    grid_map = views.rollout_map(session.analysis, session.query, controls.rollout)
-    return views.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label="rollout")
+    grid_map = maps.rollout_map(session.analysis, session.query, controls.rollout)
+    return pictures.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label="rollout")
 
 
 NO_CLASSIFIER = "This model has no classifier head: class-specific maps and faithfulness scores need class scores."
@@ -218,9 +132,9 @@ NO_CLASSIFIER = "This model has no classifier head: class-specific maps and fait
 
 def render_class(session: Session, controls: Controls) -> np.ndarray | None:
     """The class-maps tab's map, or None where the method needs a classifier this model lacks."""
-    if session.evidence is None and controls.method in views.CLASS_SPECIFIC:
+    if session.evidence is None and controls.method in maps.CLASS_SPECIFIC:
         return None
-    return export.class_map_picture(session.analysis, controls.method, session.evidence, controls.rollout, controls.cmap)
+    return pictures.class_map_picture(session.analysis, controls.method, session.evidence, controls.rollout, controls.cmap)
 
 
 def class_note(session: Session) -> str:
@@ -239,7 +153,7 @@ def render_query_views(session: Session, controls: Controls) -> tuple:
     session, grid = render_grid(session, controls)
     return (
         session,
-        views.image_picture(session.analysis, session.query),
+        pictures.image_picture(session.analysis, session.query),
         grid,
         render_head(session, controls),
         render_rollout(session, controls),
@@ -250,22 +164,22 @@ def render_query_views(session: Session, controls: Controls) -> tuple:
 def render_overview(session: Session, controls: Controls) -> tuple:
     """Views that depend only on the analysis: top-5, rollout and last-layer attention of the default query."""
     analysis = session.analysis
-    default = views.default_query(analysis)
-    rollout = views.rollout_map(analysis, default, views.RolloutOptions())
-    last = views.attention_map(analysis, default, analysis.map_shape[0] - 1, None)
-    name = views.query_name(analysis, default)
+    default = maps.default_query(analysis)
+    rollout = maps.rollout_map(analysis, default, maps.RolloutOptions())
+    last = maps.attention_map(analysis, default, analysis.map_shape[0] - 1, None)
+    name = maps.query_name(analysis, default)
     return (
         top_predictions(analysis),
-        views.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=None, label=f"rollout of {name}"),
-        views.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=None, label=f"last layer, {name}"),
+        pictures.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=None, label=f"rollout of {name}"),
+        pictures.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=None, label=f"last layer, {name}"),
     )
 
 
 def render_statistics(analysis: Analysis) -> tuple:
     return (
-        charts.distance_chart(views.head_statistic(analysis, "distance")),
-        charts.entropy_heatmap(views.head_statistic(analysis, "entropy"), analysis.layout.num_tokens),
-        charts.prefix_share_chart(views.head_statistic(analysis, "prefix share"), analysis.layout),
+        charts.distance_chart(maps.head_statistic(analysis, "distance")),
+        charts.entropy_heatmap(maps.head_statistic(analysis, "entropy"), analysis.layout.num_tokens),
+        charts.prefix_share_chart(maps.head_statistic(analysis, "prefix share"), analysis.layout),
     )
 
 
@@ -274,8 +188,8 @@ TOP_HEADS = 5
 
 def top_heads_table(session: Session) -> dict:
     """One row per rank, one column per ranking, cells "L<layer> h<head> · value"."""
-    tops = views.top_heads(session.analysis, session.evidence, TOP_HEADS)
-    headers = ["rank", *(f"{name} ({views.RANKINGS[name]})" for name in tops)]
+    tops = maps.top_heads(session.analysis, session.evidence, TOP_HEADS)
+    headers = ["rank", *(f"{name} ({maps.RANKINGS[name]})" for name in tops)]
     rows = [[rank + 1, *(f"L{layer} h{head} · {value:.3g}" for layer, head, value in (heads[rank] for heads in tops.values()))]
             for rank in range(min(TOP_HEADS, *(len(heads) for heads in tops.values())))]
     return {"headers": headers, "data": rows}
@@ -380,22 +294,25 @@ def on_score(models: ModelCache, session: Session | None, *control_values) -> tu
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
     analysis, target = session.analysis, session.evidence.target
-    grid_map = views.class_map(analysis, controls.method, session.evidence, controls.rollout)
+    grid_map = maps.class_map(analysis, controls.method, session.evidence, controls.rollout)
     curves = deletion_insertion(models.get(session.model_spec), analysis.image, grid_map, target)
     aucs, margins = curves.aucs, curves.margins
-    verdict = "beats random orders" if curves.beats_chance() else f"does not beat random orders by {CLEAR_MARGIN} at both"
-    title = f"{views.CLASS_METHODS[controls.method]} · target {analysis.label(target)}"
-    text = (f"**{views.CLASS_METHODS[controls.method]}** for **{analysis.label(target)}** {verdict}: "
+    title = f"{maps.CLASS_METHODS[controls.method]} · target {analysis.label(target)}"
+    text = (f"**{maps.CLASS_METHODS[controls.method]}** for **{analysis.label(target)}** {curves.verdict}: "
             f"deletion AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
             f"insertion AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f}).")
     return charts.faithfulness_chart(curves, title), text
 
 
 @user_errors
-def on_patch_click(evt: gr.SelectData, session: Session | None, *control_values) -> tuple:
+def on_patch_click(models: ModelCache, evt: gr.SelectData, session: Session | None, *control_values) -> tuple:
+    """A patch clicked: the query views follow it. A compact analysis kept no patch query's rows, so they
+    are recomputed here, with the model from the cache, before any view reads them."""
     session = require(session)
-    size = views.view_hw(session.analysis)
-    token = views.token_at(session.analysis, evt.index[0], evt.index[1], size)
+    size = pictures.view_hw(session.analysis)
+    token = pictures.token_at(session.analysis, evt.index[0], evt.index[1], size)
+    if session.analysis.attentions is None:
+        recompute_query_rows(models.get(session.model_spec), session.analysis, token)
     return render_query_views(replace(session, query=token), Controls(*control_values)) + (gr.update(value=None),)
 
 
@@ -411,7 +328,7 @@ def on_query_choice(session: Session | None, choice: str | None, *control_values
 @user_errors
 def on_reset_query(session: Session | None, *control_values) -> tuple:
     session = require(session)
-    session = replace(session, query=views.default_query(session.analysis))
+    session = replace(session, query=maps.default_query(session.analysis))
     return render_query_views(session, Controls(*control_values)) + (gr.update(value=query_label(session)),)
 
 
@@ -439,17 +356,6 @@ def on_layer_head(session: Session | None, layer: int, head: str, *control_value
     return select_head(replace(session, layer=int(layer), head=head_index), Controls(*control_values))[:3]
 
 
-def export_dir(ttl_s: float = CACHE_TTL_S) -> Path:
-    """The folder of export zips; zips older than ``ttl_s`` are removed each time it is used."""
-    folder = Path(tempfile.gettempdir()) / EXPORT_DIR_NAME
-    folder.mkdir(exist_ok=True)
-    cutoff = time.time() - ttl_s
-    for old in folder.glob("*.zip"):
-        if old.stat().st_mtime < cutoff:
-            old.unlink(missing_ok=True)
-    return folder
-
-
 @user_errors
 def on_export(session: Session | None, *control_values, ttl_s: float = CACHE_TTL_S) -> str:
     """A zip of what ``vit-explorer analyze`` writes, for the current query and options, plus the selected head's
@@ -460,9 +366,9 @@ def on_export(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
         folder = Path(staging)
         written = export.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
                                      order_by=controls.order_by, evidence=session.evidence, shared=controls.normalisation == "shared")
-        pictures = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
-                    f"{controls.method}.png": render_class(session, controls)}
-        for name, picture in pictures.items():
+        extra = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
+                 f"{controls.method}.png": render_class(session, controls)}
+        for name, picture in extra.items():
             if picture is not None:
                 written.append(folder / name)
                 render.save_png(picture, str(written[-1]))
@@ -471,30 +377,6 @@ def on_export(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
             for path in written:
                 bundle.write(path, path.name)
     return str(archive)
-
-
-CURATED_TIMM = (
-    "vit_small_patch16_224.augreg_in21k_ft_in1k",
-    "deit_small_patch16_224.fb_in1k",
-    "vit_small_patch16_224.dino",
-    "vit_small_patch14_reg4_dinov2.lvd142m",
-)
-CURATED_HF = ("google/vit-base-patch16-224", "facebook/dinov2-with-registers-small")
-# architectures to try with no download: the real token layout (class, distillation, register tokens), random weights
-CURATED_TIMM_RANDOM = ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_small_patch14_reg4_dinov2")
-
-
-def model_choices(initial: str) -> list[str]:
-    """The built-in models, then well-known hub models for the families whose package is installed."""
-    from importlib.util import find_spec
-
-    names = [f"builtin:{name}" for name in builtin_names()]
-    if find_spec("timm") is not None:
-        names += [f"timm:{name}" for name in CURATED_TIMM]
-        names += [f"timm:{name}@random" for name in CURATED_TIMM_RANDOM]
-    if find_spec("transformers") is not None:
-        names += [f"hf:{name}" for name in CURATED_HF]
-    return names if initial in names else [initial, *names]
 
 
 def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None, cache_ttl_s: int = CACHE_TTL_S) -> gr.Blocks:
@@ -533,7 +415,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                     cmap = gr.Dropdown(list(render.COLORMAPS), value="inferno", label="Colormap", min_width=120)
                     overlay = gr.Checkbox(True, label="Overlay on image", min_width=120)
                     normalisation = gr.Radio(list(NORMALISATIONS), value="per tile", label="Normalisation", min_width=160)
-                    order_by = gr.Dropdown(list(views.ORDERINGS), value="none", label="Order heads by", min_width=140)
+                    order_by = gr.Dropdown(list(maps.ORDERINGS), value="none", label="Order heads by", min_width=140)
                 with gr.Tabs():
                     with gr.Tab("Overview"):
                         with gr.Row():
@@ -560,7 +442,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                         with gr.Row():
                             target = gr.Dropdown([], label="Target class", info="default: the top prediction; type to search",
                                                  elem_id="target")
-                            method = gr.Radio([(name, key) for key, name in views.CLASS_METHODS.items()], value="relevance",
+                            method = gr.Radio([(name, key) for key, name in maps.CLASS_METHODS.items()], value="relevance",
                                               label="Map", info="rollout options (Rollout tab) apply to the rollout-based maps")
                         with gr.Row():
                             class_view = gr.Image(label="Class-specific map", format="png", interactive=False, elem_id="class-view")
@@ -606,7 +488,10 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
         fit.input(analyse, [upload, current_model, *controls], full, api_name="set_fit", concurrency_limit=2)
         model.input(switch_model, [model, current_model, upload, state, *controls], [current_model, model, *full],
                     api_name="change_model", concurrency_limit=2)
-        query_image.select(on_patch_click, [state, *controls], [*query_outputs, query], api_name="select_patch")
+        def select_patch(evt: gr.SelectData, session, *values):
+            return on_patch_click(models, evt, session, *values)
+
+        query_image.select(select_patch, [state, *controls], [*query_outputs, query], api_name="select_patch")
         query.input(on_query_choice, [state, query, *controls], query_outputs, api_name="select_query")
         reset.click(on_reset_query, [state, *controls], [*query_outputs, query], api_name="reset_query")
         grid.select(on_tile_click, [state, *controls], [state, grid, head_view, layer, head], api_name="select_tile")

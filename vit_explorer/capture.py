@@ -1,17 +1,30 @@
-"""One forward pass with the attention of every layer captured: ``record_attention``."""
+"""One forward pass (and, on request, one backward pass) with the attention of every layer captured.
+
+``capture`` is the one call: it runs the model once with hooks on every attention softmax and hands
+each layer's map ``[b, heads, n, n]`` to a *sink* that decides, as the map arrives, what of it to
+keep — the full stack in float32 or float16 (``StackingSink``), a compact reduction (``CompactSink``),
+one query's rows (``RowSink``) — so that a large model's full stack need never be held. Asked for a
+target class, it also takes ∂ logit[target] / ∂ A on the per-layer maps the forward used and reduces
+them layer by layer. ``record_attention``, ``record_attention_gradients`` and ``AttentionRecorder``
+are the batch conveniences built on the same pieces.
+"""
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator, MutableMapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from .errors import VitExplorerError
+from .layout import TokenLayout
 from .models import adapter_for
 from .models.base import CaptureAdapter, LoadedModel
 
@@ -19,6 +32,8 @@ from .models.base import CaptureAdapter, LoadedModel
 # other's maps: one lock per module (weakly held, so it goes with the module) serialises capture.
 _module_locks: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _module_locks_guard = threading.Lock()
+
+TOP = "top"  # target: each image's own top prediction
 
 
 def capture_lock(module: nn.Module) -> threading.RLock:
@@ -34,7 +49,7 @@ def resolve(model: nn.Module | LoadedModel, adapter: CaptureAdapter | None = Non
     return module, adapter
 
 
-def check_captured(sink: MutableMapping[int, object], module: nn.Module, adapter: CaptureAdapter) -> None:
+def check_captured(sink: Mapping[int, object], module: nn.Module, adapter: CaptureAdapter) -> None:
     if not len(sink):
         raise RuntimeError(
             f"{type(adapter).__name__} captured no attention maps from {type(module).__name__}: "
@@ -42,30 +57,21 @@ def check_captured(sink: MutableMapping[int, object], module: nn.Module, adapter
         )
 
 
-def capture_into(model: nn.Module | LoadedModel, images: torch.Tensor, sink: MutableMapping[int, torch.Tensor]) -> torch.Tensor:
-    """One no-grad forward pass in which each layer's map ``[b, heads, n, n]`` goes to ``sink[layer] = map``.
-
-    For sinks that reduce each map as it arrives (to float16, to a few rows, to statistics), so the
-    full float32 stack of a large model is never held at once. Returns the logits.
-    """
-    module, adapter = resolve(model)
-    with capture_lock(module), adapter.attached(module, sink) as forward, torch.inference_mode():
-        logits = forward(images)
-    check_captured(sink, module, adapter)
-    return logits
+# ---- sinks: what of each layer's map is kept as it arrives ---------------------------------------
 
 
 class LayerSink(MutableMapping):
-    """Where an adapter puts each layer's map (``sink[layer] = map``); subclasses decide what of it to
-    keep in ``self.layers`` as it arrives, so a large model's full float32 stack need never be held."""
+    """Where an adapter puts each layer's map (``sink[layer] = map``). This base keeps each layer's own
+    tensor (so maps in the autograd graph stay there); subclasses keep less, and ``result`` gives what
+    was kept in layer order."""
 
     def __init__(self) -> None:
-        self.layers: dict[int, object] = {}
+        self.layers: dict[int, Any] = {}
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
         self.layers[layer] = attention
 
-    def __getitem__(self, layer: int) -> object:
+    def __getitem__(self, layer: int) -> Any:
         return self.layers[layer]
 
     def __delitem__(self, layer: int) -> None:
@@ -80,28 +86,35 @@ class LayerSink(MutableMapping):
     def in_layer_order(self) -> list:
         return [self.layers[layer] for layer in range(len(self.layers))]
 
+    def result(self) -> Any:
+        """The per-layer tensors stacked ``[b, layers, heads, n, n]``."""
+        return torch.stack(self.in_layer_order(), dim=1)
+
 
 class StackingSink(LayerSink):
-    """Copies each layer's map into one ``[b, layers, heads, n, n]`` tensor as it arrives, so the
-    per-layer maps are freed at once instead of all being held until a final stack.
+    """Copies each layer's map, in ``dtype`` (default: as it comes), into one ``[b, layers, heads, n, n]``
+    tensor as it arrives, so the per-layer maps are freed at once instead of all being held until a
+    final stack.
 
     With ``reuse``, the tensor outlives ``clear`` and the next pass of the same shape writes into it:
     a fresh tensor of tens of MB costs a page fault per 4 KiB on first write, which is most of
     what capture adds to a forward pass (see the README's figures).
     """
 
-    def __init__(self, num_layers: int, reuse: bool = False) -> None:
+    def __init__(self, num_layers: int, dtype: torch.dtype | None = None, reuse: bool = False) -> None:
         super().__init__()
         self.num_layers = num_layers
+        self.dtype = dtype
         self.reuse = reuse
         self.stacked: torch.Tensor | None = None
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        dtype = self.dtype or attention.dtype
         shape = (attention.shape[0], self.num_layers, *attention.shape[1:])
-        fits = (self.stacked is not None and self.stacked.shape == shape and self.stacked.dtype == attention.dtype
+        fits = (self.stacked is not None and self.stacked.shape == shape and self.stacked.dtype == dtype
                 and self.stacked.device == attention.device)
         if not fits:
-            self.stacked = attention.new_empty(shape)
+            self.stacked = attention.new_empty(shape, dtype=dtype)
         self.stacked[:, layer] = attention
         self.layers[layer] = self.stacked[:, layer]
 
@@ -109,6 +122,188 @@ class StackingSink(LayerSink):
         self.layers = {}
         if not self.reuse:
             self.stacked = None
+
+    def result(self) -> torch.Tensor:
+        return self.stacked
+
+
+class CompactSink(LayerSink):
+    """Reduces image 0's map of each layer to what the views need, then drops it: the head-mean matrix
+    (for rollout), every head's rows of the prefix tokens and of the mean patch query, and per-head
+    ``statistics`` (name → function of ``[1, heads, n, n]`` and the layout, giving ``[1, heads]``)."""
+
+    def __init__(self, layout: TokenLayout, statistics: Mapping[str, Callable[[np.ndarray, TokenLayout], np.ndarray]]) -> None:
+        super().__init__()
+        self.layout = layout
+        self.statistics = statistics
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        maps = attention[0].to(torch.float32).cpu().numpy()  # [heads, n, n], this layer only
+        prefix = self.layout.num_prefix_tokens
+        self.layers[layer] = {
+            "head_mean": maps.mean(axis=0).astype(np.float16),
+            "prefix_rows": maps[:, :prefix, :].astype(np.float16),
+            "patch_mean_rows": maps[:, prefix:, :].mean(axis=1).astype(np.float16),
+            "statistics": {name: compute(maps[None], self.layout)[0] for name, compute in self.statistics.items()},
+        }
+
+    def result(self) -> dict[str, Any]:
+        """``head_mean`` ``[layers, n, n]``, ``prefix_rows`` ``[layers, heads, prefix, n]``, ``patch_mean_rows``
+        ``[layers, heads, n]`` (float16) and ``statistics`` ``{name: [layers, heads]}``."""
+        layers = self.in_layer_order()
+        return {
+            "head_mean": np.stack([layer["head_mean"] for layer in layers]),
+            "prefix_rows": np.stack([layer["prefix_rows"] for layer in layers]),
+            "patch_mean_rows": np.stack([layer["patch_mean_rows"] for layer in layers]),
+            "statistics": {name: np.stack([layer["statistics"][name] for layer in layers]) for name in self.statistics},
+        }
+
+
+class RowSink(LayerSink):
+    """Keeps only token ``query``'s row of every head of image 0 ``[heads, n]`` per layer."""
+
+    def __init__(self, query: int) -> None:
+        super().__init__()
+        self.query = query
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        self.layers[layer] = attention[0, :, self.query, :].to(torch.float32)
+
+    def result(self) -> np.ndarray:
+        """``[layers, heads, n]`` float32."""
+        return torch.stack(self.in_layer_order()).cpu().numpy()
+
+
+# ---- the one call ------------------------------------------------------------------------------
+
+
+@contextmanager
+def recording_inputs(module: nn.Module | None) -> Iterator[list[torch.Tensor]]:
+    """While active, the input of ``module`` in each forward pass is appended to the yielded list
+    (detached, float32, on the CPU); with no module, nothing is recorded."""
+    seen: list[torch.Tensor] = []
+    if module is None:
+        yield seen
+        return
+    handle = module.register_forward_pre_hook(lambda _module, inputs: seen.append(inputs[0].detach().float().cpu()))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+@dataclass
+class Captured:
+    """What one ``capture`` call returns.
+
+    Attributes:
+        logits: ``[b, classes]`` (``[b, 0]`` for a backbone), detached.
+        kept: what the sink kept (``LayerSink.result``), or None when no sink was given.
+        targets: the class of each image the gradients are for ``[b]``; None without gradients.
+        gradients: per layer, what ``reduce_gradients`` made of (map, ∂ logit[target] / ∂ map), or the
+            gradients stacked ``[b, layers, heads, n, n]`` without a reducer; None when not asked for
+            (or when a backbone has no class for a ``TOP`` target).
+        features: the classifier's input ``[b, dim]`` when asked for, else None.
+    """
+
+    logits: torch.Tensor
+    kept: Any
+    targets: torch.Tensor | None = None
+    gradients: Any = None
+    features: torch.Tensor | None = None
+
+
+def capture(
+    model: nn.Module | LoadedModel,
+    images: torch.Tensor,
+    sink: LayerSink | None = None,
+    *,
+    target: str | int | torch.Tensor | None = None,
+    reduce_gradients: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
+    features: bool = False,
+) -> Captured:
+    """Run ``model`` once on ``images`` ``[b, 3, H, W]`` with every layer's softmax(q·kᵀ/√d) going to ``sink``.
+
+    Without ``target`` the pass runs under ``torch.inference_mode``. With one (``TOP``, a class index,
+    or indices ``[b]``), one backward pass gives ∂ logit[target] / ∂ A on the per-layer maps the forward
+    used (the input requires grad, so frozen weights still put the maps in the graph); the maps reach
+    the sink after it, detached. ``features`` also records the classifier's input (the adapter's
+    ``classifier``). Hooks are removed before this returns or raises.
+    """
+    module, adapter = resolve(model)
+    head = adapter.classifier(module) if features else None
+    graph = LayerSink() if target is not None else None
+    hooked = graph if graph is not None else (sink if sink is not None else LayerSink())
+    targets = gradients = None
+    with capture_lock(module), recording_inputs(head) as seen, adapter.attached(module, hooked) as forward:
+        if graph is None:
+            with torch.inference_mode():
+                logits = forward(images)
+            check_captured(hooked, module, adapter)
+        else:
+            with torch.enable_grad():
+                logits = forward(images.detach().requires_grad_(True))
+                check_captured(graph, module, adapter)
+                maps = graph.in_layer_order()
+                targets = class_targets(logits, target)
+                if targets is not None:
+                    # each image's score depends on its own maps only, so the gradient of the sum is per image
+                    score = logits.gather(1, targets.view(-1, 1)).sum()
+                    layer_gradients = torch.autograd.grad(score, maps)
+            if sink is not None:
+                for layer, attention in enumerate(maps):
+                    sink[layer] = attention.detach()
+            if targets is not None:
+                if reduce_gradients is None:
+                    gradients = torch.stack(layer_gradients, dim=1)
+                else:
+                    gradients = [reduce_gradients(attention.detach(), gradient) for attention, gradient in zip(maps, layer_gradients)]
+            del maps, graph
+    return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets, gradients=gradients,
+                    features=seen[0] if seen else None)
+
+
+def class_targets(logits: torch.Tensor, target: str | int | torch.Tensor) -> torch.Tensor | None:
+    """The class index of each image ``[b]`` for ``target``; None for ``TOP`` on a backbone without classes."""
+    if logits.shape[-1] == 0:
+        if isinstance(target, str) and target == TOP:
+            return None
+        raise VitExplorerError("this model has no classifier head, so it has no class score to take gradients of")
+    if isinstance(target, str):
+        if target != TOP:
+            raise ValueError(f"target must be {TOP!r}, a class index or indices, not {target!r}")
+        return logits.detach().argmax(dim=-1)
+    return torch.as_tensor(target, device=logits.device).reshape(-1).expand(logits.shape[0])
+
+
+# ---- batch conveniences ------------------------------------------------------------------------
+
+
+def record_attention(
+    model: nn.Module | LoadedModel, images: torch.Tensor, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``model`` once on ``images`` ``[b, 3, H, W]`` and capture softmax(q·kᵀ/√d) of every layer.
+
+    Returns logits ``[b, classes]`` and attentions ``[b, layers, heads, n, n]`` in layer order, each row
+    a probability distribution over the n keys. Hooks are removed before this returns or raises.
+    ``keep_graph=True`` keeps the maps in the autograd graph (for gradient-based maps).
+    """
+    with AttentionRecorder(model, adapter=adapter, keep_graph=keep_graph) as record:
+        return record(images)
+
+
+def record_attention_gradients(
+    model: nn.Module | LoadedModel, images: torch.Tensor, targets: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The maps of every layer and their gradients for a class, from one forward and one backward pass.
+
+    ``targets`` ``[b]`` are class indices (default: each image's top prediction). Returns logits
+    ``[b, classes]``, attentions and ∂ logit[target] / ∂ attention, both ``[b, layers, heads, n, n]``,
+    detached.
+    """
+    module, adapter = resolve(model)
+    captured = capture(model, images, StackingSink(adapter.map_shape(module)[0]), target=TOP if targets is None else targets)
+    return captured.logits, captured.kept, captured.gradients
 
 
 class AttentionRecorder:
@@ -166,50 +361,7 @@ class AttentionRecorder:
             check_captured(self._sink, self.module, self.adapter)
             layers = sorted(self._sink)
             assert layers == list(range(self.num_layers)), f"captured layers {layers} are not 0…{self.num_layers - 1}"
-            if self.keep_graph:  # the per-layer maps are the ones in the graph: stack them
-                attentions = torch.stack(self._sink.in_layer_order(), dim=1)
-            else:
-                attentions = self._sink.stacked  # [b, layers, heads, n, n]
+            attentions = self._sink.result()
         finally:
             self._sink.clear()
         return logits, attentions
-
-
-def record_attention_gradients(
-    model: nn.Module | LoadedModel, images: torch.Tensor, targets: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One forward and one backward pass: the maps of every layer and their gradients for a class.
-
-    ``targets`` ``[b]`` are class indices (default: each image's top prediction). Returns logits
-    ``[b, classes]``, attentions and ∂ logit[target] / ∂ attention, both ``[b, layers, heads, n, n]``
-    and detached. The gradient is taken with respect to the per-layer maps the forward pass used, so
-    it is the one the class score really has; the no-grad capture above is not involved.
-    """
-    module, adapter = resolve(model)
-    sink = LayerSink()
-    with capture_lock(module), adapter.attached(module, sink) as forward, torch.enable_grad():
-        # the input requires grad so that the maps are in the graph even when the weights are frozen
-        logits = forward(images.detach().requires_grad_(True))
-        check_captured(sink, module, adapter)
-        if logits.shape[-1] == 0:
-            raise VitExplorerError("this model has no classifier head, so it has no class score to take gradients of")
-        if targets is None:
-            targets = logits.argmax(dim=-1)
-        maps = sink.in_layer_order()
-        # each image's score depends on its own maps only, so the gradient of the sum is per image
-        score = logits.gather(1, targets.to(logits.device).view(-1, 1)).sum()
-        gradients = torch.autograd.grad(score, maps)
-    return logits.detach(), torch.stack([layer.detach() for layer in maps], dim=1), torch.stack(gradients, dim=1)
-
-
-def record_attention(
-    model: nn.Module | LoadedModel, images: torch.Tensor, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``model`` once on ``images`` ``[b, 3, H, W]`` and capture softmax(q·kᵀ/√d) of every layer.
-
-    Returns logits ``[b, classes]`` and attentions ``[b, layers, heads, n, n]`` in layer order, each row
-    a probability distribution over the n keys. Hooks are removed before this returns or raises.
-    ``keep_graph=True`` keeps the maps in the autograd graph (for gradient-based maps).
-    """
-    with AttentionRecorder(model, adapter=adapter, keep_graph=keep_graph) as record:
-        return record(images)

@@ -18,7 +18,7 @@ def progress(message: str) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> None:
-    from . import export, render, views
+    from . import export, maps, pictures, render
     from .analysis import analyze, class_evidence
     from .faithfulness import deletion_insertion, forward_passes
     from .images import load_image
@@ -34,17 +34,17 @@ def run_analyze(args: argparse.Namespace) -> None:
         progress(f"{args.model}: random weights: the token layout is real, but nothing is learned")
     if analysis.ood is not None and analysis.ood.flagged:
         progress(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
-    options = views.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
+    options = maps.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
     # the target class is needed for class-specific maps and for scoring any map; a backbone has none
     scored = analysis.num_classes > 0 and not args.no_faithfulness
-    if args.method in views.CLASS_SPECIFIC or scored or args.target is not None:
+    if args.method in maps.CLASS_SPECIFIC or scored or args.target is not None:
         evidence = class_evidence(model, analysis, args.target)
     else:
         evidence = None
     curves = None
     if scored:
         progress(f"scoring the {args.method} map: deletion and insertion, {forward_passes(args.steps, args.random_orders)} forward passes")
-        curves = deletion_insertion(model, analysis.image, views.class_map(analysis, args.method, evidence, options), evidence.target,
+        curves = deletion_insertion(model, analysis.image, maps.class_map(analysis, args.method, evidence, options), evidence.target,
                                     steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
     out = Path(args.out)
     # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
@@ -54,7 +54,7 @@ def run_analyze(args: argparse.Namespace) -> None:
         written = export.write_views(analysis, staging, options=options, cmap=args.cmap)
         if args.method != "rollout":
             written.append(staging / f"{args.method}.png")
-            render.save_png(export.class_map_picture(analysis, args.method, evidence, options, args.cmap), str(written[-1]))
+            render.save_png(pictures.class_map_picture(analysis, args.method, evidence, options, args.cmap), str(written[-1]))
         if curves is not None:
             written += export.write_faithfulness(analysis, curves, args.method, staging, image=str(args.image),
                                                  steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
@@ -68,10 +68,9 @@ def run_analyze(args: argparse.Namespace) -> None:
         progress(f"top prediction: {top.label} ({top.prob:.1%})")
     if curves is not None:
         aucs = curves.aucs
-        verdict = "beats random orders" if curves.beats_chance() else "does not clearly beat random orders"
         print(f"{args.method} map for {analysis.label(curves.target)!r}: deletion AUC {aucs['deletion']:.3f} "
               f"(random {aucs['random_deletion']:.3f}, lower is better), insertion AUC {aucs['insertion']:.3f} "
-              f"(random {aucs['random_insertion']:.3f}, higher is better): {verdict}", flush=True)
+              f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}", flush=True)
     elif analysis.num_classes == 0:
         progress("no classifier head: no class probabilities, so the map was not scored")
     progress(f"wrote {', '.join(path.name for path in written)} to {out}")
@@ -118,10 +117,10 @@ def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
     from .faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
+    from .maps import CLASS_METHODS
     from .models.builtin import ASSETS
     from .render import COLORMAPS
     from .rollout import HEAD_FUSIONS
-    from .views import CLASS_METHODS
 
     try:
         installed = version("vit-explorer")

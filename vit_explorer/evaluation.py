@@ -1,7 +1,7 @@
 """Ground-truth checks of attention on the generated shapes: accuracy, pointing game, energy.
 
 Pure math over maps and masks, plus functions that run a model on a held-out set and score the
-maps the app shows (``views.class_map``) against each object's mask and by deletion / insertion.
+maps the app shows (``maps.class_map``) against each object's mask and by deletion / insertion.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from . import relevance
 from .analysis import Analysis, ClassEvidence
-from .capture import record_attention_gradients
+from .capture import StackingSink, capture
 from .faithfulness import deletion_insertion
+from .maps import CLASS_METHODS, RolloutOptions, class_map
 from .models.base import LoadedModel
 from .shapes import Sample, generate_set
-from .views import CLASS_METHODS, RolloutOptions, class_map
 
 
 def patch_mask(mask: np.ndarray, grid_hw: tuple[int, int], dilate: int = 1) -> np.ndarray:
@@ -46,7 +47,7 @@ def energy(grid_map: np.ndarray, target: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class GroundTruthFigures:
-    """Accuracy, and per map method (``views.CLASS_METHODS``, plus ``random``) the pointing-game hit
+    """Accuracy, and per map method (``maps.CLASS_METHODS``, plus ``random``) the pointing-game hit
     rate and the mean energy on the object, for the true class of each image."""
 
     images: int
@@ -73,18 +74,19 @@ class FaithfulnessFigures:
 
 def sample_analyses(model: LoadedModel, samples: list[Sample], batch_size: int = 50) -> Iterator[tuple[Sample, Analysis, ClassEvidence]]:
     """Each sample's analysis and the class evidence for its true class, from one forward and
-    backward pass per batch; the maps then come from the same ``views`` the app shows."""
+    backward pass per batch; the maps then come from the same ``maps`` the app shows."""
     from .images import to_pixels
 
     for start in range(0, len(samples), batch_size):
         batch = samples[start : start + batch_size]
         pixels = torch.cat([to_pixels(sample.image, model.preprocess) for sample in batch]).to(model.device)
         targets = torch.tensor([sample.label for sample in batch])
-        logits, attentions, gradients = record_attention_gradients(model, pixels, targets)
-        for sample, sample_logits, maps, grads in zip(batch, logits.float().cpu(), attentions.float().cpu(), gradients.float().cpu()):
+        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]), target=targets,
+                           reduce_gradients=relevance.layer_evidence)
+        for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):
             analysis = Analysis(image=sample.image, attentions=maps.numpy(), logits=sample_logits.numpy(), layout=model.layout,
                                 labels=model.labels, model_name=model.name)
-            yield sample, analysis, ClassEvidence.from_gradients(sample.label, maps, grads)
+            yield sample, analysis, ClassEvidence.from_layers(sample.label, captured.gradients, image=index)
 
 
 def evaluate_on_shapes(model: LoadedModel, samples: list[Sample], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:

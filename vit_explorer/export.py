@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import charts, render, views
+from . import charts, maps, pictures, render
 from .analysis import Analysis, ClassEvidence
 from .faithfulness import FaithfulnessCurves
 
@@ -44,7 +44,7 @@ def write_views(
     out_dir: Path,
     *,
     query: int | None = None,
-    options: views.RolloutOptions = views.RolloutOptions(),
+    options: maps.RolloutOptions = maps.RolloutOptions(),
     cmap: str = "inferno",
     order_by: str = "none",
     evidence: ClassEvidence | None = None,
@@ -54,21 +54,21 @@ def write_views(
 
     ``evidence`` (the target class's) is needed only to order heads by gradient importance.
     """
-    query = views.default_query(analysis) if query is None else query
-    rollout = views.rollout_map(analysis, query, options)
+    query = maps.default_query(analysis) if query is None else query
+    rollout = maps.rollout_map(analysis, query, options)
     written = [out_dir / "rollout.png", out_dir / "heads.png", out_dir / "attention.npz"]
-    render.save_png(views.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, label="rollout"), str(written[0]))
-    grid, _, _ = views.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence)
+    render.save_png(pictures.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, label="rollout"), str(written[0]))
+    grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence)
     render.save_png(grid, str(written[1]))
     write_npz(analysis, written[2])
     return written
 
 
-def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: views.RolloutOptions,
+def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: maps.RolloutOptions,
                       cmap: str = "inferno") -> np.ndarray:
-    """The large view of one ``views.CLASS_METHODS`` map, its colour bar labelled with the method."""
-    grid_map = views.class_map(analysis, method, evidence, options)
-    return views.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, label=method)
+    """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with the method."""
+    grid_map = maps.class_map(analysis, method, evidence, options)
+    return pictures.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, label=method)
 
 
 def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: str, out_dir: Path, **settings) -> list[Path]:
@@ -77,6 +77,6 @@ def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: s
               **curves.as_dict()}
     written = [out_dir / "faithfulness.json", out_dir / "faithfulness.png"]
     written[0].write_text(json.dumps(record, indent=2) + "\n")
-    title = f"{views.CLASS_METHODS[method]} · target {analysis.label(curves.target)}"
+    title = f"{maps.CLASS_METHODS[method]} · target {analysis.label(curves.target)}"
     render.save_png(charts.faithfulness_chart(curves, title), str(written[1]))
     return written

@@ -64,6 +64,11 @@ class FaithfulnessCurves:
         """Whether the map beats random orders by ``margin`` at both deletion and insertion."""
         return min(self.margins.values()) >= margin
 
+    @property
+    def verdict(self) -> str:
+        """The verdict in words, as the app and the CLI print it."""
+        return "beats random orders" if self.beats_chance() else f"does not beat random orders by {CLEAR_MARGIN} at both"
+
     def as_dict(self) -> dict:
         return {"target": self.target, "auc": self.aucs, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
                 **{name: getattr(self, name).round(6).tolist()

@@ -9,13 +9,14 @@ The fitted statistics travel in the checkpoint's config (``"ood"``); a model wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+
+from .capture import recording_inputs
 
 THRESHOLD_QUANTILE = 0.99  # of held-out in-distribution scores: about 1 in 100 known images is flagged
 SHRINKAGE = 1e-3  # added to the covariance's diagonal, relative to its mean variance
@@ -48,7 +49,7 @@ class OodCalibration:
 
 def classifier_features(model: nn.Module, head: nn.Module, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits ``[b, classes]`` and the classifier's input features ``[b, dim]`` from one forward pass."""
-    with recording_features(head) as seen:
+    with recording_inputs(head) as seen:
         logits = model(pixels)
     return logits, seen[0]
 
@@ -97,18 +98,3 @@ class OodVerdict:
                 f"threshold {self.threshold:.0f}). The model knows only {self.known}, so its prediction and maps here "
                 "say little about the image. For photos, load a real model: `timm:NAME` (e.g. timm:vit_base_patch16_224), "
                 "`hf:REPO` (e.g. hf:google/vit-base-patch16-224) or a local checkpoint file.")
-
-
-@contextmanager
-def recording_features(head: nn.Module | None) -> Iterator[list[torch.Tensor]]:
-    """While active, the input of ``head`` (the classifier) of each forward pass is appended to the
-    yielded list, ``[b, dim]`` each; with no head, nothing is recorded."""
-    seen: list[torch.Tensor] = []
-    if head is None:
-        yield seen
-        return
-    handle = head.register_forward_pre_hook(lambda _module, inputs: seen.append(inputs[0].detach().float().cpu()))
-    try:
-        yield seen
-    finally:
-        handle.remove()

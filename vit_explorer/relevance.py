@@ -2,7 +2,7 @@
 relevance of Chefer, Gur & Wolf (ICCV 2021), and the gradient importance of each head.
 
 Pure tensor math on ``[layers, heads, n, n]`` attentions and their gradients ∂ score / ∂ A for one
-class (``capture.record_attention_gradients``). Both maps start from the same per-layer matrix
+class (``capture.capture`` with a target). Both maps start from the same per-layer matrix
 Ē_l = mean over heads of (∇A_l ⊙ A_l)⁺ and differ in how they chain the layers:
 
 - gradient-weighted rollout mixes Ē_l with the identity and normalises rows, as rollout does with A_l;
@@ -57,3 +57,11 @@ def gradient_importance(attentions: torch.Tensor | np.ndarray, gradients: torch.
     """Σ |∇A ⊙ A| over queries and keys, per head ``[layers, heads]``: the first-order change of the
     class score if that head's attention were removed, whatever its sign."""
     return (as_attention_stack(gradients) * as_attention_stack(attentions)).abs().sum(dim=(-2, -1))
+
+
+def layer_evidence(attention: torch.Tensor, gradient: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's share of both: (∇A ⊙ A)⁺ averaged over heads ``[b, n, n]`` and Σ |∇A ⊙ A| per head
+    ``[b, heads]``, from a layer's maps and gradients ``[b, heads, n, n]`` (float32, on the CPU), so that
+    capture can reduce each layer's gradient as it comes instead of keeping them all."""
+    product = gradient.float() * attention.float()
+    return product.clamp_min(0.0).mean(dim=1).cpu(), product.abs().sum(dim=(-2, -1)).cpu()

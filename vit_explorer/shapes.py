@@ -191,12 +191,12 @@ def _distractors(rng: np.random.Generator, canvas: Image.Image) -> None:
             draw.polygon(_irregular_polygon(rng, x, y, rng.uniform(8, 24)), fill=colour)
 
 
-def _object_colour(rng: np.random.Generator, under: np.ndarray) -> np.ndarray:
+def _object_colour(rng: np.random.Generator, under: np.ndarray, min_contrast: float = MIN_CONTRAST) -> np.ndarray:
     """A colour at a random distance from what lies under the object, darker or brighter alike. The
     distance is measured to the nearest tenth of the pixels under it, so that the object stands out
     from each part of a striped or checked surround, not only from its mean."""
     pixels = under[rng.integers(0, len(under), 64)]
-    contrast = rng.uniform(MIN_CONTRAST, 200.0)
+    contrast = rng.uniform(min_contrast, max(min_contrast, 200.0))
     candidates = rng.uniform(0, 255, (64, 3))
     distance = np.quantile(np.linalg.norm(candidates[:, None] - pixels[None], axis=2), 0.1, axis=1)
     return candidates[np.argmin(np.abs(distance - contrast))].astype(np.float32)
@@ -212,17 +212,38 @@ def _jitter(rng: np.random.Generator, image: np.ndarray) -> np.ndarray:
     return image * rng.uniform(0.85, 1.15, 3).astype(np.float32)
 
 
-def generate(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float = MIN_SIZE, max_size: float = MAX_SIZE) -> Sample:
-    """One labelled image drawn with ``rng``; ``min_size``/``max_size`` bound the object's diameter in pixels."""
+EASY_BACKGROUNDS = ("flat", "gradient", "smooth")
+
+
+def _degrade(rng: np.random.Generator, picture: Image.Image) -> Image.Image:
+    """Sometimes a blur, sometimes JPEG compression."""
+    if rng.random() < 0.35:
+        picture = picture.filter(ImageFilter.GaussianBlur(rng.uniform(0.4, 1.3)))
+    if rng.random() < 0.5:
+        buffer = io.BytesIO()
+        picture.save(buffer, format="JPEG", quality=int(rng.integers(30, 95)))
+        picture = Image.open(buffer).convert("RGB")
+    return picture
+
+
+def generate(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float = MIN_SIZE, max_size: float = MAX_SIZE,
+             easy: bool = False) -> Sample:
+    """One labelled image drawn with ``rng``; ``min_size``/``max_size`` bound the object's diameter in pixels.
+
+    ``easy`` draws the start of a training curriculum: a filled shape at high contrast on a plain
+    background, with no distractors, blur or compression (any rotation, either polarity still).
+    """
     label = int(rng.integers(len(CLASSES)))
     kind = CLASSES[label]
-    background = _background(rng, size, BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))])
+    families = EASY_BACKGROUNDS if easy else BACKGROUNDS
+    background = _background(rng, size, families[int(rng.integers(len(families)))])
     canvas = Image.fromarray(background.clip(0, 255).astype(np.uint8))
-    _distractors(rng, canvas)
+    if not easy:
+        _distractors(rng, canvas)
     radius = rng.uniform(min_size, max_size) / 2
     cx, cy = rng.uniform(radius + 2, size - radius - 2, 2)
     styles = CIRCLE_STYLES if kind in ("circle", "ring") else STYLES
-    style = styles[int(rng.integers(len(styles)))]
+    style = "filled" if easy else styles[int(rng.integers(len(styles)))]
     inner = rng.uniform(*(RING_INNER if kind == "ring" else HOLLOW_INNER))
     stroke = int(rng.integers(2, max(3, int(radius * 0.3))))
     reach = radius * 1.07 + 4  # a square's corners lie 1.06 radii out
@@ -232,7 +253,7 @@ def generate(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float =
                                           inner, stroke)
     pixels = np.asarray(canvas, dtype=np.float32)
     window = pixels[y0:y1, x0:x1]
-    colour = _object_colour(rng, window[silhouette > 0])
+    colour = _object_colour(rng, window[silhouette > 0], min_contrast=120.0 if easy else MIN_CONTRAST)
     border_colour = _object_colour(rng, np.concatenate([window[silhouette > 0], colour[None]]))
     soft = rng.uniform(0.3, 1.0)  # anti-aliasing of the object's edges
     for layer, paint in ((painted, colour), (border, border_colour)):
@@ -242,12 +263,8 @@ def generate(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float =
     pixels[y0:y1, x0:x1] = window
     image = _jitter(rng, pixels).clip(0, 255).astype(np.uint8)
     picture = Image.fromarray(image)
-    if rng.random() < 0.35:
-        picture = picture.filter(ImageFilter.GaussianBlur(rng.uniform(0.4, 1.3)))
-    if rng.random() < 0.5:
-        buffer = io.BytesIO()
-        picture.save(buffer, format="JPEG", quality=int(rng.integers(30, 95)))
-        picture = Image.open(buffer).convert("RGB")
+    if not easy:
+        picture = _degrade(rng, picture)
     mask = np.zeros((size, size), dtype=bool)
     mask[y0:y1, x0:x1] = silhouette > 127
     ys, xs = np.nonzero(mask)

@@ -44,15 +44,20 @@ PREPROCESS = Preprocess(input_hw=(IMAGE_SIZE, IMAGE_SIZE), mean=MEAN, std=STD)
 HELDOUT_SEED = 1_000_003  # never used for training: the held-out set of the README figures and tests
 CHECKPOINT_EVERY = 250
 PATCH_LOSS_WEIGHT = 0.5
+# most patches are background: weigh them less, so that the object's few patches drive the dense loss
+PATCH_CLASS_WEIGHTS = torch.tensor([0.2] + [1.0] * len(CLASSES))
 KNOWN = "six synthetic shapes (" + ", ".join(CLASSES) + "), one per image"
 CHUNK = 500  # images per generator seed, so that the pool is the same however many processes draw it
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One resolution of the schedule: its image side, steps, batch, peak learning rate, and the share of
-    its first steps that draw only larger objects (at first the class token attends almost uniformly, so a
-    one-patch object is too faint a signal to start learning from)."""
+    """One resolution of the schedule: its image side, steps, batch, peak learning rate and pool sizes.
+
+    With an easy pool, the stage starts on easy images (``shapes.generate(easy=True)``: filled shapes at
+    high contrast on plain backgrounds) and hands over to the full generator linearly, the last easy
+    image at ``easy_until`` of its steps: a ViT from scratch on 2 cores stays at chance for a long time
+    if it meets every randomisation at once."""
 
     name: str
     image_size: int
@@ -60,13 +65,15 @@ class Stage:
     batch_size: int
     lr: float
     pool_size: int
-    large_first: float = 0.0
+    easy_pool_size: int = 0
+    easy_until: float = 0.0  # share of the steps by which every image comes from the full generator
 
 
 def default_stages(scale: float = 1.0) -> tuple[Stage, Stage]:
     """The documented schedule; ``scale`` shortens every stage (for tests and trials)."""
     return (
-        Stage("low-res", 128, max(1, int(16000 * scale)), 64, 1e-3, max(CHUNK, int(80_000 * scale)), large_first=0.1),
+        Stage("low-res", 128, max(1, int(16000 * scale)), 64, 1e-3, max(CHUNK, int(80_000 * scale)),
+              easy_pool_size=max(CHUNK, int(16_000 * scale)), easy_until=0.4),
         Stage("full-res", IMAGE_SIZE, max(1, int(1500 * scale)), 32, 3e-4, max(CHUNK, int(12_000 * scale))),
     )
 
@@ -87,11 +94,11 @@ class Pool:
     patch_classes: np.ndarray
 
 
-def _draw_chunk(job: tuple[int, int, int]) -> Pool:
-    seed, count, size = job
+def _draw_chunk(job: tuple[int, int, int, bool]) -> Pool:
+    seed, count, size, easy = job
     rng = np.random.default_rng(seed)
     scale = size / IMAGE_SIZE
-    samples = [generate(rng, size, MIN_SIZE * scale, MAX_SIZE * scale) for _ in range(count)]
+    samples = [generate(rng, size, MIN_SIZE * scale, MAX_SIZE * scale, easy=easy) for _ in range(count)]
     rows = size // SHAPES_VIT["patch_size"]
     covered = np.stack([s.mask.reshape(rows, size // rows, rows, size // rows).mean(axis=(1, 3)) for s in samples])
     labels = np.array([s.label for s in samples])
@@ -101,9 +108,9 @@ def _draw_chunk(job: tuple[int, int, int]) -> Pool:
     return Pool(np.stack([s.image for s in samples]), labels, diameters, patch_classes)
 
 
-def draw_pool(seed: int, count: int, size: int, processes: int = 2) -> Pool:
+def draw_pool(seed: int, count: int, size: int, processes: int = 2, easy: bool = False) -> Pool:
     """``count`` generated images at ``size`` px (the same for the same seed, however many processes)."""
-    jobs = [(seed * 1_000_000 + start // CHUNK, min(CHUNK, count - start), size) for start in range(0, count, CHUNK)]
+    jobs = [(seed * 1_000_000 + start // CHUNK, min(CHUNK, count - start), size, easy) for start in range(0, count, CHUNK)]
     with multiprocessing.get_context("spawn").Pool(processes) as workers:
         parts = workers.map(_draw_chunk, jobs)
     return Pool(*(np.concatenate([getattr(part, name) for part in parts]) for name in ("images", "labels", "diameters", "patch_classes")))
@@ -194,7 +201,7 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
             model = resize_grid(model, stage.image_size)
         print(f"{stage.name}: drawing {stage.pool_size} images at {stage.image_size} px…", file=sys.stderr)
         pool = draw_pool(seed * 10 + index, stage.pool_size, stage.image_size)
-        large = np.flatnonzero(pool.diameters >= 48)
+        easy = draw_pool(seed * 10 + 5 + index, stage.easy_pool_size, stage.image_size, easy=True) if stage.easy_pool_size else None
         optimizer = torch.optim.AdamW([*model.parameters(), *patch_head.parameters()], lr=stage.lr, weight_decay=0.05)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(stage))
         rng = np.random.default_rng([seed, index])
@@ -208,14 +215,19 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
         progress = tqdm(range(step, stage.steps), desc=stage.name, file=sys.stderr, dynamic_ncols=True, initial=step, total=stage.steps)
         running_loss, running_acc = None, None
         for step in progress:
-            source = large if step < stage.large_first * stage.steps else None
-            index_batch = source[rng.integers(0, len(source), stage.batch_size)] if source is not None else rng.integers(0, len(pool.labels), stage.batch_size)
-            batch, patch_target = augment(to_batch(pool.images[index_batch]), torch.from_numpy(pool.patch_classes[index_batch]), rng)
-            target = torch.from_numpy(pool.labels[index_batch])
+            hard = stage.batch_size if easy is None else min(stage.batch_size, round(stage.batch_size * step / (stage.easy_until * stage.steps)))
+            picks = [(pool, rng.integers(0, len(pool.labels), hard))]
+            if hard < stage.batch_size:
+                picks.append((easy, rng.integers(0, len(easy.labels), stage.batch_size - hard)))
+            images = np.concatenate([source.images[chosen] for source, chosen in picks])
+            patch_classes = np.concatenate([source.patch_classes[chosen] for source, chosen in picks])
+            batch, patch_target = augment(to_batch(images), torch.from_numpy(patch_classes), rng)
+            target = torch.from_numpy(np.concatenate([source.labels[chosen] for source, chosen in picks]))
             tokens, logits = tokens_and_logits(model, batch)
             loss = torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1)
             # dense supervision: each final patch token names the class of the object it covers (or none)
-            loss = loss + PATCH_LOSS_WEIGHT * torch.nn.functional.cross_entropy(patch_head(tokens).flatten(0, 1), patch_target.flatten())
+            loss = loss + PATCH_LOSS_WEIGHT * torch.nn.functional.cross_entropy(patch_head(tokens).flatten(0, 1), patch_target.flatten(),
+                                                                                weight=PATCH_CLASS_WEIGHTS)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_([*model.parameters(), *patch_head.parameters()], 1.0)
@@ -230,7 +242,7 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
                             elapsed_before + time.perf_counter() - started)
         saved = None
         figures[f"{stage.name}_train_accuracy_last"] = running_acc
-        del pool
+        del pool, easy
     model.eval()
     print("held-out accuracy and out-of-distribution statistics…", file=sys.stderr)
     heldout, fitting = draw_pool(HELDOUT_SEED, 1000, IMAGE_SIZE), draw_pool(seed * 10 + 9, 4000, IMAGE_SIZE)

@@ -122,7 +122,7 @@ class ViT(nn.Module):
         x = torch.cat((repeat(self.cls_token, "... d -> b ... d", b=img.shape[0]), x), dim=1)
         x = self.dropout(x + self.pos_embedding[: x.shape[1]])
         x = self.transformer(x)
-        if self.mlp_head is None:
-            return x
+        if self.mlp_head is None:  # a backbone: no class scores, as ``models.base`` promises for every family
+            return x.new_zeros(x.shape[0], 0)
         x = x.mean(dim=1) if self.pool == "mean" else x[:, 0]
         return self.mlp_head(self.to_latent(x))

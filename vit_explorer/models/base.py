@@ -7,13 +7,16 @@ from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..errors import VitExplorerError
 from ..layout import TokenLayout
-from ..ood import OodCalibration
+
+if TYPE_CHECKING:  # ood reads features through capture, which needs this module
+    from ..ood import OodCalibration
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

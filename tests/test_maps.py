@@ -6,23 +6,21 @@ from vit_explorer import VitExplorerError, analyze, load_model
 from vit_explorer.analysis import ClassEvidence, class_evidence
 from vit_explorer.capture import record_attention_gradients
 from vit_explorer.images import to_pixels
-from vit_explorer.relevance import relevance
-from vit_explorer.rollout import attention_rollout
-from vit_explorer.views import (
+from vit_explorer.maps import (
     CLASS_METHODS,
     RolloutOptions,
     attention_map,
     class_map,
     default_query,
-    grid_picture,
     head_order,
     head_statistic,
-    map_picture,
     query_rows,
     rollout_map,
-    token_at,
     top_heads,
 )
+from vit_explorer.pictures import grid_picture, map_picture, token_at
+from vit_explorer.relevance import relevance
+from vit_explorer.rollout import attention_rollout
 
 
 @pytest.fixture

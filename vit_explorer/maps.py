@@ -1,7 +1,9 @@
-"""What the app and the CLI show, computed from one cached ``Analysis``, never from the model.
+"""The maps every view shows, computed from one cached ``Analysis``, never from the model.
 
-Every function here is pure given its arguments; derived arrays that several views reuse
-(rollout factors, query rows, head statistics) are memoised on the analysis, bounded.
+Pure math over the analysis's arrays (no pictures, no UI): the rows a query sends to every layer and
+head, rollout and the class-specific maps over the patch grid, head statistics and rankings. Derived
+arrays that several views reuse (rollout factors, query rows, statistics) are memoised on the
+analysis, bounded.
 """
 
 from __future__ import annotations
@@ -11,13 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import render, stats
+from . import stats
 from .analysis import Analysis, ClassEvidence, memo
 from .errors import VitExplorerError
 from .relevance import grad_rollout_factors, relevance_factors
 from .rollout import rollout_factors, rollout_rows
 
-VIEW_PX = 384  # side of the large views
 GRADIENT_IMPORTANCE = "gradient importance"
 # the direction each ranking lists heads in: focused, local heads first; sinks and important heads first
 RANKINGS = {"entropy": "lowest first", "distance": "shortest first", "prefix share": "highest first",
@@ -68,16 +69,20 @@ def check_query(analysis: Analysis, query: int) -> int:
 
 
 def query_rows(analysis: Analysis, query: int | None) -> np.ndarray:
-    """Where the query looks in every layer and head ``[layers, heads, n]``."""
+    """Where the query looks in every layer and head ``[layers, heads, n]`` (for a compact analysis and a
+    patch query, the rows ``analysis.recompute_query_rows`` put there)."""
 
     def compute() -> np.ndarray:
         token = None if query is None else check_query(analysis, query)
-        if analysis.attentions is None:  # compact: reduced at capture, or recomputed with a forward pass
+        if analysis.attentions is None:  # compact: reduced at capture, or recomputed with the model beforehand
             if token is None:
                 return analysis.compact["patch_mean_rows"].astype(np.float32)
             if token < analysis.num_prefix_tokens:
                 return analysis.compact["prefix_rows"][:, :, token, :].astype(np.float32)
-            return analysis.row_source(token)
+            raise VitExplorerError(
+                f"this analysis kept its maps compactly, so the rows of patch query {token} must be recomputed with the model "
+                "first: analysis.recompute_query_rows(model, analysis, query)"
+            )
         if token is None:
             return analysis.attentions[:, :, analysis.num_prefix_tokens :, :].mean(axis=2, dtype=np.float32)
         return np.ascontiguousarray(analysis.attentions[:, :, token, :], dtype=np.float32)
@@ -192,85 +197,3 @@ def attention_map(analysis: Analysis, query: int | None, layer: int, head: int |
     """Where the query looks in one layer, one head or the mean of heads ``[grid_h, grid_w]``."""
     rows = query_rows(analysis, query)[layer]  # [heads, n]
     return analysis.layout.patch_map(rows.mean(axis=0) if head is None else rows[head])
-
-
-def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
-    """Pixel box (x0, y0, x1, y1) of a patch token in a picture of ``picture_hw``, None for others."""
-    patch = None if token is None else analysis.layout.token_patch(token)
-    if patch is None:
-        return None
-    rows, cols = analysis.grid
-    cell_h, cell_w = picture_hw[0] / rows, picture_hw[1] / cols
-    return (int(patch[1] * cell_w), int(patch[0] * cell_h), int((patch[1] + 1) * cell_w) - 1, int((patch[0] + 1) * cell_h) - 1)
-
-
-def view_hw(analysis: Analysis, side: int = VIEW_PX) -> tuple[int, int]:
-    """Display size of a large view with the image's aspect ratio, longer side ``side``."""
-    height, width = analysis.image.shape[:2]
-    scale = side / max(height, width)
-    return (round(height * scale), round(width * scale))
-
-
-def token_at(analysis: Analysis, x: float, y: float, picture_hw: tuple[int, int]) -> int:
-    """The patch token under pixel (x, y) of a picture of ``picture_hw`` showing the image."""
-    rows, cols = analysis.grid
-    row = min(rows - 1, max(0, int(y * rows / picture_hw[0])))
-    col = min(cols - 1, max(0, int(x * cols / picture_hw[1])))
-    return analysis.layout.patch_token(row, col)
-
-
-def map_picture(analysis: Analysis, grid_map: np.ndarray, *, cmap: str, overlay: bool, query: int | None, label: str) -> np.ndarray:
-    """A large view of one ``[grid_h, grid_w]`` map, query patch outlined, with a colour bar."""
-    size = view_hw(analysis)
-    picture = render.heat(grid_map, size, cmap, image=analysis.image if overlay else None)
-    box = patch_box(analysis, query, size)
-    if box is not None:
-        picture = render.outline(picture, box)
-    return render.with_colorbar(picture, cmap, float(grid_map.min()), float(grid_map.max()), label)
-
-
-def image_picture(analysis: Analysis, query: int | None) -> np.ndarray:
-    """The image as the model saw it, at display size, with the query patch outlined."""
-    size = view_hw(analysis)
-    picture = render.resize_image(analysis.image, size)
-    box = patch_box(analysis, query, size)
-    return render.outline(picture, box) if box is not None else picture
-
-
-def grid_picture(
-    analysis: Analysis,
-    query: int | None,
-    *,
-    cmap: str = "inferno",
-    overlay: bool = True,
-    shared: bool = False,
-    order_by: str = "none",
-    evidence: ClassEvidence | None = None,
-    selected: tuple[int, int] | None = None,
-    tile_px: int | None = None,
-) -> tuple[np.ndarray, render.GridGeometry, np.ndarray]:
-    """The layers × heads grid of the query's attention: picture, geometry, head order ``[layers, heads]``.
-
-    ``evidence`` is the target class's, for ordering by gradient importance. ``selected`` is
-    (layer, head); it is outlined wherever the ordering put that head.
-    """
-    layers, heads = analysis.map_shape
-    tile_px = tile_px or int(np.clip(720 // max(heads, 1), 40, 96))
-    order = head_order(analysis, order_by, evidence)
-    maps = analysis.layout.patch_map(query_rows(analysis, query))  # [layers, heads, gh, gw]
-    maps = np.take_along_axis(maps, order[:, :, None, None], axis=1)
-    tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared)
-    highlight = None
-    if selected is not None:
-        layer, head = selected
-        highlight = (layer, int(np.nonzero(order[layer] == head)[0][0]))
-    ordered = order_by != "none"
-    picture, geometry = render.tile_grid(
-        tiles,
-        row_labels=[f"L{layer}" for layer in range(layers)],
-        col_labels=[f"#{rank + 1}" if ordered else f"h{rank}" for rank in range(heads)],
-        axis_names=("layer", f"head by {order_by}" if ordered else "head"),
-        tile_notes=[[f"h{head}" for head in order[layer]] for layer in range(layers)] if ordered else None,
-        highlight=highlight,
-    )
-    return picture, geometry, order

@@ -1,0 +1,101 @@
+"""Pictures of an analysis for the app and the CLI: large map views with colour bars, the image with the
+query patch outlined, the layers × heads grid. Numbers come from ``maps``; pixels from ``render``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import render
+from .analysis import Analysis, ClassEvidence
+from .maps import RolloutOptions, class_map, head_order, query_rows
+
+VIEW_PX = 384  # side of the large views
+
+
+def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """Pixel box (x0, y0, x1, y1) of a patch token in a picture of ``picture_hw``, None for others."""
+    patch = None if token is None else analysis.layout.token_patch(token)
+    if patch is None:
+        return None
+    rows, cols = analysis.grid
+    cell_h, cell_w = picture_hw[0] / rows, picture_hw[1] / cols
+    return (int(patch[1] * cell_w), int(patch[0] * cell_h), int((patch[1] + 1) * cell_w) - 1, int((patch[0] + 1) * cell_h) - 1)
+
+
+def view_hw(analysis: Analysis, side: int = VIEW_PX) -> tuple[int, int]:
+    """Display size of a large view with the image's aspect ratio, longer side ``side``."""
+    height, width = analysis.image.shape[:2]
+    scale = side / max(height, width)
+    return (round(height * scale), round(width * scale))
+
+
+def token_at(analysis: Analysis, x: float, y: float, picture_hw: tuple[int, int]) -> int:
+    """The patch token under pixel (x, y) of a picture of ``picture_hw`` showing the image."""
+    rows, cols = analysis.grid
+    row = min(rows - 1, max(0, int(y * rows / picture_hw[0])))
+    col = min(cols - 1, max(0, int(x * cols / picture_hw[1])))
+    return analysis.layout.patch_token(row, col)
+
+
+def map_picture(analysis: Analysis, grid_map: np.ndarray, *, cmap: str, overlay: bool, query: int | None, label: str) -> np.ndarray:
+    """A large view of one ``[grid_h, grid_w]`` map, query patch outlined, with a colour bar."""
+    size = view_hw(analysis)
+    picture = render.heat(grid_map, size, cmap, image=analysis.image if overlay else None)
+    box = patch_box(analysis, query, size)
+    if box is not None:
+        picture = render.outline(picture, box)
+    return render.with_colorbar(picture, cmap, float(grid_map.min()), float(grid_map.max()), label)
+
+
+def image_picture(analysis: Analysis, query: int | None) -> np.ndarray:
+    """The image as the model saw it, at display size, with the query patch outlined."""
+    size = view_hw(analysis)
+    picture = render.resize_image(analysis.image, size)
+    box = patch_box(analysis, query, size)
+    return render.outline(picture, box) if box is not None else picture
+
+
+def grid_picture(
+    analysis: Analysis,
+    query: int | None,
+    *,
+    cmap: str = "inferno",
+    overlay: bool = True,
+    shared: bool = False,
+    order_by: str = "none",
+    evidence: ClassEvidence | None = None,
+    selected: tuple[int, int] | None = None,
+    tile_px: int | None = None,
+) -> tuple[np.ndarray, render.GridGeometry, np.ndarray]:
+    """The layers × heads grid of the query's attention: picture, geometry, head order ``[layers, heads]``.
+
+    ``evidence`` is the target class's, for ordering by gradient importance. ``selected`` is
+    (layer, head); it is outlined wherever the ordering put that head.
+    """
+    layers, heads = analysis.map_shape
+    tile_px = tile_px or int(np.clip(720 // max(heads, 1), 40, 96))
+    order = head_order(analysis, order_by, evidence)
+    maps = analysis.layout.patch_map(query_rows(analysis, query))  # [layers, heads, gh, gw]
+    maps = np.take_along_axis(maps, order[:, :, None, None], axis=1)
+    tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared)
+    highlight = None
+    if selected is not None:
+        layer, head = selected
+        highlight = (layer, int(np.nonzero(order[layer] == head)[0][0]))
+    ordered = order_by != "none"
+    picture, geometry = render.tile_grid(
+        tiles,
+        row_labels=[f"L{layer}" for layer in range(layers)],
+        col_labels=[f"#{rank + 1}" if ordered else f"h{rank}" for rank in range(heads)],
+        axis_names=("layer", f"head by {order_by}" if ordered else "head"),
+        tile_notes=[[f"h{head}" for head in order[layer]] for layer in range(layers)] if ordered else None,
+        highlight=highlight,
+    )
+    return picture, geometry, order
+
+
+def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions,
+                      cmap: str = "inferno") -> np.ndarray:
+    """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with the method."""
+    grid_map = class_map(analysis, method, evidence, options)
+    return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, label=method)

@@ -1,0 +1,128 @@
+"""What the app keeps between events: the shared model cache, one browser tab's session (its analysis
+and selection), the view controls, the curated model list, and the folder of export zips."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import maps, render
+from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
+from .models import LoadedModel, load_model
+from .models.builtin import builtin_names
+
+EXPORT_DIR_NAME = "vit-explorer-exports"
+CACHE_TTL_S = 3600  # seconds generated images, uploads and export zips stay on disk
+
+
+class ModelCache:
+    """The last ``capacity`` loaded models, shared by all sessions (loading is serialised), and the
+    memory budget their analyses keep to."""
+
+    def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+        self.capacity = capacity
+        self.memory_budget = memory_budget  # bytes of maps per analysis, see ``analyze``
+        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, spec: str, model: LoadedModel) -> None:
+        """Make an already built model available under ``spec`` (for models built in code)."""
+        with self._lock:
+            self._models[spec] = model
+            while len(self._models) > self.capacity:
+                self._models.popitem(last=False)
+
+    def get(self, spec: str) -> LoadedModel:
+        with self._lock:
+            if spec in self._models:
+                self._models.move_to_end(spec)
+                return self._models[spec]
+            model = load_model(spec)
+        self.put(spec, model)
+        return model
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The values of the view controls, in the order the callbacks receive them."""
+
+    cmap: str = "inferno"
+    overlay: bool = True
+    normalisation: str = "per tile"
+    order_by: str = "none"
+    head_fusion: str = "mean"
+    discard_ratio: float = 0.0
+    start_layer: int = 0
+    residual_weight: float = 0.5
+    method: str = "relevance"  # the class-maps tab's map
+    fit: str = "stretch"  # how an image of other proportions meets the model's input (``images.FITS``)
+
+    @property
+    def rollout(self) -> maps.RolloutOptions:
+        return maps.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer), float(self.residual_weight))
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one browser tab holds: its analysis and what is selected in it.
+
+    ``evidence`` is the gradient evidence of the target class (None for a model without a
+    classifier); changing the target is the one control besides an upload that runs the model.
+    """
+
+    analysis: Analysis
+    model_spec: str
+    query: int | None
+    layer: int
+    head: int | None  # None: the mean of heads
+    evidence: ClassEvidence | None = None
+    geometry: render.GridGeometry | None = None
+    order: np.ndarray | None = None
+
+
+def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None) -> Session:
+    return Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis), layer=analysis.map_shape[0] - 1,
+                   head=None, evidence=evidence)
+
+
+def export_dir(ttl_s: float = CACHE_TTL_S) -> Path:
+    """The folder of export zips; zips older than ``ttl_s`` are removed each time it is used."""
+    folder = Path(tempfile.gettempdir()) / EXPORT_DIR_NAME
+    folder.mkdir(exist_ok=True)
+    cutoff = time.time() - ttl_s
+    for old in folder.glob("*.zip"):
+        if old.stat().st_mtime < cutoff:
+            old.unlink(missing_ok=True)
+    return folder
+
+
+CURATED_TIMM = (
+    "vit_small_patch16_224.augreg_in21k_ft_in1k",
+    "deit_small_patch16_224.fb_in1k",
+    "vit_small_patch16_224.dino",
+    "vit_small_patch14_reg4_dinov2.lvd142m",
+)
+CURATED_HF = ("google/vit-base-patch16-224", "facebook/dinov2-with-registers-small")
+# architectures to try with no download: the real token layout (class, distillation, register tokens), random weights
+CURATED_TIMM_RANDOM = ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_small_patch14_reg4_dinov2")
+
+
+def model_choices(initial: str) -> list[str]:
+    """The built-in models, then well-known hub models for the families whose package is installed."""
+    from importlib.util import find_spec
+
+    names = [f"builtin:{name}" for name in builtin_names()]
+    if find_spec("timm") is not None:
+        names += [f"timm:{name}" for name in CURATED_TIMM]
+        names += [f"timm:{name}@random" for name in CURATED_TIMM_RANDOM]
+    if find_spec("transformers") is not None:
+        names += [f"hf:{name}" for name in CURATED_HF]
+    return names if initial in names else [initial, *names]
+
+
