@@ -100,3 +100,28 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             assert errors == []
         finally:
             browser.close()
+
+
+def test_a_photo_on_the_shapes_model_shows_the_outside_notice(tmp_path):
+    data = pytest.importorskip("skimage.data")
+    from PIL import Image
+
+    upload = tmp_path / "chelsea.png"
+    Image.fromarray(data.chelsea()).save(upload)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with running_app("builtin:shapes", tmp_path / "server.log") as url, sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.goto(url)
+            page.locator("#upload input[type=file]").set_input_files(str(upload))
+            notice = page.locator("#summary >> text=Outside what this model knows")
+            notice.wait_for(timeout=90_000)
+            page.wait_for_selector("#overview-rollout img", timeout=30_000)
+            assert page.locator("#summary >> text=six synthetic shapes").first.is_visible()
+            assert page.locator("#summary >> text=451×300 image stretched").first.is_visible()
+            page.screenshot(path=str(OUTPUT / "5-photo-outside-notice.png"), full_page=False)
+        finally:
+            browser.close()

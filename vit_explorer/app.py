@@ -25,8 +25,8 @@ from .faithfulness import DEFAULT_RANDOM_ORDERS, deletion_insertion, forward_pas
 from .models import DEFAULT_MODEL
 from .models.builtin import EXAMPLES
 from .rollout import HEAD_FUSIONS
-from .session import CACHE_TTL_S, Controls, ModelCache, Session, export_dir, model_choices, new_session
-from .upload import ImageUpload
+from .session import CACHE_TTL_S, CONTROL_NAMES, Controls, ModelCache, Session, export_dir, model_choices, new_session
+from .upload import image_upload
 
 TITLE = "vit_explorer"
 INTRO = (
@@ -195,8 +195,11 @@ def top_heads_table(session: Session) -> dict:
     return {"headers": headers, "data": rows}
 
 
+CONTROL_UPDATES = ("layer", "head", "start_layer", "target", "query")
+
+
 def control_updates(session: Session) -> tuple:
-    """Slider and dropdown ranges for this analysis: layer, head, start layer, target class, query token."""
+    """Slider and dropdown ranges for this analysis, in ``CONTROL_UPDATES`` order."""
     layers = session.analysis.map_shape[0]
     evidence = session.evidence
     return (
@@ -209,9 +212,24 @@ def control_updates(session: Session) -> tuple:
     )
 
 
+# the components an analysis fills, by name: ``build_demo`` wires them in this order, and the callbacks
+# below return their values in it, so adding one cannot shift the others
+FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "overview_rollout", "overview_last", "grid", "head_view", "rollout_view",
+                "distance_plot", "entropy_plot", "prefix_plot", "caption", "class_view", "top_heads", "faithfulness_plot", "class_text",
+                *CONTROL_UPDATES)
+
+
+def in_order(values: dict[str, object], names: tuple[str, ...]) -> tuple:
+    """``values`` by name → the tuple Gradio expects for the outputs ``names``; a missing or unknown name raises."""
+    if set(values) != set(names):
+        raise KeyError(f"outputs {sorted(set(names) ^ set(values))} are missing or unknown")
+    return tuple(values[name] for name in names)
+
+
 def empty_outputs() -> tuple:
-    return (None, "Upload an image to begin.", None, None, None, None, None, None, None, None, None, "", None, None, None, "",
-            gr.update(), gr.update(), gr.update(), gr.update(), gr.update())
+    values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
+    values.update(summary="Upload an image to begin.", caption="", class_text="", **dict.fromkeys(CONTROL_UPDATES, gr.update()))
+    return in_order(values, FULL_OUTPUTS)
 
 
 def full_outputs(session: Session, controls: Controls) -> tuple:
@@ -219,9 +237,12 @@ def full_outputs(session: Session, controls: Controls) -> tuple:
     session, image, grid, head, rollout, caption = render_query_views(session, controls)
     top5, overview_rollout, overview_last = render_overview(session, controls)
     distance, entropy, prefix = render_statistics(session.analysis)
-    return (session, model_summary(session.analysis), image, top5, overview_rollout, overview_last, grid, head, rollout,
-            distance, entropy, prefix, caption, render_class(session, controls), top_heads_table(session), None, class_note(session),
-            *control_updates(session))
+    values = dict(state=session, summary=model_summary(session.analysis), query_image=image, top5=top5, overview_rollout=overview_rollout,
+                  overview_last=overview_last, grid=grid, head_view=head, rollout_view=rollout, distance_plot=distance,
+                  entropy_plot=entropy, prefix_plot=prefix, caption=caption, class_view=render_class(session, controls),
+                  top_heads=top_heads_table(session), faithfulness_plot=None, class_text=class_note(session),
+                  **dict(zip(CONTROL_UPDATES, control_updates(session))))
+    return in_order(values, FULL_OUTPUTS)
 
 
 @user_errors
@@ -398,7 +419,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
             summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
         with gr.Row():
             with gr.Column(scale=2, min_width=320):
-                upload = ImageUpload(type="filepath", sources=["upload", "clipboard"], label="Image (upload or paste)", height=260,
+                upload = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=260,
                                      elem_id="upload")
                 if EXAMPLES.is_dir():
                     gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label="Examples (generated shapes)")
@@ -465,11 +486,10 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                         export_button = gr.Button("Export")
                         export_file = gr.File(label="Download", interactive=False)
 
-        controls = [cmap, overlay, normalisation, order_by, head_fusion, discard_ratio, start_layer, residual_weight, method, fit]
+        ui = locals()  # every component above, by its variable's name
+        controls = [ui[name] for name in CONTROL_NAMES]  # by name: a control without a component fails here
         query_outputs = [state, query_image, grid, head_view, rollout_view, caption]
-        full = [state, summary, query_image, top5, overview_rollout, overview_last, grid, head_view, rollout_view,
-                distance_plot, entropy_plot, prefix_plot, caption, class_view, top_heads, faithfulness_plot, class_text,
-                layer, head, start_layer, target, query]
+        full = [ui[name] for name in FULL_OUTPUTS]
 
         def analyse(upload_path, spec, *values):
             return run_analysis(models, upload_path, spec, *values)

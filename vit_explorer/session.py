@@ -7,7 +7,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,8 @@ class ModelCache:
 
 @dataclass(frozen=True)
 class Controls:
-    """The values of the view controls, in the order the callbacks receive them."""
+    """The values of the view controls. The app wires its control components by these field names
+    (``CONTROL_NAMES``), so the callbacks receive the values in this order."""
 
     cmap: str = "inferno"
     overlay: bool = True
@@ -66,6 +67,9 @@ class Controls:
     @property
     def rollout(self) -> maps.RolloutOptions:
         return maps.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer), float(self.residual_weight))
+
+
+CONTROL_NAMES = tuple(field.name for field in fields(Controls))
 
 
 @dataclass(frozen=True)

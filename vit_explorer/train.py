@@ -67,14 +67,25 @@ class Stage:
     pool_size: int
     easy_pool_size: int = 0
     easy_until: float = 0.0  # share of the steps by which every image comes from the full generator
+    stop: int | None = None  # end the stage here, before its schedule ends (None: at ``steps``)
+
+    @property
+    def last_step(self) -> int:
+        return self.steps if self.stop is None else min(self.stop, self.steps)
 
 
-def default_stages(scale: float = 1.0) -> tuple[Stage, Stage]:
-    """The documented schedule; ``scale`` shortens every stage (for tests and trials)."""
+def default_stages(scale: float = 1.0) -> tuple[Stage, ...]:
+    """The documented schedule; ``scale`` shortens every stage (for tests and trials).
+
+    At 128 px an object of one or two patches leaves its shape to the linear patch embedding alone, so
+    the low-resolution stage teaches where objects are (its patch loss) more than what they are; the
+    192-px stage (12×12 grid) and the 256-px one then learn the shapes from their patches' arrangement.
+    """
     return (
         Stage("low-res", 128, max(1, int(16000 * scale)), 64, 1e-3, max(CHUNK, int(80_000 * scale)),
-              easy_pool_size=max(CHUNK, int(16_000 * scale)), easy_until=0.4),
-        Stage("full-res", IMAGE_SIZE, max(1, int(1500 * scale)), 32, 3e-4, max(CHUNK, int(12_000 * scale))),
+              easy_pool_size=max(CHUNK, int(16_000 * scale)), easy_until=0.4, stop=max(1, int(7000 * scale))),
+        Stage("mid-res", 192, max(1, int(3500 * scale)), 48, 5e-4, max(CHUNK, int(24_000 * scale))),
+        Stage("full-res", IMAGE_SIZE, max(1, int(1200 * scale)), 32, 2e-4, max(CHUNK, int(12_000 * scale))),
     )
 
 
@@ -197,6 +208,9 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
     figures: dict = {"seed": seed, "stages": [stage.__dict__ for stage in stages]}
     for index in range(stage_index, len(stages)):
         stage = stages[index]
+        if saved is not None and index == stage_index and step >= stage.last_step:
+            saved = None  # resumed at the end of a finished stage
+            continue
         if model.image_size[0] != stage.image_size:
             model = resize_grid(model, stage.image_size)
         print(f"{stage.name}: drawing {stage.pool_size} images at {stage.image_size} px…", file=sys.stderr)
@@ -212,7 +226,8 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
         else:
             step = 0
         model.train()
-        progress = tqdm(range(step, stage.steps), desc=stage.name, file=sys.stderr, dynamic_ncols=True, initial=step, total=stage.steps)
+        progress = tqdm(range(step, stage.last_step), desc=stage.name, file=sys.stderr, dynamic_ncols=True, initial=step,
+                        total=stage.last_step)
         running_loss, running_acc = None, None
         for step in progress:
             hard = stage.batch_size if easy is None else min(stage.batch_size, round(stage.batch_size * step / (stage.easy_until * stage.steps)))
@@ -237,7 +252,7 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
             running_loss = loss.item() if running_loss is None else 0.98 * running_loss + 0.02 * loss.item()
             running_acc = batch_acc if running_acc is None else 0.98 * running_acc + 0.02 * batch_acc
             progress.set_postfix(loss=f"{running_loss:.3f}", acc=f"{running_acc:.3f}")
-            if (step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == stage.steps:
+            if (step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == stage.last_step:
                 _save_state(state_path, model, patch_head, optimizer, schedule, index, step + 1, rng,
                             elapsed_before + time.perf_counter() - started)
         saved = None
