@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from vit_explorer import app, pictures, render
 from vit_explorer.analysis import analyze
@@ -177,7 +176,7 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
 
             def next_patch():  # a different patch each time, so no memoised rows are reused
                 step = next(clicks)
-                return app.on_patch_click(select((step * 37) % width, (step * 53) % height), session, *values)
+                return app.on_patch_click(cache, select((step * 37) % width, (step * 53) % height), session, *values)
 
             events = {
                 "layer/head (tile click)": lambda: app.on_tile_click(select(x + 2, y + 2), session, *values),

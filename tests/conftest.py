@@ -28,12 +28,21 @@ def make_vit(config: dict, seed: int = 0) -> ViT:
     return ViT(**config).eval()
 
 
-def write_checkpoint(path: Path, config: dict, seed: int = 0, labels: list[str] | None = None) -> Path:
-    """A safetensors checkpoint of a seeded random ViT with its config embedded."""
+def write_checkpoint(path: Path, config: dict, seed: int = 0, labels: list[str] | None = None, ood: dict | None = None) -> Path:
+    """A safetensors checkpoint of a seeded random ViT with its config (and out-of-distribution statistics) embedded."""
     model = make_vit(config, seed)
     meta = {"vit": config, "labels": labels or [f"thing {i}" for i in range(config["num_classes"])]}
+    if ood is not None:
+        meta["ood"] = ood
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata={CONFIG_KEY: json.dumps(meta)})
     return path
+
+
+def far_calibration(config: dict) -> dict:
+    """Out-of-distribution statistics whose class means lie far from any normalised feature."""
+    dim = config["dim"]
+    return {"means": np.full((config["num_classes"], dim), 50.0).tolist(), "precision": np.eye(dim).tolist(), "threshold": 10.0,
+            "known": "nothing real"}
 
 
 def photo(size: tuple[int, int] = (96, 80), seed: int = 0) -> Image.Image:

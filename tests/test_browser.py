@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import CLI_MODEL, photo, write_checkpoint
+from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint
 from serving import running_app
 
 from vit_explorer import analyze, load_model, pictures
@@ -102,14 +102,14 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             browser.close()
 
 
-def test_a_photo_on_the_shapes_model_shows_the_outside_notice(tmp_path):
-    data = pytest.importorskip("skimage.data")
-    from PIL import Image
-
-    upload = tmp_path / "chelsea.png"
-    Image.fromarray(data.chelsea()).save(upload)
+def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path):
+    """The notice as a user sees it, on a model whose calibration flags every image (the shipped model's
+    own calibration does not yet flag photos: issue 12)."""
+    checkpoint = write_checkpoint(tmp_path / "calibrated.safetensors", CLI_MODEL, ood=far_calibration(CLI_MODEL))
+    upload = tmp_path / "wide.png"
+    photo((451, 300), seed=3).save(upload)
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    with running_app("builtin:shapes", tmp_path / "server.log") as url, sync_api.sync_playwright() as playwright:
+    with running_app(str(checkpoint), tmp_path / "server.log") as url, sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
         )
@@ -117,11 +117,13 @@ def test_a_photo_on_the_shapes_model_shows_the_outside_notice(tmp_path):
             page = browser.new_page(viewport={"width": 1440, "height": 1000})
             page.goto(url)
             page.locator("#upload input[type=file]").set_input_files(str(upload))
-            notice = page.locator("#summary >> text=Outside what this model knows")
+            notice = page.locator("#summary >> text=Outside what this model knows").first
             notice.wait_for(timeout=90_000)
-            page.wait_for_selector("#overview-rollout img", timeout=30_000)
-            assert page.locator("#summary >> text=six synthetic shapes").first.is_visible()
-            assert page.locator("#summary >> text=451×300 image stretched").first.is_visible()
-            page.screenshot(path=str(OUTPUT / "5-photo-outside-notice.png"), full_page=False)
+            page.wait_for_selector("#top5 >> text=thing", timeout=30_000)
+            assert page.locator("#summary >> text=nothing real").first.is_visible()
+            assert page.locator("#summary >> text=451×300 image").first.is_visible()
+            notice_box, predictions_box = notice.bounding_box(), page.locator("#top5").bounding_box()
+            assert notice_box["y"] < predictions_box["y"]
+            page.screenshot(path=str(OUTPUT / "5-outside-notice.png"), full_page=False)
         finally:
             browser.close()

@@ -4,15 +4,12 @@ import json
 
 import numpy as np
 import torch
-from conftest import CLI_MODEL, photo, write_checkpoint
-from safetensors.torch import save_file
+from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint
 from scipy.spatial.distance import mahalanobis
 
 from vit_explorer import analyze, load_model
 from vit_explorer.app import model_summary
-from vit_explorer.models.checkpoint import CONFIG_KEY
 from vit_explorer.ood import OodCalibration, fit_mahalanobis
-from vit_explorer.vit import ViT
 
 
 def test_scores_are_the_squared_distance_to_the_nearest_class_mean():
@@ -66,15 +63,7 @@ def test_a_model_without_calibration_shows_no_notice(tmp_path):
 
 
 def test_a_calibrated_model_flags_what_lies_far_from_its_classes(tmp_path):
-    torch.manual_seed(0)
-    vit = ViT(**CLI_MODEL).eval()
-    dim = CLI_MODEL["dim"]
-    ood = {"means": np.full((CLI_MODEL["num_classes"], dim), 50.0).tolist(), "precision": np.eye(dim).tolist(), "threshold": 10.0,
-           "known": "nothing real"}
-    path = tmp_path / "calibrated.safetensors"
-    config = {"vit": CLI_MODEL, "labels": [f"thing {i}" for i in range(4)], "ood": ood}
-    save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, str(path), metadata={CONFIG_KEY: json.dumps(config)})
-    model = load_model(str(path))
+    model = load_model(str(write_checkpoint(tmp_path / "calibrated.safetensors", CLI_MODEL, ood=far_calibration(CLI_MODEL))))
     analysis = analyze(model, photo((256, 256)))
     assert analysis.ood.flagged and analysis.ood.score > 1000  # a normalised feature lies far from 50 in every dimension
     summary = model_summary(analysis)
