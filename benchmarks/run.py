@@ -303,6 +303,41 @@ def start_up(model: str, repeats: int) -> dict:
     return {"serve_to_first_response_s": serve_s, "import_torch_gradio_s": import_s, "ratio": serve_s / import_s}
 
 
+def dataset_throughput(models: dict[str, LoadedModel], count: int, batch_size: int, repeats: int) -> list[dict]:
+    """``vit-explorer stats`` throughput as a ratio to plain batched inference: the same images, the same
+    DataLoader (decoding included in both), forward only; the two alternate, medians of ``repeats``."""
+    from torch.utils.data import DataLoader
+
+    from vit_explorer.dataset import ImageDataset, collect, list_images
+
+    rows = []
+    for name, model in models.items():
+        with tempfile.TemporaryDirectory() as folder:
+            from PIL import Image
+
+            for index in range(count):
+                Image.fromarray(photo(model.preprocess.input_hw[0])).save(Path(folder) / f"{index:04d}.png")
+            images = list_images(folder)
+
+            def plain() -> None:
+                for _, pixels, _, _ in DataLoader(ImageDataset(images, model.preprocess), batch_size=batch_size):
+                    model.logits(pixels)
+
+            def stats() -> None:
+                collect(model, images, Path(folder) / "shards", batch_size=batch_size, show_progress=False)
+
+            plain_s, stats_s = [], []
+            for _ in range(repeats):
+                for function, times in ((plain, plain_s), (stats, stats_s)):
+                    start = time.perf_counter()
+                    function()
+                    times.append(time.perf_counter() - start)
+            rows.append({"model": name, "images": count, "batch": batch_size, "plain_img_per_s": count / statistics.median(plain_s),
+                         "stats_img_per_s": count / statistics.median(stats_s),
+                         "ratio": statistics.median(plain_s) / statistics.median(stats_s)})
+    return rows
+
+
 def table(title: str, rows: list[dict]) -> str:
     if not rows:
         return ""
@@ -343,6 +378,7 @@ def main() -> None:
         "rendering": [rendering(*grid, repeats)],
         "rollout_scaling": rollout_scaling(tokens, 12 if not args.tiny else 2, repeats),
         "memory": memory(memory_models),
+        "dataset_throughput": dataset_throughput(interaction_models, 16 if args.tiny else 128, 8 if args.tiny else 32, 2 if args.tiny else 3),
     }
     if rss_model is not None:
         results["peak_rss"] = [peak_rss_of_analyze(rss_model, rss_size)]

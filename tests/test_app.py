@@ -62,13 +62,21 @@ def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, 
     calls = forward_counter(models, checkpoint)
     grid_before, head_before = outputs[6], outputs[7]
 
-    session, image, grid, head, rollout, caption, _ = app.on_patch_click(models, click(10, 370), session, *CONTROLS)
-    assert session.query == session.analysis.layout.patch_token(15, 0) and "patch (15, 0)" in caption
+    height, width = app.pictures.view_hw(session.analysis)
+    session, image, grid, head, rollout, caption, grid_text, query = app.on_patch_click(models, click(2, height - 2), session, *CONTROLS)
+    assert session.query == session.analysis.layout.patch_token(15, 0) and "patch at row 15, col 0" in caption
+    assert query["value"] == "patch at row 15, col 0" and query["value"] in query["choices"]  # the dropdown shows the patch
+    assert "patch at row 15, col 0" in grid_text and "layer 5, mean of heads" in grid_text
     assert not np.array_equal(grid, grid_before) and not np.array_equal(head, head_before)
+    back = app.on_query_choice(session, "cls", *CONTROLS)
+    assert back[0].query == 0 and back[-1]["value"] == "cls" and back[-1]["choices"] == ["cls", app.MEAN_PATCHES]
+    again = app.on_query_choice(session, "patch at row 15, col 0", *CONTROLS)  # the patch entry itself: the query stays
+    assert again[0].query == session.query and again[-1]["value"] == "patch at row 15, col 0"
 
     y, x = session.geometry.tile_origin(2, 3)
-    session, grid_selected, head_selected, layer, head_choice = app.on_tile_click(click(x + 5, y + 5), session, *CONTROLS)
+    session, grid_selected, head_selected, grid_text, layer, head_choice = app.on_tile_click(click(x + 5, y + 5), session, *CONTROLS)
     assert (session.layer, session.head) == (2, 3) and layer["value"] == 2 and head_choice["value"] == "h3"
+    assert "layer 2, head h3" in grid_text
     assert not np.array_equal(grid_selected, grid) and not np.array_equal(head_selected, head)
 
     viridis = app.Controls(cmap="viridis", overlay=False, normalisation="shared", order_by="entropy")
@@ -144,10 +152,11 @@ def test_model_cache_is_bounded(tmp_path):
 
 def test_layer_and_head_controls_select_a_head(models, upload, checkpoint):
     session, _ = analysed(models, upload, checkpoint)
-    session, grid, head = app.on_layer_head(session, 1, "h2", *CONTROLS)
-    assert (session.layer, session.head) == (1, 2)
-    session, _, mean_head = app.on_layer_head(session, 1, app.MEAN_HEADS, *CONTROLS)
-    assert session.head is None and not np.array_equal(head, mean_head)
+    session, grid, head, text = app.on_layer_head(session, 1, "h2", *CONTROLS)
+    assert (session.layer, session.head) == (1, 2) and "layer 1, head h2" in text
+    session, mean_grid, mean_head, text = app.on_layer_head(session, 1, app.MEAN_HEADS, *CONTROLS)
+    assert session.head is None and not np.array_equal(head, mean_head) and "layer 1, mean of heads" in text
+    assert not np.array_equal(grid, mean_grid)  # the outline moves from the tile to the whole row
 
 
 @pytest.mark.timm
@@ -163,8 +172,9 @@ def test_app_views_handle_register_tokens_of_a_timm_model(upload):
     assert "7×7 patches of 14×14 px" in summary and "cls, reg1, reg2, reg3, reg4" in summary
     assert outputs[-1]["choices"] == ["cls", "reg1", "reg2", "reg3", "reg4", app.MEAN_PATCHES]
     register_view = app.on_query_choice(session, "reg2", *CONTROLS)
-    assert register_view[0].query == 2 and "reg2" in register_view[-1]
-    patch_view = app.on_patch_click(models, click(200, 200), register_view[0], *CONTROLS)
+    assert register_view[0].query == 2 and "reg2" in register_view[5] and register_view[-1]["value"] == "reg2"
+    height, width = app.pictures.view_hw(session.analysis)
+    patch_view = app.on_patch_click(models, click(width // 2, height // 2), register_view[0], *CONTROLS)  # the middle of 7×7
     assert patch_view[0].query == session.analysis.layout.patch_token(3, 3)
 
 
@@ -189,6 +199,8 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     app.on_target(models, session2, top.index, *CONTROLS)
     assert len(calls) == 1  # the first target's evidence is kept on the analysis
 
+    percentile = app.on_controls(session, *app.Controls(colour_scale="percentile").__dict__.values())
+    assert not np.array_equal(percentile[-1], class_view) and len(calls) == 1  # recoloured from the cached maps, no pass
     grad_view, cleared, _ = app.on_method(session, *app.Controls(method="grad-rollout").__dict__.values())
     assert not np.array_equal(grad_view, class_view) and cleared is None and len(calls) == 1
     chart, text = app.on_score(models, session, *CONTROLS)

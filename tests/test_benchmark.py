@@ -16,9 +16,10 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(out.read_text())
-    assert {"machine", "capture_overhead", "interaction_latency", "class_maps", "rendering", "rollout_scaling", "memory"} <= set(results)
+    assert {"machine", "capture_overhead", "interaction_latency", "class_maps", "rendering", "rollout_scaling", "memory",
+            "dataset_throughput"} <= set(results)
     assert len(results["interaction_latency"]) == 5 and len(results["class_maps"]) == 3
     assert all(row["ratio_q1"] <= row["ratio"] <= row["ratio_q3"] and row["ratio_reused_output"] > 0 for row in results["capture_overhead"])
-    for section in ("capture_overhead", "rendering", "rollout_scaling"):
+    for section in ("capture_overhead", "rendering", "rollout_scaling", "dataset_throughput"):
         assert all(row["ratio"] > 0 for row in results[section])
     assert "capture_overhead" in result.stdout

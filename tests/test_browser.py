@@ -1,4 +1,5 @@
-"""A real browser against the served app: upload, overview, tile click, patch click, class maps and their score."""
+"""A real browser against the served app: upload, overview, tile click, patch click, class maps and their score;
+a full-page screenshot of every tab at 1280×800 and 1920×1080 in test-output/browser/."""
 
 from __future__ import annotations
 
@@ -35,12 +36,25 @@ def wait_for_change(page, elem_id: str, before: bytes, timeout_s: float = 30.0) 
 def click_natural(page, elem_id: str, x: float, y: float) -> None:
     """Click the pixel (x, y) of the image's natural size, wherever the page scaled it to."""
     image = page.locator(f"#{elem_id} img").first
+    image.scroll_into_view_if_needed()  # a mouse click lands only inside the viewport
     natural_w, natural_h = image.evaluate("(img) => [img.naturalWidth, img.naturalHeight]")
     box = image.bounding_box()
-    scale = min(box["width"] / natural_w, box["height"] / natural_h)  # object-fit: contain
+    scale = min(1.0, box["width"] / natural_w, box["height"] / natural_h)  # object-fit: scale-down
     left = box["x"] + (box["width"] - natural_w * scale) / 2
     top = box["y"] + (box["height"] - natural_h * scale) / 2
     page.mouse.click(left + x * scale, top + y * scale)
+
+
+def shown_scale(page, elem_id: str) -> float:
+    """How much the page shrinks the picture in ``#elem_id`` (1.0: natural size; images are never scaled up)."""
+    image = page.locator(f"#{elem_id} img").first
+    natural_w, natural_h = image.evaluate("(img) => [img.naturalWidth, img.naturalHeight]")
+    box = image.bounding_box()
+    return min(1.0, box["width"] / natural_w, box["height"] / natural_h)
+
+
+def scrolls_sideways(page) -> bool:
+    return page.evaluate("() => document.documentElement.scrollWidth > window.innerWidth")
 
 
 @pytest.fixture
@@ -48,6 +62,12 @@ def served(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "browser.safetensors", CLI_MODEL)
     with running_app(str(checkpoint), tmp_path / "server.log") as url:
         yield url, checkpoint
+
+
+TABS = ("Overview", "Layers × heads", "Rollout", "Class maps", "Head statistics", "Export")
+SIZES = ((1280, 800), (1920, 1080))
+# pictures carry text drawn at render.LABEL_PX pixels: shown at least this close to natural size, it stays legible
+LEGIBLE_SCALE = 0.9
 
 
 def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
@@ -61,32 +81,39 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
         )
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(url)
             page.locator("#upload input[type=file]").set_input_files(str(upload))
             page.wait_for_selector("#top5 >> text=thing", timeout=90_000)
             page.wait_for_selector("#overview-rollout img", timeout=30_000)
-            page.screenshot(path=str(OUTPUT / "1-overview.png"), full_page=True)
+            assert page.locator("#query input").input_value() == "cls"
+            for elem_id in ("overview-rollout", "overview-last"):
+                assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
 
             page.get_by_role("tab", name="Layers × heads").click()
             page.wait_for_selector("#grid img", timeout=30_000)
+            for elem_id in ("grid", "head-view"):
+                assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
+            query_box, grid_box = page.locator("#query-image").bounding_box(), page.locator("#grid").bounding_box()
+            # beside the grid: to its left, and level with it rather than below
+            assert query_box["x"] + query_box["width"] <= grid_box["x"] and query_box["y"] < grid_box["y"] + grid_box["height"] / 2
             grid_before, head_before = image_bytes(page, "grid"), image_bytes(page, "head-view")
             y, x = geometry.tile_origin(2, 1)
             click_natural(page, "grid", x + geometry.tile / 2, y + geometry.tile / 2)
             head_after = wait_for_change(page, "head-view", head_before)
             grid_selected = wait_for_change(page, "grid", grid_before)  # the clicked tile is outlined
             assert page.get_by_label("Layer").first.input_value() == "2"
-            page.screenshot(path=str(OUTPUT / "2-tile-clicked.png"), full_page=True)
+            page.locator("#grid-caption >> text=layer 2, head h1").first.wait_for(timeout=10_000)
 
             query_before = image_bytes(page, "query-image")
-            click_natural(page, "query-image", 30, 30)  # a patch near the top-left corner
+            click_natural(page, "query-image", 30, 30)  # row 1, col 1 of the 16×16 patches in the 320 px view
             wait_for_change(page, "query-image", query_before)  # the query patch is outlined
             wait_for_change(page, "grid", grid_selected)
             wait_for_change(page, "head-view", head_after)
-            assert page.get_by_text("patch (").first.is_visible()
-            page.screenshot(path=str(OUTPUT / "3-patch-clicked.png"), full_page=True)
+            assert page.locator("#query-caption >> text=patch at row 1, col 1").first.is_visible()
+            assert page.locator("#query input").input_value() == "patch at row 1, col 1"  # the dropdown shows the query
 
             page.get_by_role("tab", name="Class maps").click()
             page.wait_for_selector("#class-view img", timeout=30_000)
@@ -96,7 +123,15 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             page.locator("#score").click()
             page.wait_for_selector("#faithfulness img", timeout=60_000)
             assert page.get_by_text("deletion AUC").first.is_visible()
-            page.screenshot(path=str(OUTPUT / "4-class-maps.png"), full_page=True)
+
+            for width, height in SIZES:  # every tab, as a user sees it on a laptop and on a desktop screen
+                page.set_viewport_size({"width": width, "height": height})
+                for number, tab in enumerate(TABS, 1):
+                    page.get_by_role("tab", name=tab).click()
+                    page.wait_for_timeout(400)
+                    assert not scrolls_sideways(page), (width, tab)
+                    name = tab.lower().replace(" × ", "-").replace(" ", "-")
+                    page.screenshot(path=str(OUTPUT / f"{width}x{height}-{number}-{name}.png"), full_page=True)
             assert errors == []
         finally:
             browser.close()

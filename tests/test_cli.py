@@ -83,6 +83,15 @@ def test_method_and_target_choose_the_map_and_its_json(tmp_path, capsys, cli_che
     assert json.loads((out / "faithfulness.json").read_text())["target"] == 3
 
 
+def test_percentile_scale_recolours_every_written_map(tmp_path, cli_checkpoint, image_file):
+    args = ["analyze", str(image_file), "--model", str(cli_checkpoint), "--method", "relevance", "--no-faithfulness"]
+    assert main([*args, "--out", str(tmp_path / "linear")]) == 0
+    assert main([*args, "--out", str(tmp_path / "percentile"), "--scale", "percentile"]) == 0
+    for name in ("relevance.png", "rollout.png", "heads.png"):
+        linear, percentile = (np.asarray(Image.open(tmp_path / folder / name)) for folder in ("linear", "percentile"))
+        assert linear.shape == percentile.shape and not np.array_equal(linear, percentile), name
+
+
 def test_an_unknown_target_is_one_line(tmp_path, capsys, cli_checkpoint, image_file):
     out = tmp_path / "out"
     assert main(["analyze", str(image_file), "--model", str(cli_checkpoint), "--out", str(out), "--target", "thing 7"]) == 1
@@ -118,3 +127,56 @@ def test_a_wide_image_is_stretched_by_default_and_padded_on_request(tmp_path, ca
     assert "padded to the model's 256×256 proportions" in capsys.readouterr().err
     padded = np.load(tmp_path / "b" / "attention.npz")["image"]
     assert np.ptp(padded[:50].reshape(-1, 3), axis=0).max() <= 1 and np.ptp(padded[100:150].reshape(-1, 3), axis=0).max() > 10
+
+
+def hand_rollout_and_last_layer(maps: np.ndarray, residual_weight: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Oracle for the evaluate test, from full maps ``[layers, heads, n, n]`` of a one-class-token model:
+    the class token's rollout row and its last-layer mean-over-heads row, patches only ``[n - 1]``."""
+    tokens = maps.shape[-1]
+    joint = np.eye(tokens)
+    for layer in maps.astype(np.float64):
+        mixed = residual_weight * np.eye(tokens) + (1 - residual_weight) * layer.mean(0)
+        joint = (mixed / mixed.sum(-1, keepdims=True)) @ joint
+    return joint[0, 1:], maps[-1].mean(0)[0, 1:]
+
+
+def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout(tmp_path, capsys):
+    from vit_explorer import load_model
+    from vit_explorer.capture import StackingSink, capture
+    from vit_explorer.images import load_image, to_pixels
+
+    assert main(["make-shapes", str(tmp_path / "set"), "--count", "6", "--seed", "11"]) in (0, None)
+    out = tmp_path / "scores"
+    capsys.readouterr()
+    main(["evaluate", str(tmp_path / "set" / "images"), "--model", "builtin:shapes", "--methods", "rollout,cls",
+          "--steps", "4", "--out", str(out)])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "method | deletion | insertion | perturbation | pointing | energy"
+    assert [line.split(" | ")[0] for line in printed[2:]] == ["rollout", "cls", "random"]
+    report = json.loads((out / "evaluation.json").read_text())
+    assert report["images"] == 6 and report["skipped"] == []
+
+    model = load_model("builtin:shapes")
+    paths = sorted((tmp_path / "set" / "images").glob("*/*.png"))
+    hits = {"rollout": [], "cls": []}
+    correct = []
+    for path in paths:
+        mask = np.asarray(Image.open(tmp_path / "set" / "masks" / path.relative_to(tmp_path / "set" / "images"))) > 127
+        pixels = to_pixels(load_image(path), model.preprocess)
+        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]))
+        correct.append(float(model.labels[int(captured.logits[0].argmax())] == path.parent.name))
+        rows, cols = model.layout.grid_hw
+        cell_h, cell_w = mask.shape[0] // rows, mask.shape[1] // cols
+        for method, row in zip(("rollout", "cls"), hand_rollout_and_last_layer(captured.kept[0].numpy())):
+            peak = int(np.argmax(row))
+            row_index, col_index = divmod(peak, cols)
+            near = mask[max(row_index - 1, 0) * cell_h : (row_index + 2) * cell_h, max(col_index - 1, 0) * cell_w : (col_index + 2) * cell_w]
+            hits[method].append(float(near.any()))
+    assert report["accuracy"] == pytest.approx(np.mean(correct))
+    for row in report["table"]:
+        for score in ("deletion", "insertion", "perturbation"):
+            low, high = row[score]["ci95"]
+            assert 0.0 <= low <= row[score]["mean"] <= high <= 1.0 and row[score]["images"] == 6
+        if row["method"] in hits:
+            assert report["per_image"][f"{row['method']}/pointing"] == hits[row["method"]]
+            assert row["pointing"]["mean"] == pytest.approx(np.mean(hits[row["method"]]))

@@ -71,6 +71,9 @@ def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
         row, col = divmod(int(patch), 4)
         by_hand[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16] = blank[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16]
     assert curves.deletion[1] == pytest.approx(probs(by_hand), abs=1e-5)
+    top_class = int(tiny_model.logits(to_pixels(by_hand, tiny_model.preprocess)).argmax())
+    assert curves.deletion_top1[1] == float(top_class == 2)
+    assert curves.deletion_top1[0] == float(int(tiny_model.logits(to_pixels(view, tiny_model.preprocess)).argmax()) == 2)
     again = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, baseline="mean")
     np.testing.assert_array_equal(again.random_deletion, curves.random_deletion)  # seeded
     assert set(curves.as_dict()["auc"]) == {"deletion", "insertion", "random_deletion", "random_insertion"}
@@ -88,7 +91,8 @@ def test_beating_chance_needs_a_margin_at_both_curves():
 
     def curves(deletion, insertion):
         return FaithfulnessCurves(target=0, fractions=fractions, deletion=np.array(deletion), insertion=np.array(insertion),
-                                  random_deletion=np.array([1.0, 0.5, 0.0]), random_insertion=np.array([0.0, 0.5, 1.0]))
+                                  random_deletion=np.array([1.0, 0.5, 0.0]), random_insertion=np.array([0.0, 0.5, 1.0]),
+                                  deletion_top1=np.ones(3), random_deletion_top1=np.ones(3))
 
     good = curves([1.0, 0.1, 0.0], [0.0, 0.9, 1.0])
     assert good.margins == pytest.approx({"deletion": 0.2, "insertion": 0.2}) and good.beats_chance()

@@ -113,3 +113,35 @@ def test_saved_folder_loads_through_the_spec(tmp_path, monkeypatch):
     images = torch.randn(1, 3, 64, 64)
     torch.testing.assert_close(loaded.module(pixel_values=images).logits, output_of(model, images))
     assert loaded.layout.grid_hw == (4, 4)
+
+
+@pytest.mark.parametrize("backbone_class, config_class, extra", [
+    (transformers.Dinov2Model, transformers.Dinov2Config, {"image_size": 56, "patch_size": 14}),
+    (transformers.ViTModel, transformers.ViTConfig, {"image_size": 64, "patch_size": 16}),  # saved with its pooler
+])
+def test_a_saved_backbone_loads_as_a_backbone_not_with_a_random_head(tmp_path, monkeypatch, backbone_class, config_class, extra):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    source = build(backbone_class, config_class(**SMALL, **extra))
+    source.save_pretrained(tmp_path / "backbone")
+    loaded = load_model(f"hf:{tmp_path / 'backbone'}", device="cpu")
+    assert type(loaded.module) is backbone_class and loaded.labels is None and not loaded.random_weights
+    assert loaded.notes and loaded.notes[0].startswith("backbone: the weights have no classifier head ('classifier.bias'")
+    side = extra["image_size"]
+    images = torch.randn(1, 3, side, side)
+    assert loaded.logits(images).shape == (1, 0)
+    for name, tensor in source.state_dict().items():
+        if not name.startswith("pooler."):
+            torch.testing.assert_close(loaded.module.state_dict()[name], tensor, msg=name)
+
+
+def test_weights_lacking_a_parameter_other_than_the_head_are_refused(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    CASES["vit"][0]().save_pretrained(tmp_path / "vit")
+    weights = tmp_path / "vit" / "model.safetensors"
+    state = load_file(str(weights))
+    del state["vit.encoder.layer.1.layernorm_after.bias"]
+    save_file(state, str(weights), metadata={"format": "pt"})
+    with pytest.raises(VitExplorerError, match=r"lack 1 parameter.*initialised at random: '[\w.]+\.1\.layernorm_after\.bias'\. "):
+        load_model(f"hf:{tmp_path / 'vit'}", device="cpu")

@@ -33,5 +33,5 @@ def test_patch_map_refuses_rows_of_the_wrong_length():
 def test_token_names():
     layout = LAYOUTS[2]
     assert layout.token_name(1) == "dist"
-    assert layout.token_name(layout.patch_token(2, 3)) == "patch (2, 3)"
+    assert layout.token_name(layout.patch_token(2, 3)) == "patch at row 2, col 3"  # 7 rows × 5 cols: (2, 3) reads one way only
     assert not LAYOUTS[0].has_class_token and LAYOUTS[3].has_class_token

@@ -18,7 +18,7 @@ from vit_explorer.maps import (
     rollout_map,
     top_heads,
 )
-from vit_explorer.pictures import grid_picture, map_picture, token_at
+from vit_explorer.pictures import grid_picture, map_picture, token_at, view_hw
 from vit_explorer.relevance import relevance
 from vit_explorer.rollout import attention_rollout
 
@@ -63,8 +63,18 @@ def test_grid_picture_changes_with_query_and_ordering_and_outlines_the_selected_
     other_query, _, _ = grid_picture(analysis, 9)
     ordered, _, order = grid_picture(analysis, 0, order_by="distance")
     selected, _, _ = grid_picture(analysis, 0, selected=(1, 2))
+    mean_of_heads, _, _ = grid_picture(analysis, 0, selected=(1, None))
     assert not np.array_equal(base, other_query)
     assert not np.array_equal(base, selected)
+    # the mean of heads outlines its whole row: the gap left of the first tile and right of the last one
+    y, x_first = geometry.tile_origin(1, 0)
+    _, x_last = geometry.tile_origin(1, 3)
+    gap = geometry.gap
+    for picture, row_outlined in ((selected, False), (mean_of_heads, True)):
+        assert (picture[y + 5, x_last + geometry.tile + gap // 2] == (0, 200, 255)).all() == row_outlined
+        assert (picture[y + 5, x_first - 1 - gap // 2] == (0, 200, 255)).all() == row_outlined
+    _, x_selected = geometry.tile_origin(1, 2)
+    assert (selected[y + 5, x_selected - 1] == (0, 200, 255)).all()
     if not (order == np.arange(4)).all():
         assert not np.array_equal(base, ordered)
 
@@ -75,11 +85,25 @@ def test_clicks_map_to_patch_tokens(analysis):
     assert token_at(analysis, 100, 300, (384, 384)) == 1 + 3 * 4 + 1
 
 
-def test_map_picture_has_a_colour_bar_and_outlines_the_query(analysis):
+def test_map_picture_has_a_colour_bar_below_and_outlines_the_query(analysis):
     grid_map = rollout_map(analysis, 6, RolloutOptions())
-    with_query = map_picture(analysis, grid_map, cmap="viridis", overlay=True, query=6, label="rollout")
-    without = map_picture(analysis, grid_map, cmap="viridis", overlay=True, query=0, label="rollout")
-    assert with_query.shape[1] > 384 and not np.array_equal(with_query, without)
+    with_query = map_picture(analysis, grid_map, cmap="viridis", overlay=True, query=6, unit="rollout weight")
+    without = map_picture(analysis, grid_map, cmap="viridis", overlay=True, query=0, unit="rollout weight")
+    height, width = view_hw(analysis)
+    assert with_query.shape[:2] > (height, width - 1) and with_query.shape[1] == width  # the bar is under the map, not beside it
+    assert not np.array_equal(with_query[:height], without[:height])
+
+
+def test_percentile_scale_spreads_a_heavy_tailed_map_over_the_colormap(analysis):
+    grid_map = np.full((16, 16), 0.01, np.float32)  # a 16×16 patch grid: one patch is under 1% of them
+    grid_map[6:10, 6:10] = np.linspace(0.02, 0.05, 16).reshape(4, 4)
+    grid_map[0, 0] = 10.0  # one extreme patch
+    height, _ = view_hw(analysis)
+    linear = map_picture(analysis, grid_map, cmap="gray", overlay=False, query=None, unit="relevance")[:height]
+    percentile = map_picture(analysis, grid_map, cmap="gray", overlay=False, query=None, unit="relevance", scale="percentile")[:height]
+    middle = (slice(height * 3 // 8, height * 5 // 8),) * 2  # the four graded patches
+    assert np.ptp(linear[middle]) < 10  # on min–max, the extreme patch leaves them all one dark grey
+    assert np.ptp(percentile[middle]) > 100  # clipped at the 99th percentile, they spread over the colormap
 
 
 def test_class_maps_are_the_class_token_rows_of_their_chains(model, analysis):

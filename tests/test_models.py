@@ -95,3 +95,22 @@ def test_device_choice_is_checked(tiny_checkpoint):
     if not torch.cuda.is_available():
         with pytest.raises(VitExplorerError, match="no CUDA GPU"):
             load_model(str(tiny_checkpoint), device="cuda")
+
+
+def test_a_checkpoint_without_its_head_loads_as_a_backbone(tmp_path):
+    path = write_checkpoint(tmp_path / "full.safetensors", TINY)
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    config = json.dumps({"vit": TINY, "labels": [f"thing {i}" for i in range(5)]})
+    headless = {key: tensor for key, tensor in tensors.items() if not key.startswith("mlp_head.")}
+    save_file(headless, str(tmp_path / "backbone.safetensors"), metadata={"vit_explorer": config})
+    model = load_model(str(tmp_path / "backbone.safetensors"))
+    assert model.module.mlp_head is None and model.labels is None
+    assert model.notes and model.notes[0].startswith("backbone: the checkpoint has no classifier head ('mlp_head.weight', 'mlp_head.bias')")
+    assert model.logits(torch.randn(1, 3, 64, 64)).shape == (1, 0)
+    del headless["transformer.layers.1.1.net.1.weight"]
+    save_file(headless, str(tmp_path / "broken.safetensors"), metadata={"vit_explorer": config})
+    with pytest.raises(VitExplorerError, match=r"lacks parameter\(s\) 'transformer\.layers\.1\.1\.net\.1\.weight'.*initialised at random"):
+        load_model(str(tmp_path / "broken.safetensors"))

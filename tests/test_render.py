@@ -1,8 +1,18 @@
 import numpy as np
 import pytest
 
-from vit_explorer import VitExplorerError
-from vit_explorer.render import GridGeometry, colorize, colormap_lut, heat, normalize, tile_grid, upsample, with_colorbar
+from vit_explorer import VitExplorerError, render
+from vit_explorer.render import (
+    GridGeometry,
+    colorize,
+    colormap_lut,
+    heat,
+    normalize,
+    tile_grid,
+    upsample,
+    value_range,
+    with_colorbar,
+)
 
 
 def test_colormap_lut_is_256_rgb_entries_from_dark_to_bright():
@@ -18,6 +28,19 @@ def test_normalize_per_map_and_shared():
     np.testing.assert_allclose(normalize(maps)[1], [[0.0, 1.0]])
     np.testing.assert_allclose(normalize(maps, shared=True)[1], [[0.0, 0.5]])
     np.testing.assert_allclose(normalize(np.ones((2, 2))), np.zeros((2, 2)))  # flat map: no division by zero
+
+
+def test_percentile_scale_clips_the_tails_to_the_colormap_ends():
+    values = np.arange(1000, dtype=np.float32).reshape(1, 10, 100)
+    values[0, 0, 0], values[0, -1, -1] = -1e6, 1e6  # one extreme value at each end
+    low, high = value_range(values, scale="percentile")
+    np.testing.assert_allclose([low.item(), high.item()], np.percentile(values, render.PERCENTILES), rtol=1e-6)
+    scaled = normalize(values, scale="percentile")
+    assert scaled.min() == 0.0 and scaled.max() == 1.0 and 0.45 < scaled[0, 5, 0] < 0.55  # the bulk spans the colormap
+    assert (scaled[0, 0, :5] == 0).all()  # below the 1st percentile: clipped to the low end
+    assert 0.0 < normalize(values)[0, 5, 0] - 0.5 < 1e-3  # min–max: the two extremes squeeze the bulk into mid-grey
+    with pytest.raises(VitExplorerError, match="unknown colour scale"):
+        normalize(values, scale="log2")
 
 
 def test_upsample_equals_torch_bilinear_interpolation():
@@ -58,9 +81,46 @@ def test_grid_places_tiles_and_maps_clicks_back():
     assert (highlighted != picture).any()
 
 
-def test_colorbar_adds_a_strip_to_the_right():
-    picture = np.zeros((100, 50, 3), dtype=np.uint8)
-    barred = with_colorbar(picture, "viridis", 0.0, 0.5)
-    assert barred.shape[0] == 100 and barred.shape[1] > 50
-    np.testing.assert_array_equal(barred[:, :50], picture)
+def test_colorbar_adds_a_strip_below_with_ticks_and_unit():
+    picture = np.zeros((100, 320, 3), dtype=np.uint8)
+    barred = with_colorbar(picture, "viridis", 0.0, 0.5, "attention weight")
+    assert barred.shape[1] == 320 and barred.shape[0] > 100 + 2 * render.LABEL_PX  # room for tick labels and the unit
+    np.testing.assert_array_equal(barred[:100], picture)
+    strip = barred[100:]
+    bar_row = strip[10, 20:300]
+    assert bar_row[0].tolist() != bar_row[-1].tolist()  # the colour ramp runs left to right
+    text_rows = np.nonzero((strip < 128).all(axis=2).any(axis=1))[0]  # rows with dark (text) pixels
+    assert text_rows.max() - text_rows.min() >= 2 * render.LABEL_PX  # two lines of text: ticks, then the unit
+    unitless = with_colorbar(picture, "viridis", 0.0, 0.5, "")
+    assert not np.array_equal(unitless, barred)
+    assert render.tick_labels([0.0, 0.1, 0.2]) == ["0.0", "0.1", "0.2"]
+    assert render.tick_labels([0.002, 0.004]) == ["0.002", "0.004"]
+    assert render.tick_labels([0.025, 0.05, 0.075]) == ["0.025", "0.050", "0.075"]  # not "0.03", "0.05", "0.08"
     assert isinstance(GridGeometry(1, 1, 4, 1, 0, 0).size_hw, tuple)
+
+
+def glyph(font, character: str) -> np.ndarray:
+    """The binary bitmap ``font`` draws for ``character``."""
+    mask = font.getmask(character)
+    return np.asarray(mask, dtype=np.uint8).reshape(mask.size[1], mask.size[0]) > 127
+
+
+def test_grid_header_draws_arrows_not_missing_glyph_boxes():
+    font = render.font(render.LABEL_PX)
+    missing = glyph(font, "\U0010fffd")  # a private-use code point no font maps: the missing-glyph box
+    for arrow in render.AXIS_ARROWS:
+        drawn = glyph(font, arrow)
+        assert drawn.any() and (drawn.shape != missing.shape or not np.array_equal(drawn, missing)), arrow
+    # the grid's header is drawn in that font: each arrow's bitmap is found in it, and the missing box is not
+    tiles = np.zeros((2, 3, 30, 30, 3), dtype=np.uint8)
+    picture, geometry = tile_grid(tiles, ["L0", "L1"], ["h0", "h1", "h2"])
+    header = (picture[: geometry.top] < 128).all(axis=2)
+
+    def best_match(template: np.ndarray) -> float:
+        windows = np.lib.stride_tricks.sliding_window_view(header, template.shape)
+        return float((windows == template).mean(axis=(-2, -1)).max())
+
+    for arrow in render.AXIS_ARROWS:
+        assert best_match(glyph(font, arrow)) > 0.95, arrow
+    assert best_match(missing) < 0.9
+    assert render.AXIS_ARROWS[0] in render.axis_title(("layer", "head"))

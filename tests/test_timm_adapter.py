@@ -153,3 +153,29 @@ def test_without_network_a_hub_name_says_how_to_load_a_local_file(tmp_path):
     assert lines[-1].startswith("vit-explorer: error: could not fetch weights for timm:vit_tiny_patch16_224")
     assert "timm:vit_tiny_patch16_224@/path/to/model.safetensors" in lines[-1]
     assert not (tmp_path / "out").exists()
+
+
+def test_timm_weights_without_their_head_load_as_a_backbone_and_others_are_refused(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from vit_explorer import VitExplorerError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    state = {k: v.contiguous() for k, v in build("vit_tiny_patch16_224", depth=12).state_dict().items()}
+    headless = {k: v for k, v in state.items() if not k.startswith("head.")}
+    save_file(headless, str(tmp_path / "backbone.safetensors"))
+    loaded = load_model(f"timm:vit_tiny_patch16_224@{tmp_path / 'backbone.safetensors'}", device="cpu")
+    assert loaded.module.num_classes == 0 and loaded.labels is None
+    assert loaded.notes and loaded.notes[0].startswith("backbone: the weights have no classifier head ('head.weight', 'head.bias')")
+    assert loaded.logits(torch.randn(1, 3, 224, 224)).shape == (1, 0)
+    for name, tensor in headless.items():
+        torch.testing.assert_close(loaded.module.state_dict()[name], tensor, msg=name)
+    # without the head the load is still strict: a missing block parameter is named, not initialised
+    del headless["blocks.7.mlp.fc2.bias"]
+    save_file(headless, str(tmp_path / "broken.safetensors"))
+    with pytest.raises(VitExplorerError, match=r"lack 'blocks\.7\.mlp\.fc2\.bias', which would be initialised at random \(the classifier"):
+        load_model(f"timm:vit_tiny_patch16_224@{tmp_path / 'broken.safetensors'}", device="cpu")
+    del state["blocks.7.mlp.fc2.bias"]
+    save_file(state, str(tmp_path / "broken-with-head.safetensors"))
+    with pytest.raises(VitExplorerError, match=r"lack 'blocks\.7\.mlp\.fc2\.bias', which would be initialised at random$"):
+        load_model(f"timm:vit_tiny_patch16_224@{tmp_path / 'broken-with-head.safetensors'}", device="cpu")

@@ -20,6 +20,19 @@ import numpy as np
 
 from . import charts, export, maps, pictures, render
 from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, analyze, class_evidence, recompute_query_rows
+from .captions import (
+    MEAN_HEADS,
+    MEAN_PATCHES,
+    grid_caption,
+    head_choices,
+    head_label,
+    query_caption,
+    query_choices,
+    query_label,
+    target_choices,
+    top_heads_table,
+    top_predictions,
+)
 from .errors import VitExplorerError
 from .faithfulness import DEFAULT_RANDOM_ORDERS, deletion_insertion, forward_passes
 from .models import DEFAULT_MODEL
@@ -35,9 +48,12 @@ INTRO = (
     "which patches a chosen class depends on, scored by deletion and insertion against random orders."
 )
 MAX_UPLOAD = "20mb"
+MAP_VIEW = "map-view"  # the class of pictures with text in them (maps, grid, charts)
+MAP_BUTTONS = ["download", "fullscreen"]
+# Gradio floats an image's buttons over its top-right corner, where they hid column labels and map corners:
+# on our pictures they get a line of their own above the picture instead
+CSS = f""".{MAP_VIEW} .icon-button-wrapper {{ position: static; justify-content: flex-end; margin: 0 0 2px auto; }}"""
 NORMALISATIONS = ("per tile", "shared")
-MEAN_HEADS = "mean of heads"
-MEAN_PATCHES = "mean of patch queries"
 
 
 def user_errors(callback: Callable) -> Callable:
@@ -53,24 +69,13 @@ def user_errors(callback: Callable) -> Callable:
     return wrapped
 
 
-def query_choices(analysis: Analysis) -> list[str]:
-    prefix = list(analysis.layout.prefix_names)
-    return prefix + [MEAN_PATCHES] if prefix else [MEAN_PATCHES]
-
-
-def query_label(session: Session) -> str:
-    return maps.query_name(session.analysis, session.query)
-
-
-def head_choices(analysis: Analysis) -> list[str]:
-    return [MEAN_HEADS] + [f"h{head}" for head in range(analysis.map_shape[1])]
-
-
-def head_label(head: int | None) -> str:
-    return MEAN_HEADS if head is None else f"h{head}"
+def query_update(session: Session) -> dict:
+    """The query dropdown, showing the current query."""
+    return gr.update(choices=query_choices(session.analysis, session.query), value=query_label(session))
 
 
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
+BACKBONE_NOTE = "Backbone: no classifier head, so no predictions, class maps or faithfulness scores; attention, rollout and head statistics work."
 
 
 def model_summary(analysis: Analysis) -> str:
@@ -85,24 +90,13 @@ def model_summary(analysis: Analysis) -> str:
     )
     if analysis.random_weights:
         summary += f"  \n**{RANDOM_WEIGHTS_NOTE}**"
+    if analysis.num_classes == 0:
+        summary += f"  \n{BACKBONE_NOTE}"
     if analysis.view_note:
         summary += f"  \n{analysis.view_note}"
     if analysis.ood is not None and analysis.ood.flagged:
         summary = f"> ⚠️ **Outside what this model knows.** {analysis.ood.notice(analysis.model_name)}\n\n{summary}"
     return summary
-
-
-def top_predictions(analysis: Analysis) -> dict[str, float]:
-    return {prediction.label: prediction.prob for prediction in analysis.top_k(5)}
-
-
-def target_choices(analysis: Analysis) -> list[tuple[str, int]]:
-    """(shown, class index): the top five with their probabilities, then every class by index."""
-    top = analysis.top_k(5)
-    first = {prediction.index for prediction in top}
-    return [(f"{p.label} ({p.prob:.1%})", p.index) for p in top] + [
-        (analysis.label(index), index) for index in range(analysis.num_classes) if index not in first
-    ]
 
 
 # ---- rendering of the views that follow the query -------------------------------------------
@@ -111,20 +105,21 @@ def render_grid(session: Session, controls: Controls) -> tuple[Session, np.ndarr
     picture, geometry, order = pictures.grid_picture(
         session.analysis, session.query, cmap=controls.cmap, overlay=controls.overlay,
         shared=controls.normalisation == "shared", order_by=controls.order_by,
-        evidence=session.evidence, selected=None if session.head is None else (session.layer, session.head),
+        evidence=session.evidence, selected=(session.layer, session.head), scale=controls.colour_scale,
     )
     return replace(session, geometry=geometry, order=order), picture
 
 
 def render_head(session: Session, controls: Controls) -> np.ndarray:
     grid_map = maps.attention_map(session.analysis, session.query, session.layer, session.head)
-    label = f"L{session.layer} {head_label(session.head)}"
-    return pictures.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label=label)
+    return pictures.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query,
+                                unit=pictures.ATTENTION, scale=controls.colour_scale)
 
 
 def render_rollout(session: Session, controls: Controls) -> np.ndarray:
     grid_map = maps.rollout_map(session.analysis, session.query, controls.rollout)
-    return pictures.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query, label="rollout")
+    return pictures.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query,
+                                unit=pictures.ROLLOUT, scale=controls.colour_scale)
 
 
 NO_CLASSIFIER = "This model has no classifier head: class-specific maps and faithfulness scores need class scores."
@@ -134,7 +129,8 @@ def render_class(session: Session, controls: Controls) -> np.ndarray | None:
     """The class-maps tab's map, or None where the method needs a classifier this model lacks."""
     if session.evidence is None and controls.method in maps.CLASS_SPECIFIC:
         return None
-    return pictures.class_map_picture(session.analysis, controls.method, session.evidence, controls.rollout, controls.cmap)
+    return pictures.class_map_picture(session.analysis, controls.method, session.evidence, controls.rollout, controls.cmap,
+                                      controls.colour_scale)
 
 
 def class_note(session: Session) -> str:
@@ -144,12 +140,8 @@ def class_note(session: Session) -> str:
             f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward passes).")
 
 
-def query_caption(session: Session) -> str:
-    return f"Query: **{query_label(session)}** — click a patch of the image to make it the query."
-
-
 def render_query_views(session: Session, controls: Controls) -> tuple:
-    """State + the views that depend on the query: image, grid, head view, rollout, caption."""
+    """State + the views that depend on the query: image, grid, head view, rollout, caption, grid caption."""
     session, grid = render_grid(session, controls)
     return (
         session,
@@ -158,6 +150,7 @@ def render_query_views(session: Session, controls: Controls) -> tuple:
         render_head(session, controls),
         render_rollout(session, controls),
         query_caption(session),
+        grid_caption(session, controls),
     )
 
 
@@ -170,8 +163,10 @@ def render_overview(session: Session, controls: Controls) -> tuple:
     name = maps.query_name(analysis, default)
     return (
         top_predictions(analysis),
-        pictures.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=None, label=f"rollout of {name}"),
-        pictures.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=None, label=f"last layer, {name}"),
+        pictures.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=None, unit=f"rollout weight of {name}",
+                             scale=controls.colour_scale),
+        pictures.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=None, unit=f"attention weight of {name}",
+                             scale=controls.colour_scale),
     )
 
 
@@ -181,18 +176,6 @@ def render_statistics(analysis: Analysis) -> tuple:
         charts.entropy_heatmap(maps.head_statistic(analysis, "entropy"), analysis.layout.num_tokens),
         charts.prefix_share_chart(maps.head_statistic(analysis, "prefix share"), analysis.layout),
     )
-
-
-TOP_HEADS = 5
-
-
-def top_heads_table(session: Session) -> dict:
-    """One row per rank, one column per ranking, cells "L<layer> h<head> · value"."""
-    tops = maps.top_heads(session.analysis, session.evidence, TOP_HEADS)
-    headers = ["rank", *(f"{name} ({maps.RANKINGS[name]})" for name in tops)]
-    rows = [[rank + 1, *(f"L{layer} h{head} · {value:.3g}" for layer, head, value in (heads[rank] for heads in tops.values()))]
-            for rank in range(min(TOP_HEADS, *(len(heads) for heads in tops.values())))]
-    return {"headers": headers, "data": rows}
 
 
 CONTROL_UPDATES = ("layer", "head", "start_layer", "target", "query")
@@ -208,7 +191,7 @@ def control_updates(session: Session) -> tuple:
         gr.update(maximum=layers - 1, value=0),
         gr.update(choices=target_choices(session.analysis) if evidence else [], value=evidence.target if evidence else None,
                   interactive=evidence is not None),
-        gr.update(choices=query_choices(session.analysis), value=query_label(session) if session.query is None or session.query < session.analysis.num_prefix_tokens else None),
+        query_update(session),
     )
 
 
@@ -216,7 +199,7 @@ def control_updates(session: Session) -> tuple:
 # below return their values in it, so adding one cannot shift the others
 FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "overview_rollout", "overview_last", "grid", "head_view", "rollout_view",
                 "distance_plot", "entropy_plot", "prefix_plot", "caption", "class_view", "top_heads", "faithfulness_plot", "class_text",
-                *CONTROL_UPDATES)
+                "grid_caption", *CONTROL_UPDATES)
 
 
 def in_order(values: dict[str, object], names: tuple[str, ...]) -> tuple:
@@ -234,13 +217,13 @@ def empty_outputs() -> tuple:
 
 def full_outputs(session: Session, controls: Controls) -> tuple:
     """Everything an analysis fills: state, summary, query views, overview, statistics, control ranges."""
-    session, image, grid, head, rollout, caption = render_query_views(session, controls)
+    session, image, grid, head, rollout, caption, grid_text = render_query_views(session, controls)
     top5, overview_rollout, overview_last = render_overview(session, controls)
     distance, entropy, prefix = render_statistics(session.analysis)
     values = dict(state=session, summary=model_summary(session.analysis), query_image=image, top5=top5, overview_rollout=overview_rollout,
                   overview_last=overview_last, grid=grid, head_view=head, rollout_view=rollout, distance_plot=distance,
                   entropy_plot=entropy, prefix_plot=prefix, caption=caption, class_view=render_class(session, controls),
-                  top_heads=top_heads_table(session), faithfulness_plot=None, class_text=class_note(session),
+                  top_heads=top_heads_table(session), faithfulness_plot=None, class_text=class_note(session), grid_caption=grid_text,
                   **dict(zip(CONTROL_UPDATES, control_updates(session))))
     return in_order(values, FULL_OUTPUTS)
 
@@ -334,23 +317,25 @@ def on_patch_click(models: ModelCache, evt: gr.SelectData, session: Session | No
     token = pictures.token_at(session.analysis, evt.index[0], evt.index[1], size)
     if session.analysis.attentions is None:
         recompute_query_rows(models.get(session.model_spec), session.analysis, token)
-    return render_query_views(replace(session, query=token), Controls(*control_values)) + (gr.update(value=None),)
+    session = replace(session, query=token)
+    return render_query_views(session, Controls(*control_values)) + (query_update(session),)
 
 
 @user_errors
 def on_query_choice(session: Session | None, choice: str | None, *control_values) -> tuple:
+    """A query picked from the dropdown: the query views follow it, and the dropdown shows it."""
     session = require(session)
-    if choice is None:
-        return render_query_views(session, Controls(*control_values))
-    query = None if choice == MEAN_PATCHES else session.analysis.layout.prefix_names.index(choice)
-    return render_query_views(replace(session, query=query), Controls(*control_values))
+    if choice in query_choices(session.analysis):  # else nothing, or the clicked patch that is already the query
+        session = replace(session, query=None if choice == MEAN_PATCHES else session.analysis.layout.prefix_names.index(choice))
+    # the dropdown too: a patch entry left from an earlier click goes once another query is chosen
+    return render_query_views(session, Controls(*control_values)) + (query_update(session),)
 
 
 @user_errors
 def on_reset_query(session: Session | None, *control_values) -> tuple:
     session = require(session)
     session = replace(session, query=maps.default_query(session.analysis))
-    return render_query_views(session, Controls(*control_values)) + (gr.update(value=query_label(session)),)
+    return render_query_views(session, Controls(*control_values)) + (query_update(session),)
 
 
 @user_errors
@@ -358,23 +343,25 @@ def on_tile_click(evt: gr.SelectData, session: Session | None, *control_values) 
     session = require(session)
     hit = session.geometry.hit(evt.index[0], evt.index[1]) if session.geometry is not None else None
     if hit is None:
-        return session, gr.update(), gr.update(), gr.update(), gr.update()
+        return session, gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
     layer, rank = hit
     head = int(session.order[layer, rank])
     return select_head(replace(session, layer=layer, head=head), Controls(*control_values))
 
 
 def select_head(session: Session, controls: Controls) -> tuple:
+    """State, grid, head view and grid caption for the selected layer and head, then the layer and head controls."""
     session, grid = render_grid(session, controls)
-    return session, grid, render_head(session, controls), gr.update(value=session.layer), gr.update(value=head_label(session.head))
+    return (session, grid, render_head(session, controls), grid_caption(session, controls), gr.update(value=session.layer),
+            gr.update(value=head_label(session.head)))
 
 
 @user_errors
 def on_layer_head(session: Session | None, layer: int, head: str, *control_values) -> tuple:
     session = require(session)
     head_index = None if head in (None, MEAN_HEADS) else int(head.removeprefix("h"))
-    # the sliders already show this layer and head: only state, grid and large view change
-    return select_head(replace(session, layer=int(layer), head=head_index), Controls(*control_values))[:3]
+    # the sliders already show this layer and head: only state, grid, large view and caption change
+    return select_head(replace(session, layer=int(layer), head=head_index), Controls(*control_values))[:4]
 
 
 @user_errors
@@ -386,7 +373,8 @@ def on_export(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
     with tempfile.TemporaryDirectory() as staging:
         folder = Path(staging)
         written = export.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
-                                     order_by=controls.order_by, evidence=session.evidence, shared=controls.normalisation == "shared")
+                                     order_by=controls.order_by, evidence=session.evidence, shared=controls.normalisation == "shared",
+                                     scale=controls.colour_scale)
         extra = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
                  f"{controls.method}.png": render_class(session, controls)}
         for name, picture in extra.items():
@@ -412,73 +400,98 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
         state = gr.State(None, time_to_live=CACHE_TTL_S)
         current_model = gr.State(model_spec)
         gr.Markdown(f"# {TITLE}\n{INTRO}")
-        with gr.Row():
-            model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
-                                info="built-in, timm:NAME, hf:REPO, or a path to a checkpoint (hub models download once, then load from cache)",
-                                scale=1)
-            summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
-        with gr.Row():
-            with gr.Column(scale=2, min_width=320):
-                upload = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=260,
-                                     elem_id="upload")
-                if EXAMPLES.is_dir():
-                    gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label="Examples (generated shapes)")
-                query_image = gr.Image(label="The image as the model sees it — click a patch to query it", interactive=False,
-                                       format="png", buttons=[], elem_id="query-image")
-                caption = gr.Markdown("")
-                fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch", label="Fit to the model's input",
-                               info="for images of other proportions: stretch the whole image, or keep its proportions")
-                with gr.Row():
-                    query = gr.Dropdown([], label="Query token", info="prefix token, or the mean of patch queries", scale=2)
-                    reset = gr.Button("Back to class token", scale=1)
+        # maps carry no Gradio label (it floats over the picture's top edge): a Markdown caption sits above each
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=280):
+                upload = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=270,
+                                      elem_id="upload")
             with gr.Column(scale=5):
                 with gr.Row():
-                    cmap = gr.Dropdown(list(render.COLORMAPS), value="inferno", label="Colormap", min_width=120)
-                    overlay = gr.Checkbox(True, label="Overlay on image", min_width=120)
-                    normalisation = gr.Radio(list(NORMALISATIONS), value="per tile", label="Normalisation", min_width=160)
+                    model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
+                                        info="built-in, timm:NAME, hf:REPO or a checkpoint path; hub models download once", scale=3)
+                    fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch", label="Fit to the model's input",
+                                   info="for images of other proportions", scale=2, min_width=220)
+                summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
+                if EXAMPLES.is_dir():
+                    gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label="Examples (generated shapes)")
+        # the query image sits beside the tabs, level with the grid and the maps that follow the query
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=280):
+                gr.Markdown("**The image as the model sees it** — click a patch to make it the query")
+                query_image = gr.Image(show_label=False, label="The image as the model sees it", interactive=False, format="png",
+                                       buttons=[], elem_id="query-image")
+                caption = gr.Markdown("", elem_id="query-caption")
+                query = gr.Dropdown([], label="Query token", info="a prefix token, the mean of patch queries, or the clicked patch",
+                                    elem_id="query")
+                reset = gr.Button("Back to class token", size="sm")
+                top5 = gr.Label(num_top_classes=5, label="Top-5 predictions", elem_id="top5")
+            with gr.Column(scale=5):
+                with gr.Row():
+                    cmap = gr.Dropdown(list(render.COLORMAPS), value="inferno", label="Colormap", min_width=110)
+                    colour_scale = gr.Dropdown([(name, key) for key, name in render.COLOUR_SCALES.items()], value="linear",
+                                               label="Colour scale", min_width=170)
+                    overlay = gr.Checkbox(True, label="Overlay on image", min_width=110)
+                    normalisation = gr.Dropdown(list(NORMALISATIONS), value="per tile", label="Normalisation", min_width=130)
                     order_by = gr.Dropdown(list(maps.ORDERINGS), value="none", label="Order heads by", min_width=140)
                 with gr.Tabs():
                     with gr.Tab("Overview"):
                         with gr.Row():
-                            top5 = gr.Label(num_top_classes=5, label="Top-5 predictions", elem_id="top5")
-                            overview_rollout = gr.Image(label="Attention rollout", format="png", interactive=False, elem_id="overview-rollout")
-                            overview_last = gr.Image(label="Last layer, mean over heads", format="png", interactive=False)
+                            with gr.Column(min_width=300):
+                                gr.Markdown("**Attention rollout** through all layers")
+                                overview_rollout = gr.Image(show_label=False, label="Attention rollout", format="png", interactive=False,
+                                                            buttons=MAP_BUTTONS, elem_classes=MAP_VIEW, elem_id="overview-rollout")
+                            with gr.Column(min_width=300):
+                                gr.Markdown("**Last layer**, mean over heads")
+                                overview_last = gr.Image(show_label=False, label="Last layer, mean over heads", format="png",
+                                                         interactive=False, buttons=MAP_BUTTONS, elem_classes=MAP_VIEW, elem_id="overview-last")
                     with gr.Tab("Layers × heads"):
-                        with gr.Row():
-                            grid = gr.Image(label="Attention of the query, rows = layers, columns = heads — click a tile",
-                                            format="png", interactive=False, scale=3, elem_id="grid")
-                            with gr.Column(scale=2):
+                        grid_caption = gr.Markdown("", elem_id="grid-caption")
+                        with gr.Row(equal_height=False):
+                            grid = gr.Image(show_label=False, label="Layers × heads", format="png", interactive=False, scale=3,
+                                            buttons=MAP_BUTTONS, elem_classes=MAP_VIEW, elem_id="grid")
+                            with gr.Column(scale=2, min_width=300):
                                 with gr.Row():
-                                    layer = gr.Slider(0, 1, value=0, step=1, label="Layer")
-                                    head = gr.Dropdown([MEAN_HEADS], value=MEAN_HEADS, label="Head")
-                                head_view = gr.Image(label="Selected layer and head", format="png", interactive=False, elem_id="head-view")
+                                    layer = gr.Slider(0, 1, value=0, step=1, label="Layer", min_width=140)
+                                    head = gr.Dropdown([MEAN_HEADS], value=MEAN_HEADS, label="Head", min_width=120)
+                                head_view = gr.Image(show_label=False, label="Selected layer and head", format="png", interactive=False,
+                                                     buttons=MAP_BUTTONS, elem_classes=MAP_VIEW, elem_id="head-view")
                     with gr.Tab("Rollout"):
                         with gr.Row():
                             head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
                             discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio")
                             start_layer = gr.Slider(0, 1, value=0, step=1, label="Start layer")
                             residual_weight = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Residual weight")
-                        rollout_view = gr.Image(label="Attention rollout of the query", format="png", interactive=False, elem_id="rollout-view")
+                        gr.Markdown("**Attention rollout of the query** (Abnar & Zuidema 2020): attention multiplied through the "
+                                    "layers from the start layer on, with the residual weight as the skip connection's share")
+                        rollout_view = gr.Image(show_label=False, label="Attention rollout of the query", format="png", interactive=False,
+                                                buttons=MAP_BUTTONS, elem_classes=MAP_VIEW, elem_id="rollout-view")
                     with gr.Tab("Class maps"):
                         with gr.Row():
                             target = gr.Dropdown([], label="Target class", info="default: the top prediction; type to search",
                                                  elem_id="target")
                             method = gr.Radio([(name, key) for key, name in maps.CLASS_METHODS.items()], value="relevance",
                                               label="Map", info="rollout options (Rollout tab) apply to the rollout-based maps")
-                        with gr.Row():
-                            class_view = gr.Image(label="Class-specific map", format="png", interactive=False, elem_id="class-view")
-                            with gr.Column():
+                        with gr.Row(equal_height=False):
+                            with gr.Column(min_width=300):
+                                gr.Markdown("**The chosen map** for the target class; its colour bar says what it measures")
+                                class_view = gr.Image(show_label=False, label="Class-specific map", format="png", interactive=False,
+                                                      buttons=MAP_BUTTONS, elem_classes=MAP_VIEW, elem_id="class-view")
+                            with gr.Column(min_width=300):
                                 class_text = gr.Markdown("")
                                 score = gr.Button("Score faithfulness", elem_id="score")
                                 faithfulness_plot = gr.Image(label="Deletion and insertion", show_label=False, format="png",
-                                                             interactive=False, elem_id="faithfulness")
+                                                             interactive=False, buttons=MAP_BUTTONS, elem_classes=MAP_VIEW,
+                                                             elem_id="faithfulness")
                     with gr.Tab("Head statistics"):
                         with gr.Row():
-                            distance_plot = gr.Image(label="Mean attention distance", show_label=False, format="png", interactive=False)
-                            entropy_plot = gr.Image(label="Entropy", show_label=False, format="png", interactive=False)
-                            prefix_plot = gr.Image(label="Prefix-token share", show_label=False, format="png", interactive=False)
+                            distance_plot = gr.Image(label="Mean attention distance", show_label=False, format="png",
+                                                     interactive=False, buttons=MAP_BUTTONS, elem_classes=MAP_VIEW)
+                            entropy_plot = gr.Image(label="Entropy", show_label=False, format="png", interactive=False,
+                                                    buttons=MAP_BUTTONS, elem_classes=MAP_VIEW)
+                            prefix_plot = gr.Image(label="Prefix-token share", show_label=False, format="png", interactive=False,
+                                                   buttons=MAP_BUTTONS, elem_classes=MAP_VIEW)
                         top_heads = gr.Dataframe(label="Top heads of this image by each ranking "
-                                                 "(gradient importance: Σ|∇A ⊙ A| for the target class)", interactive=False,
+                                                 "(gradient importance: Σ|∇A ⊙ A| for the target class)", interactive=False, wrap=True,
                                                  elem_id="top-heads")
                     with gr.Tab("Export"):
                         gr.Markdown("A zip with `attention.npz` (raw maps), `rollout.png`, `heads.png` and the selected head's view, "
@@ -488,7 +501,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
 
         ui = locals()  # every component above, by its variable's name
         controls = [ui[name] for name in CONTROL_NAMES]  # by name: a control without a component fails here
-        query_outputs = [state, query_image, grid, head_view, rollout_view, caption]
+        query_outputs = [state, query_image, grid, head_view, rollout_view, caption, grid_caption]
         full = [ui[name] for name in FULL_OUTPUTS]
 
         def analyse(upload_path, spec, *values):
@@ -512,12 +525,13 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
             return on_patch_click(models, evt, session, *values)
 
         query_image.select(select_patch, [state, *controls], [*query_outputs, query], api_name="select_patch")
-        query.input(on_query_choice, [state, query, *controls], query_outputs, api_name="select_query")
+        query.input(on_query_choice, [state, query, *controls], [*query_outputs, query], api_name="select_query")
         reset.click(on_reset_query, [state, *controls], [*query_outputs, query], api_name="reset_query")
-        grid.select(on_tile_click, [state, *controls], [state, grid, head_view, layer, head], api_name="select_tile")
+        grid.select(on_tile_click, [state, *controls], [state, grid, head_view, grid_caption, layer, head],
+                    api_name="select_tile")
         for component in (layer, head):
-            component.input(on_layer_head, [state, layer, head, *controls], [state, grid, head_view], api_name=False)
-        for component in (cmap, overlay, normalisation, order_by):
+            component.input(on_layer_head, [state, layer, head, *controls], [state, grid, head_view, grid_caption], api_name=False)
+        for component in (cmap, colour_scale, overlay, normalisation, order_by):
             component.input(on_controls, [state, *controls], [*query_outputs, overview_rollout, overview_last, class_view],
                             api_name=f"set_{component.label.lower().replace(' ', '_')}")
         for component in (head_fusion, discard_ratio, start_layer, residual_weight):
@@ -550,7 +564,7 @@ def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 
     demo.queue(default_concurrency_limit=4)
     demo.launch(server_name=host, server_port=port, share=share, inbrowser=open_browser, max_file_size=MAX_UPLOAD,
                 allowed_paths=[str(EXAMPLES)] if EXAMPLES.is_dir() else None, footer_links=["api"],
-                theme=gr.themes.Soft(), quiet=True, prevent_thread_lock=True)
+                theme=gr.themes.Soft(), css=CSS, quiet=True, prevent_thread_lock=True)
     print(serving_line(model_spec, host, demo.server_port, demo.share_url), file=sys.stderr, flush=True)
     try:
         demo.block_thread()

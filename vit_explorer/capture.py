@@ -159,6 +159,26 @@ class CompactSink(LayerSink):
         }
 
 
+class StatisticsSink(LayerSink):
+    """Reduces every image's map of each layer to per-head ``statistics`` (name → function of
+    ``[b, heads, n, n]`` and the layout, giving ``[b, heads]``) and drops it: a batch of a dataset never
+    holds more than one layer's maps."""
+
+    def __init__(self, layout: TokenLayout, statistics: Mapping[str, Callable[[np.ndarray, TokenLayout], np.ndarray]]) -> None:
+        super().__init__()
+        self.layout = layout
+        self.statistics = statistics
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        maps = attention.to(torch.float32).cpu().numpy()  # [b, heads, n, n], this layer only
+        self.layers[layer] = {name: compute(maps, self.layout) for name, compute in self.statistics.items()}
+
+    def result(self) -> dict[str, np.ndarray]:
+        """``{name: [b, layers, heads]}``."""
+        layers = self.in_layer_order()
+        return {name: np.stack([layer[name] for layer in layers], axis=1) for name in self.statistics}
+
+
 class RowSink(LayerSink):
     """Keeps only token ``query``'s row of every head of image 0 ``[heads, n]`` per layer."""
 

@@ -92,3 +92,22 @@ def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
     axes.set_title(title, fontsize=9)
     axes.legend(fontsize=7, loc="center right")
     return _figure_to_array(figure)
+
+
+def dataset_statistic_chart(mean: np.ndarray, std: np.ndarray, name: str, unit: str, images: int) -> np.ndarray:
+    """Each head's mean of one statistic over a dataset against layer, with ±1 standard deviation across
+    images as error bars ``[layers, heads]`` (over a dataset, the distance chart is Fig. 7 of the ViT paper)."""
+    figure = _figure(6.4, 4.0)
+    axes = figure.add_subplot()
+    layers, heads = mean.shape
+    # heads spread a little around their layer, so that overlapping error bars stay apart
+    offsets = (np.arange(heads) - (heads - 1) / 2) * min(0.6 / max(heads, 1), 0.08)
+    for head in range(heads):
+        axes.errorbar(np.arange(layers) + offsets[head], mean[:, head], yerr=std[:, head], fmt="o", markersize=3.5,
+                      elinewidth=0.8, capsize=0, alpha=0.8, color="tab:blue")
+    axes.set_xlabel("layer")
+    axes.set_ylabel(f"{name} ({unit})")
+    axes.set_xticks(np.arange(layers))
+    axes.set_title(f"{name} per head over {images:,} images (mean ± 1 sd)")
+    axes.grid(alpha=0.3)
+    return _figure_to_array(figure)

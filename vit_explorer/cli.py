@@ -1,13 +1,15 @@
-"""``vit-explorer``: analyze an image to files, serve the app, or train the embedded model."""
+"""``vit-explorer``: analyze an image to files, serve the app, reduce head statistics over a dataset, or train the embedded model."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from .dataset import SHARD_SIZE
 from .errors import VitExplorerError
 from .images import FITS
 from .models import DEFAULT_MODEL
@@ -27,6 +29,8 @@ def run_analyze(args: argparse.Namespace) -> None:
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
     progress(f"loading {args.model}")
     model = load_model(args.model, input_hw=args.input_size, device=args.device)
+    for note in model.notes:
+        progress(f"{args.model}: {note}")
     progress(f"analysing {args.image}")
     analysis = analyze(model, image, name=str(args.image), memory_budget=int(args.memory_budget_mb * 2**20), fit=args.fit)
     progress(analysis.view_note)
@@ -51,10 +55,10 @@ def run_analyze(args: argparse.Namespace) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".vit-explorer-", dir=out.parent))
     try:
-        written = export.write_views(analysis, staging, options=options, cmap=args.cmap)
+        written = export.write_views(analysis, staging, options=options, cmap=args.cmap, scale=args.scale)
         if args.method != "rollout":
             written.append(staging / f"{args.method}.png")
-            render.save_png(pictures.class_map_picture(analysis, args.method, evidence, options, args.cmap), str(written[-1]))
+            render.save_png(pictures.class_map_picture(analysis, args.method, evidence, options, args.cmap, args.scale), str(written[-1]))
         if curves is not None:
             written += export.write_faithfulness(analysis, curves, args.method, staging, image=str(args.image),
                                                  steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
@@ -90,6 +94,93 @@ def run_train_default(args: argparse.Namespace) -> None:
     progress(f"wrote {args.out}: held-out accuracy {figures['heldout_accuracy']:.1%}")
 
 
+def run_stats(args: argparse.Namespace) -> None:
+    import torch
+
+    from .dataset import collect, list_images, write_outputs
+    from .models import load_model
+
+    device = args.device
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        on_gpu = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
+        if on_gpu:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+            torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl" if on_gpu else "gloo")
+    try:
+        rank = torch.distributed.get_rank() if distributed else 0
+        images = list_images(args.source)
+        model = load_model(args.model, input_hw=args.input_size, device=device)
+        if rank == 0:
+            progress(f"{len(images.paths)} images from {args.source} through {model.name}"
+                     + (f" in {torch.distributed.get_world_size()} processes" if distributed else ""))
+        out = Path(args.out)
+        totals, run = collect(model, images, out / ".shards", batch_size=args.batch_size, workers=args.workers, fit=args.fit,
+                              shard_size=args.shard_size, resume=args.resume)
+        if rank == 0:
+            written = write_outputs(out, totals, run, model, str(args.source), images)
+            if totals.skipped:
+                progress(f"skipped {len(totals.skipped)} unreadable files (listed in summary.json)")
+            if run["resumed_shards"]:
+                progress(f"resumed {run['resumed_shards']} of {run['shards']} shards")
+            progress(f"wrote {', '.join(path.name for path in written)} to {out}")
+    finally:
+        if distributed:
+            torch.distributed.destroy_process_group()
+
+
+def run_evaluate(args: argparse.Namespace) -> None:
+    import json
+
+    import numpy as np
+
+    from .dataset import labelled_views, list_images
+    from .evaluation import SCORES, score_images, score_table
+    from .maps import CLASS_METHODS
+    from .models import load_model
+
+    methods = tuple(method.strip() for method in args.methods.split(","))
+    unknown = [method for method in methods if method not in CLASS_METHODS]
+    if unknown:
+        raise VitExplorerError(f"unknown method {', '.join(unknown)}; use some of {', '.join(CLASS_METHODS)}")
+    images = list_images(args.source)
+    if args.limit:
+        images = type(images)(images.paths[: args.limit], images.labels[: args.limit] if images.labels else None, images.classes)
+    model = load_model(args.model, input_hw=args.input_size, device=args.device)
+    root = Path(args.source) if Path(args.source).is_dir() else None
+    masks = Path(args.masks) if args.masks else (root.parent / "masks" if root is not None and (root.parent / "masks").is_dir() else None)
+    progress(f"scoring {', '.join(methods)} on {len(images.paths)} images from {args.source} through {model.name}"
+             + (f", with masks from {masks}" if masks else ", no masks (no pointing game or energy)"))
+    skipped: list[dict[str, str]] = []
+    views = labelled_views(images, model, skipped, root=root, masks=masks, fit=args.fit)
+    scores = score_images(model, views, methods, steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
+    rows = score_table(scores, methods)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"model": model.name, "source": str(args.source), "images": len(scores["correct"]), "skipped": skipped,
+              "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
+              "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline, "table": rows, "per_image": scores}
+    partial = out / "evaluation.json.partial"
+    partial.write_text(json.dumps(report, indent=2, default=float))
+    partial.replace(out / "evaluation.json")
+    print("method | " + " | ".join(SCORES))
+    print(" | ".join(["---"] * (len(SCORES) + 1)))
+    for row in rows:
+        cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, {row[score]['ci95'][1]:.3f}]"
+                 for score in SCORES]
+        print(f"{row['method']} | " + " | ".join(cells))
+    progress(f"deletion and perturbation: lower is better; insertion, pointing, energy: higher is better. "
+             f"wrote {out / 'evaluation.json'}" + (f"; skipped {len(skipped)} unreadable files" if skipped else ""))
+
+
+def run_make_shapes(args: argparse.Namespace) -> None:
+    from .shapes import write_set
+
+    write_set(Path(args.folder), args.count, args.seed)
+    progress(f"wrote {args.count} images to {Path(args.folder) / 'images'} and their masks to {Path(args.folder) / 'masks'}")
+
+
 def input_size(text: str) -> tuple[int, int]:
     """``518`` or ``448x640`` (height × width) → (height, width)."""
     try:
@@ -119,7 +210,7 @@ def parser() -> argparse.ArgumentParser:
     from .faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
     from .maps import CLASS_METHODS
     from .models.builtin import ASSETS
-    from .render import COLORMAPS
+    from .render import COLORMAPS, COLOUR_SCALES
     from .rollout import HEAD_FUSIONS
 
     try:
@@ -151,6 +242,9 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--start-layer", type=int, default=0, help="first layer rollout multiplies in")
     analyze.add_argument("--residual-weight", type=float, default=0.5, help="weight of the identity (the skip connection) in rollout")
     analyze.add_argument("--cmap", default="inferno", choices=list(COLORMAPS), help="colour map of the pictures")
+    analyze.add_argument("--scale", default="linear", choices=list(COLOUR_SCALES),
+                         help="what the colour map's ends stand for: " + "; ".join(f"{key}: {name}" for key, name in COLOUR_SCALES.items())
+                         + " (for heavy-tailed maps such as relevance; values beyond are clipped)")
     analyze.add_argument("--input-size", type=input_size, default=None, help="e.g. 518 or 448x640, for timm/hf models that allow it "
                          "(default: the model's own size)")
     analyze.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one)")
@@ -176,6 +270,50 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--scale", type=float, default=1.0, help="share of the documented steps and pool sizes, for trials")
     train.add_argument("--resume", action="store_true", help="continue from the checkpoint beside --out")
     train.set_defaults(run=run_train_default)
+
+    stats = commands.add_parser(
+        "stats", formatter_class=HelpFormatter,
+        help="per-head attention statistics over a folder of images (run under torchrun for many processes)",
+        description="Streams SOURCE through the model and writes heads.csv, summary.json and one chart per statistic to "
+                    "--out. Run `torchrun --nproc-per-node N -m vit_explorer stats …` to shard the images over N processes "
+                    "(gloo on CPU, NCCL on GPU); add torchrun's --nnodes and --rdzv-endpoint for many machines.")
+    stats.add_argument("source", help="a folder (one sub-folder per class gives labels), a text file of image paths, or a glob")
+    stats.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
+    stats.add_argument("--out", required=True, help="output folder (also holds the per-shard totals that --resume reads)")
+    stats.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+    stats.add_argument("--workers", type=int, default=2, help="processes decoding images beside each model process")
+    stats.add_argument("--shard-size", type=int, default=SHARD_SIZE, help="images per resumable shard")
+    stats.add_argument("--resume", action="store_true", help="load the finished shards in --out instead of recomputing them")
+    stats.add_argument("--input-size", type=input_size, default=None, help="model input, 518 or HxW (default: the model's own)")
+    stats.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (under torchrun: each process's local GPU)")
+    stats.add_argument("--fit", default="stretch", choices=FITS, help="how an image of other proportions meets the input")
+    stats.set_defaults(run=run_stats)
+
+    evaluate = commands.add_parser(
+        "evaluate", formatter_class=HelpFormatter, help="how faithful each map method is over a folder of images, with 95% intervals",
+        description="Deletion and insertion AUC of each method's map for each image's class (its folder, when the folders name "
+                    "the model's classes, else its top prediction) against random orders; the positive-perturbation accuracy AUC "
+                    "of Chefer et al.; and, where a masks folder holds a mask of the same name, the pointing game and energy.")
+    evaluate.add_argument("source", help="a folder (one sub-folder per class), a text file of image paths, or a glob")
+    evaluate.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
+    evaluate.add_argument("--out", required=True, help="folder for evaluation.json")
+    evaluate.add_argument("--methods", default="rollout,relevance,grad-rollout,cls", help="comma-separated map methods")
+    evaluate.add_argument("--masks", default=None, help="masks folder mirroring SOURCE (default: a masks/ folder beside SOURCE)")
+    evaluate.add_argument("--limit", type=int, default=None, help="only the first N images")
+    evaluate.add_argument("--steps", type=int, default=10, help="deletion / insertion steps per curve")
+    evaluate.add_argument("--random-orders", type=int, default=1, help="random orders per image for the chance level")
+    evaluate.add_argument("--baseline", default="blur", choices=BASELINES, help="what a removed patch shows")
+    evaluate.add_argument("--input-size", type=input_size, default=None, help="model input, 518 or HxW (default: the model's own)")
+    evaluate.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one)")
+    evaluate.add_argument("--fit", default="stretch", choices=FITS, help="how an image of other proportions meets the input")
+    evaluate.set_defaults(run=run_evaluate)
+
+    make_shapes = commands.add_parser("make-shapes", formatter_class=HelpFormatter,
+                                      help="write generated shapes with their masks: DIR/images/CLASS/*.png, DIR/masks/CLASS/*.png")
+    make_shapes.add_argument("folder", help="where to write")
+    make_shapes.add_argument("--count", type=int, default=600, help="how many images")
+    make_shapes.add_argument("--seed", type=int, default=1, help="seed of the images")
+    make_shapes.set_defaults(run=run_make_shapes)
     return main
 
 

@@ -1,4 +1,4 @@
-"""Ground-truth checks of attention on the generated shapes: accuracy, pointing game, energy.
+"""Ground-truth checks of attention: accuracy, pointing game, energy, and deletion/insertion over a set of images.
 
 Pure math over maps and masks, plus functions that run a model on a held-out set and score the
 maps the app shows (``maps.class_map``) against each object's mask and by deletion / insertion.
@@ -6,7 +6,7 @@ maps the app shows (``maps.class_map``) against each object's mask and by deleti
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -14,8 +14,8 @@ import torch
 
 from . import relevance
 from .analysis import Analysis, ClassEvidence
-from .capture import StackingSink, capture
-from .faithfulness import deletion_insertion
+from .capture import TOP, StackingSink, capture
+from .faithfulness import area_under, deletion_insertion
 from .maps import CLASS_METHODS, RolloutOptions, class_map
 from .models.base import LoadedModel
 from .shapes import Sample, generate_set
@@ -72,21 +72,34 @@ class FaithfulnessFigures:
         return asdict(self)
 
 
-def sample_analyses(model: LoadedModel, samples: list[Sample], batch_size: int = 50) -> Iterator[tuple[Sample, Analysis, ClassEvidence]]:
-    """Each sample's analysis and the class evidence for its true class, from one forward and
-    backward pass per batch; the maps then come from the same ``maps`` the app shows."""
+@dataclass(frozen=True)
+class Labelled:
+    """An image as the model sees it ``[H, W, 3]`` uint8, its class (-1: unknown, the top prediction is
+    scored), and its object's mask ``[H, W]`` bool (None: no mask). ``shapes.Sample`` is one too."""
+
+    image: np.ndarray
+    label: int
+    mask: np.ndarray | None = None
+
+
+def sample_analyses(model: LoadedModel, samples: list[Labelled] | list[Sample], batch_size: int = 50
+                    ) -> Iterator[tuple[Labelled | Sample, Analysis, ClassEvidence]]:
+    """Each sample's analysis and the class evidence for its true class (its top class when the label is
+    unknown), from one forward and backward pass per batch; the maps then come from the same ``maps``
+    the app shows."""
     from .images import to_pixels
 
     for start in range(0, len(samples), batch_size):
         batch = samples[start : start + batch_size]
         pixels = torch.cat([to_pixels(sample.image, model.preprocess) for sample in batch]).to(model.device)
-        targets = torch.tensor([sample.label for sample in batch])
-        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]), target=targets,
+        labels = torch.tensor([sample.label for sample in batch])
+        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]), target=TOP if (labels < 0).any() else labels,
                            reduce_gradients=relevance.layer_evidence)
+        targets = torch.where(labels >= 0, labels, captured.targets.cpu())
         for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):
             analysis = Analysis(image=sample.image, attentions=maps.numpy(), logits=sample_logits.numpy(), layout=model.layout,
                                 labels=model.labels, model_name=model.name)
-            yield sample, analysis, ClassEvidence.from_layers(sample.label, captured.gradients, image=index)
+            yield sample, analysis, ClassEvidence.from_layers(int(targets[index]), captured.gradients, image=index)
 
 
 def evaluate_on_shapes(model: LoadedModel, samples: list[Sample], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
@@ -141,3 +154,76 @@ def heldout_faithfulness(model: LoadedModel, count: int = 40, **options) -> Fait
     from .train import HELDOUT_SEED
 
     return faithfulness_on_shapes(model, generate_set(HELDOUT_SEED, count), **options)
+
+
+SCORES = ("deletion", "insertion", "perturbation", "pointing", "energy")
+
+
+def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[str, ...], *, steps: int = 10,
+                 random_orders: int = 1, baseline: str = "blur", batch_size: int = 16, seed: int = 0) -> dict[str, list[float]]:
+    """Per-image figures, each a list in the order of ``items``: ``METHOD/deletion`` and ``METHOD/insertion``
+    (AUC of the target probability), ``METHOD/perturbation`` (area under the deletion curve of "the target is
+    still the top class": averaged over a labelled set, the positive-perturbation accuracy AUC of Chefer et
+    al. 2021, lower is better), ``METHOD/pointing`` and ``METHOD/energy`` against the mask dilated by one patch
+    (NaN without a mask); the same for ``random`` orders (and a random map's pointing), and ``correct`` (NaN
+    where the label is unknown)."""
+    rng = np.random.default_rng(seed)
+    scores: dict[str, list[float]] = {f"{method}/{score}": [] for method in (*methods, "random") for score in SCORES}
+    scores["correct"] = []
+    batch: list[Labelled] = []
+    index = 0
+
+    def flush() -> None:
+        nonlocal index
+        for sample, analysis, evidence in sample_analyses(model, batch, batch_size):
+            scores["correct"].append(np.nan if sample.label < 0 else float(int(np.argmax(analysis.logits)) == sample.label))
+            target = None if sample.mask is None else patch_mask(sample.mask, model.layout.grid_hw)
+            for method in methods:
+                grid_map = class_map(analysis, method, evidence, RolloutOptions())
+                curves = deletion_insertion(model, analysis.image, grid_map, evidence.target, steps=steps, random_orders=random_orders,
+                                            baseline=baseline, seed=seed + index)
+                aucs = curves.aucs
+                scores[f"{method}/deletion"].append(aucs["deletion"])
+                scores[f"{method}/insertion"].append(aucs["insertion"])
+                scores[f"{method}/perturbation"].append(area_under(curves.fractions, curves.deletion_top1))
+                scores[f"{method}/pointing"].append(np.nan if target is None else float(pointing_hit(grid_map, target)))
+                scores[f"{method}/energy"].append(np.nan if target is None else energy(grid_map, target))
+            scores["random/deletion"].append(aucs["random_deletion"])
+            scores["random/insertion"].append(aucs["random_insertion"])
+            scores["random/perturbation"].append(area_under(curves.fractions, curves.random_deletion_top1))
+            random_map = rng.random(model.layout.grid_hw)
+            scores["random/pointing"].append(np.nan if target is None else float(pointing_hit(random_map, target)))
+            scores["random/energy"].append(np.nan if target is None else energy(random_map, target))
+            index += 1
+        batch.clear()
+
+    for item in items:
+        batch.append(item)
+        if len(batch) == batch_size:
+            flush()
+    if batch:
+        flush()
+    return scores
+
+
+def bootstrap_interval(values: np.ndarray, resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (NaNs dropped): (low, high), NaN when empty."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return (np.nan, np.nan)
+    means = np.random.default_rng(seed).choice(values, size=(resamples, values.size), replace=True).mean(axis=1)
+    return (float(np.quantile(means, (1 - level) / 2)), float(np.quantile(means, (1 + level) / 2)))
+
+
+def score_table(scores: dict[str, list[float]], methods: tuple[str, ...]) -> list[dict]:
+    """One row per method (and ``random``): per score its mean and 95% bootstrap interval, None without data."""
+    rows = []
+    for method in (*methods, "random"):
+        row: dict = {"method": method}
+        for score in SCORES:
+            values = np.asarray(scores[f"{method}/{score}"], dtype=np.float64)
+            present = values[~np.isnan(values)]
+            row[score] = None if present.size == 0 else {"mean": float(present.mean()), "ci95": bootstrap_interval(present), "images": int(present.size)}
+        rows.append(row)
+    return rows

@@ -49,26 +49,23 @@ def write_views(
     order_by: str = "none",
     evidence: ClassEvidence | None = None,
     shared: bool = False,
+    scale: str = "linear",
 ) -> list[Path]:
     """``rollout.png``, ``heads.png`` (the layers × heads grid of the query) and ``attention.npz`` in ``out_dir``.
 
-    ``evidence`` (the target class's) is needed only to order heads by gradient importance.
+    ``evidence`` (the target class's) is needed only to order heads by gradient importance; ``scale`` is the
+    colour scale (``render.COLOUR_SCALES``).
     """
     query = maps.default_query(analysis) if query is None else query
     rollout = maps.rollout_map(analysis, query, options)
     written = [out_dir / "rollout.png", out_dir / "heads.png", out_dir / "attention.npz"]
-    render.save_png(pictures.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, label="rollout"), str(written[0]))
-    grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence)
+    render.save_png(pictures.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, unit=pictures.ROLLOUT,
+                                         scale=scale), str(written[0]))
+    grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence,
+                                       scale=scale)
     render.save_png(grid, str(written[1]))
     write_npz(analysis, written[2])
     return written
-
-
-def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: maps.RolloutOptions,
-                      cmap: str = "inferno") -> np.ndarray:
-    """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with the method."""
-    grid_map = maps.class_map(analysis, method, evidence, options)
-    return pictures.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, label=method)
 
 
 def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: str, out_dir: Path, **settings) -> list[Path]:

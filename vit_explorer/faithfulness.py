@@ -39,7 +39,9 @@ def area_under(fractions: np.ndarray, values: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class FaithfulnessCurves:
-    """Target probability after each step ``[steps + 1]``, for the map's order and for random orders (mean)."""
+    """Target probability after each step ``[steps + 1]``, for the map's order and for random orders (mean);
+    and at each deletion step whether the target is still the top class (1.0 or 0.0; for random orders
+    the share of them): over a labelled set, the mean is the accuracy of Chefer et al.'s positive perturbation."""
 
     target: int
     fractions: np.ndarray  # share of patches deleted / inserted at each step, 0…1
@@ -47,6 +49,8 @@ class FaithfulnessCurves:
     insertion: np.ndarray
     random_deletion: np.ndarray
     random_insertion: np.ndarray
+    deletion_top1: np.ndarray
+    random_deletion_top1: np.ndarray
 
     @property
     def aucs(self) -> dict[str, float]:
@@ -109,12 +113,13 @@ def baseline_view(view: np.ndarray, layout: TokenLayout, kind: str = "blur") -> 
     raise VitExplorerError(f"baseline must be one of {BASELINES}, got {kind!r}")
 
 
-def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) -> np.ndarray:
-    """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]``."""
+def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]``, and whether
+    ``target`` is the top class ``[b]``."""
     logits = model.logits(pixels).float()
     if logits.shape[-1] == 0:
         raise VitExplorerError(f"{model.name} has no classifier head, so there is no class probability to score maps by")
-    return torch.softmax(logits, dim=-1)[:, target].cpu().numpy()
+    return torch.softmax(logits, dim=-1)[:, target].cpu().numpy(), (logits.argmax(-1) == target).cpu().numpy()
 
 
 def deletion_insertion(
@@ -144,14 +149,16 @@ def deletion_insertion(
     masks = np.concatenate([step_masks(order, steps) for order in orders])  # [orders · (steps + 1), patches]
     image = to_pixels(view, model.preprocess)[0]
     blank = to_pixels(baseline_view(view, layout, baseline), model.preprocess)[0]
-    probs = []
+    probs, tops = [], []
     # deletion replaces the first patches of each order; insertion shows only them
     for start_from, put_in in ((image, blank), (blank, image)):
         for start in range(0, len(masks), batch_size):  # perturbed images are built batch by batch
             changed = pixel_masks(masks[start : start + batch_size], layout, view.shape[:2])
-            probs.append(target_probabilities(model, start_from * (1 - changed) + put_in * changed, target))
-    probs = np.concatenate(probs)
-    deletion, insertion = probs.reshape(2, len(orders), steps + 1)
+            batch_probs, batch_tops = target_probabilities(model, start_from * (1 - changed) + put_in * changed, target)
+            probs.append(batch_probs)
+            tops.append(batch_tops)
+    deletion, insertion = np.concatenate(probs).reshape(2, len(orders), steps + 1)
+    deletion_top1 = np.concatenate(tops).reshape(2, len(orders), steps + 1)[0].astype(np.float64)
     return FaithfulnessCurves(
         target=target,
         fractions=np.linspace(0.0, 1.0, steps + 1),
@@ -159,4 +166,6 @@ def deletion_insertion(
         insertion=insertion[0],
         random_deletion=deletion[1:].mean(axis=0),
         random_insertion=insertion[1:].mean(axis=0),
+        deletion_top1=deletion_top1[0],
+        random_deletion_top1=deletion_top1[1:].mean(axis=0),
     )

@@ -46,7 +46,7 @@ class TokenLayout:
         """The sequence index of the patch at grid position (row, col)."""
         rows, cols = self.grid_hw
         if not (0 <= row < rows and 0 <= col < cols):
-            raise IndexError(f"patch ({row}, {col}) is outside the {rows}×{cols} grid")
+            raise IndexError(f"patch at row {row}, col {col} is outside the {rows}×{cols} grid")
         return self.num_prefix_tokens + row * cols + col
 
     def token_patch(self, token: int) -> tuple[int, int] | None:
@@ -56,10 +56,11 @@ class TokenLayout:
         return divmod(token - self.num_prefix_tokens, self.grid_hw[1])
 
     def token_name(self, token: int) -> str:
+        """A prefix token's name, or where a patch is, row first and counted from 0: "patch at row 9, col 4"."""
         patch = self.token_patch(token)
         if patch is None:
             return self.prefix_names[token]
-        return f"patch ({patch[0]}, {patch[1]})"
+        return f"patch at row {patch[0]}, col {patch[1]}"
 
     def patch_map(self, row: np.ndarray) -> np.ndarray:
         """``[..., n]`` token weights → ``[..., grid_h, grid_w]`` weights on the patches."""

@@ -9,7 +9,13 @@ from . import render
 from .analysis import Analysis, ClassEvidence
 from .maps import RolloutOptions, class_map, head_order, query_rows
 
-VIEW_PX = 384  # side of the large views
+# sizes in screen pixels: the app shows pictures at their natural size, and these fit its columns at 1280 px wide
+VIEW_PX = 320  # longer side of the large views
+GRID_PX = 500  # about the width of the layers × heads grid
+ATTENTION = "attention weight"
+ROLLOUT = "rollout weight"
+# what the colour of each class-maps method measures, for its colour bar
+UNITS = {"relevance": "relevance", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
 
 
 def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
@@ -37,14 +43,17 @@ def token_at(analysis: Analysis, x: float, y: float, picture_hw: tuple[int, int]
     return analysis.layout.patch_token(row, col)
 
 
-def map_picture(analysis: Analysis, grid_map: np.ndarray, *, cmap: str, overlay: bool, query: int | None, label: str) -> np.ndarray:
-    """A large view of one ``[grid_h, grid_w]`` map, query patch outlined, with a colour bar."""
+def map_picture(analysis: Analysis, grid_map: np.ndarray, *, cmap: str, overlay: bool, query: int | None, unit: str,
+                scale: str = "linear") -> np.ndarray:
+    """A large view of one ``[grid_h, grid_w]`` map on the colour ``scale`` (``render.COLOUR_SCALES``), query
+    patch outlined, with a colour bar of what the colour measures (``unit``)."""
     size = view_hw(analysis)
-    picture = render.heat(grid_map, size, cmap, image=analysis.image if overlay else None)
+    picture = render.heat(grid_map, size, cmap, image=analysis.image if overlay else None, scale=scale)
     box = patch_box(analysis, query, size)
     if box is not None:
         picture = render.outline(picture, box)
-    return render.with_colorbar(picture, cmap, float(grid_map.min()), float(grid_map.max()), label)
+    low, high = render.value_range(grid_map, scale=scale)
+    return render.with_colorbar(picture, cmap, low.item(), high.item(), unit, clipped=scale != "linear")
 
 
 def image_picture(analysis: Analysis, query: int | None) -> np.ndarray:
@@ -64,24 +73,26 @@ def grid_picture(
     shared: bool = False,
     order_by: str = "none",
     evidence: ClassEvidence | None = None,
-    selected: tuple[int, int] | None = None,
+    selected: tuple[int, int | None] | None = None,
     tile_px: int | None = None,
+    scale: str = "linear",
 ) -> tuple[np.ndarray, render.GridGeometry, np.ndarray]:
     """The layers × heads grid of the query's attention: picture, geometry, head order ``[layers, heads]``.
 
     ``evidence`` is the target class's, for ordering by gradient importance. ``selected`` is
-    (layer, head); it is outlined wherever the ordering put that head.
+    (layer, head); that head is outlined wherever the ordering put it, and (layer, None), the layer's
+    mean of heads, outlines the whole row.
     """
     layers, heads = analysis.map_shape
-    tile_px = tile_px or int(np.clip(720 // max(heads, 1), 40, 96))
+    tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
     order = head_order(analysis, order_by, evidence)
     maps = analysis.layout.patch_map(query_rows(analysis, query))  # [layers, heads, gh, gw]
     maps = np.take_along_axis(maps, order[:, :, None, None], axis=1)
-    tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared)
+    tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared, scale=scale)
     highlight = None
     if selected is not None:
         layer, head = selected
-        highlight = (layer, int(np.nonzero(order[layer] == head)[0][0]))
+        highlight = (layer, None if head is None else int(np.nonzero(order[layer] == head)[0][0]))
     ordered = order_by != "none"
     picture, geometry = render.tile_grid(
         tiles,
@@ -95,7 +106,7 @@ def grid_picture(
 
 
 def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions,
-                      cmap: str = "inferno") -> np.ndarray:
-    """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with the method."""
+                      cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
+    """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
     grid_map = class_map(analysis, method, evidence, options)
-    return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, label=method)
+    return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale)

@@ -1,7 +1,10 @@
-"""Maps → pictures with numpy: colour lookup tables, bilinear upsampling, overlays, labelled grids.
+"""Maps → pictures with numpy: colour lookup tables, colour scales, bilinear upsampling, overlays, colour
+bars, labelled grids.
 
-No matplotlib figure is made here (matplotlib only provides the colormap tables); a whole
-layers × heads grid is filled into one preallocated array.
+No matplotlib figure is made here (matplotlib only provides the colormap tables, the font and the tick
+positions); a whole layers × heads grid is filled into one preallocated array. Text is drawn at
+``LABEL_PX`` pixels: the app shows pictures at their natural size (it never scales them up, and lays
+them out to fit at 1280 px), so that is also the size on screen.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ COLORMAPS = ("inferno", "viridis", "magma", "jet", "turbo", "gray")
 BACKGROUND = (255, 255, 255)
 TEXT = (40, 40, 40)
 HIGHLIGHT = (0, 200, 255)
+LABEL_PX = 13  # text height in the pictures, in pixels
+NOTE_PX = 11  # the head names written on tiles of an ordered grid
+# how values map to colours: the map's full range, or its 1st–99th percentile range (clipped beyond), which
+# keeps a few extreme patches of a heavy-tailed map (relevance) from washing out the rest
+COLOUR_SCALES = {"linear": "min to max", "percentile": "1st to 99th percentile"}
+PERCENTILES = (1.0, 99.0)
 
 
 @lru_cache(maxsize=16)
@@ -33,17 +42,39 @@ def colormap_lut(name: str) -> np.ndarray:
 
 
 @lru_cache(maxsize=8)
-def font(size: int) -> ImageFont.ImageFont:
-    return ImageFont.load_default(size=size)
+def font(size: int = LABEL_PX) -> ImageFont.FreeTypeFont:
+    """DejaVu Sans at ``size`` pixels. Matplotlib ships it, and unlike PIL's default font it has the arrows,
+    × and ≥ the labels use (PIL's draws them as empty boxes)."""
+    from matplotlib import font_manager
+
+    path = font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans"), fallback_to_default=True)
+    return ImageFont.truetype(path, size)
 
 
-def normalize(maps: np.ndarray, shared: bool = False) -> np.ndarray:
-    """Scale ``[..., h, w]`` maps to [0, 1]: each map on its own, or all on one shared scale."""
+def check_scale(scale: str) -> str:
+    if scale not in COLOUR_SCALES:
+        raise VitExplorerError(f"unknown colour scale {scale!r}; use one of {', '.join(COLOUR_SCALES)}")
+    return scale
+
+
+def value_range(maps: np.ndarray, shared: bool = False, scale: str = "linear") -> tuple[np.ndarray, np.ndarray]:
+    """The values of ``[..., h, w]`` maps that the colormap's ends stand for, per map or shared (keepdims):
+    min and max for ``"linear"``, the ``PERCENTILES`` for ``"percentile"``."""
     maps = np.asarray(maps, dtype=np.float32)
     axes = tuple(range(maps.ndim)) if shared else (-2, -1)
-    low = maps.min(axis=axes, keepdims=True)
-    span = maps.max(axis=axes, keepdims=True) - low
-    return (maps - low) / np.where(span > 0, span, 1.0)
+    if check_scale(scale) == "percentile":
+        low, high = np.percentile(maps, PERCENTILES, axis=axes, keepdims=True)
+        return low.astype(np.float32), high.astype(np.float32)
+    return maps.min(axis=axes, keepdims=True), maps.max(axis=axes, keepdims=True)
+
+
+def normalize(maps: np.ndarray, shared: bool = False, scale: str = "linear") -> np.ndarray:
+    """Scale ``[..., h, w]`` maps to [0, 1]: each map on its own, or all on one shared scale; values
+    outside the scale's range (``value_range``) are clipped to its ends."""
+    maps = np.asarray(maps, dtype=np.float32)
+    low, high = value_range(maps, shared, scale)
+    span = high - low
+    return np.clip((maps - low) / np.where(span > 0, span, 1.0), 0.0, 1.0)
 
 
 @lru_cache(maxsize=64)
@@ -81,9 +112,10 @@ def resize_image(image: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
     return np.asarray(Image.fromarray(image).resize((out_hw[1], out_hw[0]), Image.Resampling.BILINEAR))
 
 
-def heat(maps: np.ndarray, out_hw: tuple[int, int], cmap: str = "inferno", image: np.ndarray | None = None, alpha: float = 0.6, shared: bool = False) -> np.ndarray:
-    """Maps ``[..., h, w]`` → coloured pictures ``[..., H, W, 3]``, blended over ``image`` when given."""
-    coloured = colorize(upsample(normalize(maps, shared), out_hw), cmap).astype(np.float32)
+def heat(maps: np.ndarray, out_hw: tuple[int, int], cmap: str = "inferno", image: np.ndarray | None = None, alpha: float = 0.6,
+         shared: bool = False, scale: str = "linear") -> np.ndarray:
+    """Maps ``[..., h, w]`` → coloured pictures ``[..., H, W, 3]`` on the colour ``scale``, blended over ``image`` when given."""
+    coloured = colorize(upsample(normalize(maps, shared, scale), out_hw), cmap).astype(np.float32)
     if image is None:
         return coloured.astype(np.uint8)
     base = resize_image(image, out_hw).astype(np.float32)
@@ -97,22 +129,55 @@ def outline(picture: np.ndarray, box: tuple[int, int, int, int], colour: tuple[i
     return np.asarray(drawn)
 
 
-def with_colorbar(picture: np.ndarray, cmap: str, low: float, high: float, label: str = "") -> np.ndarray:
-    """``picture`` with a vertical colour bar and its value range to the right."""
-    height = picture.shape[0]
-    bar_width, margin, text_width = 14, 8, 84
-    canvas = np.full((height, picture.shape[1] + margin + bar_width + text_width, 3), BACKGROUND, dtype=np.uint8)
-    canvas[:, : picture.shape[1]] = picture
-    ramp = np.linspace(1.0, 0.0, height - 20)[:, None].repeat(bar_width, axis=1)
-    left = picture.shape[1] + margin
-    canvas[10 : height - 10, left : left + bar_width] = colorize(ramp, cmap)
-    image = Image.fromarray(canvas)
+def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clipped: bool = False) -> np.ndarray:
+    """A horizontal colour bar ``[height, width, 3]`` from ``low`` to ``high``: round tick values below it, then
+    ``unit`` (and, when ``clipped``, that values beyond the ends take the end colours)."""
+    from matplotlib.ticker import MaxNLocator
+
+    label_font = font(LABEL_PX)
+    pad, bar_h, tick_h, line_h = 10, 12, 4, LABEL_PX + 5
+    height = 6 + bar_h + tick_h + 2 * line_h + 4
+    image = Image.new("RGB", (width, height), BACKGROUND)
+    left, right = pad, width - pad
+    ramp = np.linspace(0.0, 1.0, right - left)[None].repeat(bar_h, axis=0)
+    image.paste(Image.fromarray(colorize(ramp, cmap)), (left, 6))
     draw = ImageDraw.Draw(image)
-    for value, y in ((high, 4), ((low + high) / 2, height // 2 - 6), (low, height - 18)):
-        draw.text((left + bar_width + 4, y), f"{value:.3g}", fill=TEXT, font=font(11))
-    if label:
-        draw.text((left + bar_width + 4, height // 2 + 10), label, fill=TEXT, font=font(10))
+    draw.rectangle((left - 1, 5, right, 6 + bar_h), outline=TEXT, width=1)
+    span = high - low
+    ticks = [value for value in MaxNLocator(nbins=4).tick_values(low, high) if span > 0 and low - 1e-9 * abs(span) <= value <= high + 1e-9 * abs(span)]
+    labels = tick_labels(ticks)
+    for value, text in zip(ticks if span > 0 else [low], labels if span > 0 else [f"{low:.3g}"]):
+        x = left + (0.5 if span <= 0 else (value - low) / span) * (right - left - 1)
+        draw.line((x, 6 + bar_h, x, 6 + bar_h + tick_h), fill=TEXT, width=1)
+        # a label keeps inside the picture: anchored at its middle, unless that would cut it off at an edge
+        text_w = draw.textlength(text, font=label_font)
+        x_text = min(max(x, text_w / 2 + 1), width - text_w / 2 - 1)
+        draw.text((x_text, 6 + bar_h + tick_h + 1), text, fill=TEXT, font=label_font, anchor="mt")
+    caption = f"{unit}, {COLOUR_SCALES['percentile'].replace(' to ', '–')}" if clipped else unit
+    caption_font = label_font
+    while draw.textlength(caption, font=caption_font) > width - 4 and caption_font.size > 9:  # a long unit in a narrow view
+        caption_font = font(caption_font.size - 1)
+    draw.text((width / 2, height - 4), caption, fill=TEXT, font=caption_font, anchor="md")
     return np.asarray(image)
+
+
+def tick_labels(ticks: list[float]) -> list[str]:
+    """Short labels for round tick values, with the fewest decimals that write each of them exactly
+    (0.025, 0.05, 0.075 → "0.025", "0.050", "0.075"); very large or small values in exponent notation."""
+    if not ticks:
+        return []
+    magnitude = max(abs(value) for value in ticks)
+    if magnitude >= 1e4 or 0 < magnitude < 1e-3:
+        return [f"{value:.2g}" for value in ticks]
+    tolerance = 1e-6 * (magnitude or 1.0)
+    decimals = next((d for d in range(7) if all(abs(round(value, d) - value) < tolerance for value in ticks)), 6)
+    return [f"{value:.{decimals}f}" for value in ticks]
+
+
+def with_colorbar(picture: np.ndarray, cmap: str, low: float, high: float, unit: str = "", clipped: bool = False) -> np.ndarray:
+    """``picture`` with a horizontal colour bar under it (``colour_bar``): below rather than beside, so the
+    view stays as narrow as the map and the bar's labels lie on neither the map nor the view's toolbar."""
+    return np.concatenate([picture, colour_bar(picture.shape[1], cmap, low, high, unit, clipped)], axis=0)
 
 
 @dataclass(frozen=True)
@@ -142,19 +207,28 @@ class GridGeometry:
         return None
 
 
+AXIS_ARROWS = ("↓", "→")  # rows go down, columns go right
+
+
+def axis_title(axis_names: tuple[str, str]) -> str:
+    """The corner label of a grid: what its rows and its columns are."""
+    return f"{axis_names[0]} {AXIS_ARROWS[0]}   {axis_names[1]} {AXIS_ARROWS[1]}"
+
+
 @lru_cache(maxsize=8)
 def _grid_frame(geometry: GridGeometry, row_labels: tuple[str, ...], col_labels: tuple[str, ...], axis_names: tuple[str, str]) -> np.ndarray:
     """The empty labelled canvas of a grid; cached because only the tiles change between renders."""
     height, width = geometry.size_hw
     image = Image.new("RGB", (width, height), BACKGROUND)
     draw = ImageDraw.Draw(image)
+    label_font = font(LABEL_PX)
     for row, label in enumerate(row_labels):
         y, _ = geometry.tile_origin(row, 0)
-        draw.text((4, y + geometry.tile // 2 - 7), label, fill=TEXT, font=font(12))
+        draw.text((geometry.left - 8, y + geometry.tile / 2), label, fill=TEXT, font=label_font, anchor="rm")
     for col, label in enumerate(col_labels):
         _, x = geometry.tile_origin(0, col)
-        draw.text((x + geometry.tile // 2 - 4 * len(label), geometry.top - 18), label, fill=TEXT, font=font(12))
-    draw.text((4, 4), f"{axis_names[0]} ↓  {axis_names[1]} →", fill=TEXT, font=font(11))
+        draw.text((x + geometry.tile / 2, geometry.top - 5), label, fill=TEXT, font=label_font, anchor="md")
+    draw.text((4, 3), axis_title(axis_names), fill=TEXT, font=label_font, anchor="lt")
     return np.asarray(image)
 
 
@@ -164,11 +238,15 @@ def tile_grid(
     col_labels: list[str],
     axis_names: tuple[str, str] = ("layer", "head"),
     tile_notes: list[list[str]] | None = None,
-    highlight: tuple[int, int] | None = None,
+    highlight: tuple[int, int | None] | None = None,
 ) -> tuple[np.ndarray, GridGeometry]:
-    """Pictures ``[rows, cols, t, t, 3]`` → one labelled grid picture and its geometry."""
+    """Pictures ``[rows, cols, t, t, 3]`` → one labelled grid picture and its geometry.
+
+    ``highlight`` (row, column) outlines one tile; (row, None) outlines the whole row (a layer's mean of heads).
+    """
     rows, cols, tile = tiles.shape[0], tiles.shape[1], tiles.shape[2]
-    geometry = GridGeometry(rows=rows, cols=cols, tile=tile, gap=3, left=62, top=40)
+    # the outline is drawn in the gaps, so the selected tile's own pixels stay visible
+    geometry = GridGeometry(rows=rows, cols=cols, tile=tile, gap=GRID_GAP, left=GRID_LEFT, top=GRID_TOP)
     canvas = _grid_frame(geometry, tuple(row_labels), tuple(col_labels), axis_names).copy()
     for row in range(rows):
         for col in range(cols):
@@ -182,11 +260,21 @@ def tile_grid(
         for row, notes in enumerate(tile_notes):
             for col, note in enumerate(notes):
                 y, x = geometry.tile_origin(row, col)
-                draw.text((x + 3, y + 2), note, fill=(255, 255, 255), font=font(10), stroke_width=1, stroke_fill=(0, 0, 0))
+                draw.text((x + 3, y + 2), note, fill=(255, 255, 255), font=font(NOTE_PX), stroke_width=1, stroke_fill=(0, 0, 0))
     if highlight is not None:
-        y, x = geometry.tile_origin(*highlight)
-        draw.rectangle((x - 2, y - 2, x + tile + 1, y + tile + 1), outline=HIGHLIGHT, width=2)
+        row, col = highlight
+        y, x = geometry.tile_origin(row, 0 if col is None else col)
+        right = x + tile if col is not None else geometry.tile_origin(row, cols - 1)[1] + tile
+        draw.rectangle((x - GRID_GAP, y - GRID_GAP, right + GRID_GAP - 1, y + tile + GRID_GAP - 1), outline=HIGHLIGHT, width=GRID_GAP)
     return np.asarray(image), geometry
+
+
+GRID_GAP, GRID_LEFT, GRID_TOP = 4, 44, 40  # pixels between tiles, of row labels, of column labels and the axis title
+
+
+def grid_tile_px(cols: int, width: int, low: int = 24, high: int = 96) -> int:
+    """The tile side that makes a grid of ``cols`` columns about ``width`` pixels wide, within [low, high]."""
+    return int(np.clip((width - GRID_LEFT) // max(cols, 1) - GRID_GAP, low, high))
 
 
 def save_png(picture: np.ndarray, path: str) -> None:

@@ -63,6 +63,7 @@ class Controls:
     residual_weight: float = 0.5
     method: str = "relevance"  # the class-maps tab's map
     fit: str = "stretch"  # how an image of other proportions meets the model's input (``images.FITS``)
+    colour_scale: str = "linear"  # what the colormap's ends stand for (``render.COLOUR_SCALES``)
 
     @property
     def rollout(self) -> maps.RolloutOptions:

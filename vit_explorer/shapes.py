@@ -293,3 +293,13 @@ def write_examples(folder: Path, seed: int = EXAMPLES_SEED) -> list[Path]:
             Image.fromarray(sample.image).save(path)
             written[sample.label] = path
     return sorted(written.values())
+
+
+def write_set(folder: Path, count: int, seed: int) -> None:
+    """``count`` generated images as ``folder/images/CLASS/NNNNNN.png`` (the ImageFolder convention) and their
+    masks as ``folder/masks/CLASS/NNNNNN.png`` (white on the object), the same for the same seed."""
+    for index, sample in enumerate(generate_set(seed, count)):
+        for kind, picture in (("images", sample.image), ("masks", sample.mask.astype(np.uint8) * 255)):
+            path = folder / kind / sample.class_name / f"{index:06d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(picture).save(path)

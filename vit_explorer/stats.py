@@ -1,4 +1,5 @@
-"""Per-head statistics of attention ``[layers, heads, n, n]``: entropy, distance, prefix share."""
+"""Per-head statistics of attention ``[..., heads, n, n]`` (one image's layers, or a batch): entropy, distance,
+prefix share. Each gives ``[..., heads]``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from .layout import TokenLayout
 
 
 def attention_entropy(attentions: np.ndarray) -> np.ndarray:
-    """Mean entropy (nats) of each head's rows ``[layers, heads]``; log(n) is uniform, 0 is one-hot."""
+    """Mean entropy (nats) of each head's rows ``[..., heads]``; log(n) is uniform, 0 is one-hot."""
     probs = np.asarray(attentions, dtype=np.float32)
     logs = np.log(np.clip(probs, 1e-12, None))
     return -(probs * logs).sum(axis=-1).mean(axis=-1)
@@ -22,22 +23,22 @@ def patch_distances(layout: TokenLayout) -> np.ndarray:
 
 
 def mean_attention_distance(attentions: np.ndarray, layout: TokenLayout) -> np.ndarray:
-    """Mean distance in input pixels over which each head integrates ``[layers, heads]``.
+    """Mean distance in input pixels over which each head integrates ``[..., heads]``.
 
     For every patch query, the expected distance to the patch keys it attends to (weights
     renormalised over patches, so attention parked on prefix tokens does not count as distance
     zero), averaged over queries — the measure of Fig. 7 of the ViT paper.
     """
     prefix = layout.num_prefix_tokens
-    patch_to_patch = np.asarray(attentions, dtype=np.float32)[:, :, prefix:, prefix:]
+    patch_to_patch = np.asarray(attentions, dtype=np.float32)[..., prefix:, prefix:]
     weights = patch_to_patch / np.clip(patch_to_patch.sum(axis=-1, keepdims=True), 1e-12, None)
     return (weights * patch_distances(layout)).sum(axis=-1).mean(axis=-1)
 
 
 def prefix_share(attentions: np.ndarray, layout: TokenLayout) -> np.ndarray:
-    """Share of each head's attention from patch queries that lands on prefix tokens ``[layers, heads]``."""
+    """Share of each head's attention from patch queries that lands on prefix tokens ``[..., heads]``."""
     prefix = layout.num_prefix_tokens
-    return np.asarray(attentions, dtype=np.float32)[:, :, prefix:, :prefix].sum(axis=-1).mean(axis=-1)
+    return np.asarray(attentions, dtype=np.float32)[..., prefix:, :prefix].sum(axis=-1).mean(axis=-1)
 
 
 HEAD_STATISTICS = {

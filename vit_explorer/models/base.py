@@ -22,6 +22,15 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+HEAD_TOO = "the classifier head is missing too; alone, that would load the model as a backbone"
+
+
+def listed(names: list[str], limit: int = 8) -> str:
+    """``names`` quoted for a message, the first ``limit`` of them."""
+    shown = ", ".join(repr(name) for name in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 @dataclass(frozen=True)
 class Preprocess:
     """How an image becomes the model's input: resize to ``input_hw``, scale to [0, 1], normalise."""

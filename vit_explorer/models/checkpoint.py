@@ -12,7 +12,7 @@ from torch import nn
 
 from ..errors import VitExplorerError
 from ..ood import OodCalibration
-from .base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, Preprocess
+from .base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, Preprocess, listed
 from .vit_pytorch import VitPytorchAdapter, build_vit
 
 CONFIG_KEY = "vit_explorer"
@@ -70,11 +70,13 @@ def read_config(path: Path, embedded: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
-    """``load_state_dict(strict=True)`` with a message naming the first parameter that does not fit."""
+    """``load_state_dict(strict=True)`` with a message naming the parameters that do not fit."""
     expected = module.state_dict()
+    missing = [name for name in expected if name not in state_dict]
+    if missing:
+        raise VitExplorerError(f"{source}: checkpoint lacks parameter(s) {listed(missing)} that the config's model has "
+                               "(they would be initialised at random)")
     for name, tensor in expected.items():
-        if name not in state_dict:
-            raise VitExplorerError(f"{source}: checkpoint lacks parameter {name!r} that the config's model has")
         if state_dict[name].shape != tensor.shape:
             raise VitExplorerError(
                 f"{source}: parameter {name!r} has shape {tuple(state_dict[name].shape)} in the checkpoint "
@@ -82,8 +84,16 @@ def load_strict(module: nn.Module, state_dict: dict[str, torch.Tensor], source: 
             )
     extra = sorted(set(state_dict) - set(expected))
     if extra:
-        raise VitExplorerError(f"{source}: checkpoint has parameter {extra[0]!r} that the config's model lacks")
+        raise VitExplorerError(f"{source}: checkpoint has parameter(s) {listed(extra)} that the config's model lacks")
     module.load_state_dict(state_dict, strict=True)
+
+
+def head_missing(module: nn.Module, state_dict: dict[str, torch.Tensor]) -> list[str]:
+    """The classifier's parameters, when they are all that ``state_dict`` lacks (a backbone's weights); else []."""
+    missing = [name for name in module.state_dict() if name not in state_dict]
+    head = module.mlp_head
+    head_names = [f"mlp_head.{name}" for name in head.state_dict()] if head is not None else []
+    return missing if missing and missing == head_names else []
 
 
 def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
@@ -94,9 +104,13 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
     config = read_config(path, embedded)
     vit_config = config.get("vit", config)
     module = build_vit(vit_config, str(path))
+    head = head_missing(module, state_dict)
+    if head:  # a backbone: build it without the head rather than with a random one
+        vit_config = {**vit_config, "num_classes": 0}
+        module = build_vit(vit_config, str(path))
     load_strict(module, state_dict, str(path))
     module.eval()
-    labels = config.get("labels")
+    labels = config.get("labels") if not head else None
     if labels is not None and len(labels) != vit_config["num_classes"]:
         raise VitExplorerError(f"{path}: {len(labels)} labels for {vit_config['num_classes']} classes")
     preprocess = Preprocess(
@@ -113,5 +127,8 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         layout=adapter.layout(module, preprocess.input_hw),
         adapter=adapter,
         labels=list(labels) if labels is not None else None,
-        ood=OodCalibration.from_config(config["ood"]) if "ood" in config else None,
+        # the calibration describes the classifier's input per class, which a backbone does not have
+        ood=OodCalibration.from_config(config["ood"]) if "ood" in config and not head else None,
+        notes=[f"backbone: the checkpoint has no classifier head ({listed(head)}), so it was loaded without one: no classes, "
+               "no class maps"] if head else [],
     )

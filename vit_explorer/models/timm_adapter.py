@@ -9,6 +9,7 @@ hook can see. Each block's attention module also has an explicit path,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from torch import nn
 
 from ..errors import VitExplorerError
 from ..layout import TokenLayout
-from .base import HookAdapter, LoadedModel, Preprocess
+from .base import HEAD_TOO, HookAdapter, LoadedModel, Preprocess, listed
 from .hub import load_cached_or_fetch
 
 
@@ -125,13 +126,43 @@ def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | N
 RANDOM = "random"  # ``NAME@random``: the architecture with freshly initialised weights, no download
 
 
+def state_dict_keys(message: str, kind: str) -> list[str]:
+    """The parameter names torch's strict ``load_state_dict`` error lists as ``kind`` (``Missing``, ``Unexpected``)."""
+    line = re.search(rf"{kind} key\(s\) in state_dict: (.*)$", message, re.MULTILINE)
+    return re.findall(r'"([^"]+)"', line.group(1)) if line else []
+
+
+def classifier_names(name: str) -> tuple[str, ...]:
+    """The classifier modules of timm model ``name`` (``head``; DeiT also ``head_dist``), from its pretrained cfg."""
+    cfg = require_timm().models.get_pretrained_cfg(name)
+    classifiers = getattr(cfg, "classifier", None) or ()
+    return (classifiers,) if isinstance(classifiers, str) else tuple(classifiers)
+
+
+def load_error(spec: str, message: str, classifiers: tuple[str, ...]) -> VitExplorerError:
+    """A failed strict load, said as the parameters that did not fit."""
+    missing, unexpected = state_dict_keys(message, "Missing"), state_dict_keys(message, "Unexpected")
+    lacking = [key for key in missing if key.split(".")[0] not in classifiers] or missing
+    mismatched = re.findall(r"size mismatch for ([^:]+): (.*)", message)
+    parts = [f"the weights lack {listed(lacking)}, which would be initialised at random"
+             + (f" ({HEAD_TOO})" if len(lacking) < len(missing) else "")] if missing else []
+    parts += [f"the model has no parameter(s) {listed(unexpected)}"] if unexpected else []
+    parts += [f"{key}: {detail.strip()}" for key, detail in mismatched[:3]]
+    return VitExplorerError(f"timm:{spec}: {'; '.join(parts) or message.splitlines()[0]}")
+
+
 def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
     """``NAME`` from the hub (the local cache first, through timm's own download), ``NAME@FILE`` from
-    local weights, or ``NAME@random`` with random weights (the real token layout, no download)."""
+    local weights, or ``NAME@random`` with random weights (the real token layout, no download).
+
+    Loads are strict: a parameter the weights lack is an error naming it, except a missing classifier
+    head, which loads the model as a backbone without classes (``num_classes=0``).
+    """
     timm = require_timm()
     name, _, weights = spec.partition("@")
     kwargs = {"img_size": input_hw} if input_hw is not None else {}
     random_weights = weights == RANDOM
+    notes: list[str] = []
     if weights and not random_weights:
         path = Path(weights).expanduser()
         if not path.is_file():
@@ -141,16 +172,30 @@ def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
         if random_weights:
             module = timm.create_model(name, pretrained=False, **kwargs)
         elif weights:
-            module = timm.create_model(name, pretrained=True, **kwargs)
+            try:
+                module = timm.create_model(name, pretrained=True, **kwargs)
+            except RuntimeError as error:
+                missing = state_dict_keys(str(error), "Missing")
+                head = [key for key in missing if key.split(".")[0] in classifier_names(name)]
+                if not missing or head != missing:
+                    raise
+                # a backbone's weights: build without the head. The cfg says 0 classes too, else timm drops
+                # the head from the weights and loads the rest non-strictly
+                kwargs["pretrained_cfg_overlay"]["num_classes"] = 0
+                module = timm.create_model(name, pretrained=True, num_classes=0, **kwargs)
+                notes.append(f"backbone: the weights have no classifier head ({listed(head)}), so timm:{spec} was loaded "
+                             "without one: no classes, no class maps")
         else:
             module = load_cached_or_fetch(
                 lambda: timm.create_model(name, pretrained=True, **kwargs), f"timm:{name}",
                 f"Load local weights with timm:{name}@/path/to/model.safetensors, or try the architecture with timm:{name}@{RANDOM}.")
     except RuntimeError as error:
-        message = str(error).splitlines()[0]
-        if "Unknown model" in message:
+        message = str(error)
+        if "Unknown model" in message.splitlines()[0]:
             raise VitExplorerError(f"timm has no model {name!r}; see timm.list_models()") from None
-        raise VitExplorerError(f"timm could not load {name!r}: {message}") from None
+        if "state_dict" in message:
+            raise load_error(spec, message, classifier_names(name)) from None
+        raise VitExplorerError(f"timm could not load {name!r}: {message.splitlines()[0]}") from None
     except (OSError, ValueError) as error:
         raise VitExplorerError(
             f"could not fetch weights for timm:{name} ({str(error).splitlines()[0]}). Without network, load local weights "
@@ -158,4 +203,5 @@ def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
         ) from None
     loaded = from_timm_module(module, f"timm:{spec}", input_hw)
     loaded.random_weights = random_weights
+    loaded.notes += notes
     return loaded

