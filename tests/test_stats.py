@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from vit_explorer.layout import TokenLayout
-from vit_explorer.stats import attention_entropy, mean_attention_distance, patch_distances, prefix_share
+from vit_explorer.stats import attention_entropy, mean_attention_distance, patch_distances, prefix_share, ranks, spearman
 
 LAYOUT = TokenLayout(("cls",), (3, 3), (16, 16))
 
@@ -37,3 +37,14 @@ def test_prefix_share_counts_attention_on_prefix_tokens_from_patch_queries():
     assert prefix_share(attention_with(rows), LAYOUT)[0, 0] == pytest.approx(0.5)
     no_prefix = TokenLayout((), (3, 3), (16, 16))
     assert prefix_share(np.full((1, 1, 9, 9), 1 / 9), no_prefix)[0, 0] == 0.0
+
+
+def test_spearman_matches_pearson_of_hand_ranks_with_ties():
+    values = np.array([[3.0, 1.0], [3.0, 7.0]])
+    assert ranks(values).tolist() == [1.5, 0.0, 1.5, 3.0]  # the two 3s share ranks 1 and 2
+    rng = np.random.default_rng(0)
+    first, second = rng.normal(size=50), rng.normal(size=50)
+    hand_first, hand_second = first.argsort().argsort(), second.argsort().argsort()  # no ties in normal draws
+    assert spearman(first, second) == pytest.approx(np.corrcoef(hand_first, hand_second)[0, 1])
+    assert spearman(first, np.exp(first)) == pytest.approx(1.0) and spearman(first, -first) == pytest.approx(-1.0)
+    assert np.isnan(spearman(first, np.ones(50)))

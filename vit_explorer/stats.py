@@ -41,6 +41,31 @@ def prefix_share(attentions: np.ndarray, layout: TokenLayout) -> np.ndarray:
     return np.asarray(attentions, dtype=np.float32)[..., prefix:, :prefix].sum(axis=-1).mean(axis=-1)
 
 
+def ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks of the flattened ``values`` (0 = smallest), ties sharing their mean rank ``[values.size]``."""
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    order = np.argsort(flat, kind="stable")
+    sorted_values = flat[order]
+    # each run of equal values gets the mean of the positions it spans
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    ends = np.r_[starts[1:], flat.size]
+    mean_positions = np.repeat((starts + ends - 1) / 2.0, ends - starts)
+    result = np.empty_like(flat)
+    result[order] = mean_positions
+    return result
+
+
+def spearman(first: np.ndarray, second: np.ndarray) -> float:
+    """Spearman rank correlation of two arrays of the same size (flattened), NaN when either is constant."""
+    first_ranks, second_ranks = ranks(first), ranks(second)
+    if first_ranks.size != second_ranks.size:
+        raise ValueError(f"spearman needs arrays of one size, not {first_ranks.size} and {second_ranks.size}")
+    first_ranks -= first_ranks.mean()
+    second_ranks -= second_ranks.mean()
+    scale = np.sqrt((first_ranks**2).sum() * (second_ranks**2).sum())
+    return float((first_ranks * second_ranks).sum() / scale) if scale > 0 else float("nan")
+
+
 HEAD_STATISTICS = {
     "entropy": lambda attentions, layout: attention_entropy(attentions),
     "distance": mean_attention_distance,

@@ -70,6 +70,10 @@ class CaptureAdapter(ABC):
         on exit, also when the forward raised.
         """
 
+    @abstractmethod
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        """One module per transformer layer, in layer order, holding all of that layer's parameters."""
+
     def classifier(self, module: nn.Module) -> nn.Module | None:
         """The classifier head, whose input is the feature the out-of-distribution score reads (None: unknown)."""
         return None

@@ -43,6 +43,9 @@ class HFAdapter(CaptureAdapter):
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         return module.config.num_hidden_layers, module.config.num_attention_heads
 
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        return list(module.base_model.encoder.layer)
+
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
         config = module.config
         names = ["cls"]

@@ -50,6 +50,9 @@ class TimmAdapter(HookAdapter):
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
         return [attention.attn_drop for attention in attention_modules(module)]
 
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        return list(module.blocks)
+
     @contextmanager
     def unfused(self, module: nn.Module) -> Iterator[None]:
         attentions = attention_modules(module)

@@ -50,6 +50,9 @@ class VitPytorchAdapter(HookAdapter):
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
         return [attention.attend for attention, _ in module.transformer.layers]
 
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        return list(module.transformer.layers)  # each a ModuleList [attention, feed-forward]
+
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         return len(module.transformer.layers), module.transformer.layers[0][0].heads
 
