@@ -183,3 +183,28 @@ def test_make_shapes_writes_images_with_masks_of_the_same_names(tmp_path):
         covered = np.asarray(Image.open(mask)) > 127
         assert 0 < covered.mean() < 0.5
     assert set(list_images(tmp_path / "shapes" / "images").classes) <= {"circle", "square", "triangle", "star", "cross", "ring"}
+
+
+@pytest.mark.slow
+def test_two_torchrun_processes_evaluate_like_one(tmp_path):
+    from vit_explorer.cli import main
+
+    main(["make-shapes", str(tmp_path / "set"), "--count", "5", "--seed", "3"])
+    common = ["--model", "builtin:shapes", "--methods", "rollout,relevance", "--steps", "3"]
+    one = subprocess.run([sys.executable, "-m", "vit_explorer", "evaluate", str(tmp_path / "set" / "images"), "--out", str(tmp_path / "one"),
+                          *common], capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29534", "-m",
+                          "vit_explorer", "evaluate", str(tmp_path / "set" / "images"), "--out", str(tmp_path / "two"), *common],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    expected, found = (json.loads((tmp_path / name / "evaluation.json").read_text()) for name in ("one", "two"))
+    assert expected["processes"] == 1 and found["processes"] == 2 and found["images"] == expected["images"] == 5
+    assert two.stdout.count("relevance |") == 1  # only the first process prints the table
+    for key, values in expected["per_image"].items():
+        np.testing.assert_allclose(found["per_image"][key], values, rtol=0, atol=1e-6, err_msg=key)
+    assert [row["method"] for row in found["table"]] == ["rollout", "relevance", "random"]
+    for found_row, expected_row in zip(found["table"], expected["table"]):
+        for score in ("deletion", "insertion", "perturbation", "pointing", "energy"):
+            assert found_row[score]["mean"] == pytest.approx(expected_row[score]["mean"], abs=1e-6)
+            assert found_row[score]["ci95"] == pytest.approx(expected_row[score]["ci95"], abs=1e-6)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -50,6 +49,12 @@ def run_analyze(args: argparse.Namespace) -> None:
         progress(f"scoring the {args.method} map: deletion and insertion, {forward_passes(args.steps, args.random_orders)} forward passes")
         curves = deletion_insertion(model, analysis.image, maps.class_map(analysis, args.method, evidence, options), evidence.target,
                                     steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
+    sanity = None
+    if args.sanity:
+        from .sanity import sanity_check
+
+        progress(f"sanity check: randomising the model's {analysis.map_shape[0]} layers from the top, one more per pass")
+        sanity = sanity_check(model, analysis, args.target, options=options)
     out = Path(args.out)
     # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -62,6 +67,8 @@ def run_analyze(args: argparse.Namespace) -> None:
         if curves is not None:
             written += export.write_faithfulness(analysis, curves, args.method, staging, image=str(args.image),
                                                  steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
+        if sanity is not None:
+            written += export.write_sanity(sanity, staging)
         out.mkdir(exist_ok=True)
         for path in staging.iterdir():
             path.replace(out / path.name)
@@ -77,6 +84,8 @@ def run_analyze(args: argparse.Namespace) -> None:
               f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}", flush=True)
     elif analysis.num_classes == 0:
         progress("no classifier head: no class probabilities, so the map was not scored")
+    if sanity is not None:
+        print(sanity.summary(), flush=True)
     progress(f"wrote {', '.join(path.name for path in written)} to {out}")
 
 
@@ -95,26 +104,14 @@ def run_train_default(args: argparse.Namespace) -> None:
 
 
 def run_stats(args: argparse.Namespace) -> None:
-    import torch
-
-    from .dataset import collect, list_images, write_outputs
+    from .dataset import collect, list_images, process_group, write_outputs
     from .models import load_model
 
-    device = args.device
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if distributed:
-        on_gpu = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
-        if on_gpu:
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-            torch.cuda.set_device(device)
-        torch.distributed.init_process_group("nccl" if on_gpu else "gloo")
-    try:
-        rank = torch.distributed.get_rank() if distributed else 0
+    with process_group(args.device) as (device, rank, world):
         images = list_images(args.source)
         model = load_model(args.model, input_hw=args.input_size, device=device)
         if rank == 0:
-            progress(f"{len(images.paths)} images from {args.source} through {model.name}"
-                     + (f" in {torch.distributed.get_world_size()} processes" if distributed else ""))
+            progress(f"{len(images.paths)} images from {args.source} through {model.name}" + (f" in {world} processes" if world > 1 else ""))
         out = Path(args.out)
         totals, run = collect(model, images, out / ".shards", batch_size=args.batch_size, workers=args.workers, fit=args.fit,
                               shard_size=args.shard_size, resume=args.resume)
@@ -125,9 +122,6 @@ def run_stats(args: argparse.Namespace) -> None:
             if run["resumed_shards"]:
                 progress(f"resumed {run['resumed_shards']} of {run['shards']} shards")
             progress(f"wrote {', '.join(path.name for path in written)} to {out}")
-    finally:
-        if distributed:
-            torch.distributed.destroy_process_group()
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
@@ -135,7 +129,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
 
     import numpy as np
 
-    from .dataset import labelled_views, list_images
+    from .dataset import ImageList, contiguous_share, gather_in_rank_order, labelled_views, list_images, process_group
     from .evaluation import SCORES, score_images, score_table
     from .maps import CLASS_METHODS
     from .models import load_model
@@ -144,34 +138,47 @@ def run_evaluate(args: argparse.Namespace) -> None:
     unknown = [method for method in methods if method not in CLASS_METHODS]
     if unknown:
         raise VitExplorerError(f"unknown method {', '.join(unknown)}; use some of {', '.join(CLASS_METHODS)}")
-    images = list_images(args.source)
-    if args.limit:
-        images = type(images)(images.paths[: args.limit], images.labels[: args.limit] if images.labels else None, images.classes)
-    model = load_model(args.model, input_hw=args.input_size, device=args.device)
-    root = Path(args.source) if Path(args.source).is_dir() else None
-    masks = Path(args.masks) if args.masks else (root.parent / "masks" if root is not None and (root.parent / "masks").is_dir() else None)
-    progress(f"scoring {', '.join(methods)} on {len(images.paths)} images from {args.source} through {model.name}"
-             + (f", with masks from {masks}" if masks else ", no masks (no pointing game or energy)"))
-    skipped: list[dict[str, str]] = []
-    views = labelled_views(images, model, skipped, root=root, masks=masks, fit=args.fit)
-    scores = score_images(model, views, methods, steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
-    rows = score_table(scores, methods)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = {"model": model.name, "source": str(args.source), "images": len(scores["correct"]), "skipped": skipped,
-              "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
-              "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline, "table": rows, "per_image": scores}
-    partial = out / "evaluation.json.partial"
-    partial.write_text(json.dumps(report, indent=2, default=float))
-    partial.replace(out / "evaluation.json")
-    print("method | " + " | ".join(SCORES))
-    print(" | ".join(["---"] * (len(SCORES) + 1)))
-    for row in rows:
-        cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, {row[score]['ci95'][1]:.3f}]"
-                 for score in SCORES]
-        print(f"{row['method']} | " + " | ".join(cells))
-    progress(f"deletion and perturbation: lower is better; insertion, pointing, energy: higher is better. "
-             f"wrote {out / 'evaluation.json'}" + (f"; skipped {len(skipped)} unreadable files" if skipped else ""))
+    with process_group(args.device) as (device, rank, world):
+        images = list_images(args.source)
+        if args.limit:
+            images = ImageList(images.paths[: args.limit], images.labels[: args.limit] if images.labels else None, images.classes)
+        model = load_model(args.model, input_hw=args.input_size, device=device)
+        root = Path(args.source) if Path(args.source).is_dir() else None
+        masks = Path(args.masks) if args.masks else (root.parent / "masks" if root is not None and (root.parent / "masks").is_dir() else None)
+        if rank == 0:
+            progress(f"scoring {', '.join(methods)} on {len(images.paths)} images from {args.source} through {model.name}"
+                     + (f" in {world} processes" if world > 1 else "")
+                     + (f", with masks from {masks}" if masks else ", no masks (no pointing game or energy)"))
+        share = contiguous_share(len(images.paths))
+        mine = ImageList(images.paths[share.start : share.stop], images.labels[share.start : share.stop] if images.labels else None,
+                         images.classes)
+        skipped: list[dict[str, str]] = []
+        views = labelled_views(mine, model, skipped, root=root, masks=masks, fit=args.fit)
+        part = score_images(model, views, methods, steps=args.steps, random_orders=args.random_orders, baseline=args.baseline,
+                            seed=share.start)
+        # one process's per-image lists, in listing order, whatever the number of processes
+        gathered = gather_in_rank_order([(part, skipped)])
+        scores = {key: [value for each, _ in gathered for value in each[key]] for key in part}
+        skipped = [entry for _, each in gathered for entry in each]
+        if rank != 0:
+            return
+        rows = score_table(scores, methods)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        report = {"model": model.name, "source": str(args.source), "images": len(scores["correct"]), "processes": world, "skipped": skipped,
+                  "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
+                  "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline, "table": rows, "per_image": scores}
+        partial = out / "evaluation.json.partial"
+        partial.write_text(json.dumps(report, indent=2, default=float))
+        partial.replace(out / "evaluation.json")
+        print("method | " + " | ".join(SCORES))
+        print(" | ".join(["---"] * (len(SCORES) + 1)))
+        for row in rows:
+            cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, {row[score]['ci95'][1]:.3f}]"
+                     for score in SCORES]
+            print(f"{row['method']} | " + " | ".join(cells))
+        progress(f"deletion and perturbation: lower is better; insertion, pointing, energy: higher is better. "
+                 f"wrote {out / 'evaluation.json'}" + (f"; skipped {len(skipped)} unreadable files" if skipped else ""))
 
 
 def run_make_shapes(args: argparse.Namespace) -> None:
@@ -237,6 +244,8 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
     analyze.add_argument("--baseline", default="blur", choices=list(BASELINES), help="what deleted patches show")
     analyze.add_argument("--no-faithfulness", action="store_true", help="skip the deletion / insertion score")
+    analyze.add_argument("--sanity", action="store_true", help="write sanity.json and sanity.png: how each map's correlation with the "
+                         "trained model's falls as layers are randomised from the top (one pass per layer)")
     analyze.add_argument("--head-fusion", default="mean", choices=list(HEAD_FUSIONS), help="how rollout combines the heads of a layer")
     analyze.add_argument("--discard-ratio", type=float, default=0.0, help="share of the weakest attention links rollout drops per layer")
     analyze.add_argument("--start-layer", type=int, default=0, help="first layer rollout multiplies in")

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,6 +231,42 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
+@contextmanager
+def process_group(device: str | None) -> Iterator[tuple[str | None, int, int]]:
+    """Join ``torchrun``'s process group when there is one (``WORLD_SIZE`` > 1): NCCL with this process's
+    GPU when CUDA is there and ``device`` does not say otherwise, else gloo. Yields (device, rank, world)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield device, 0, 1
+        return
+    on_gpu = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
+    if on_gpu:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if on_gpu else "gloo")
+    try:
+        yield device, torch.distributed.get_rank(), torch.distributed.get_world_size()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def gather_in_rank_order(part: list) -> list:
+    """Every process's ``part`` (picklable) concatenated in rank order; ``part`` itself in one process."""
+    rank, world = _world()
+    if world == 1:
+        return part
+    gathered: list = [None] * world
+    torch.distributed.all_gather_object(gathered, part)
+    return [entry for each in gathered for entry in each]
+
+
+def contiguous_share(count: int) -> range:
+    """This process's block of ``range(count)``: blocks in rank order, so concatenating the processes'
+    results in rank order gives one process's order."""
+    rank, world = _world()
+    size = math.ceil(count / world)
+    return range(min(count, rank * size), min(count, (rank + 1) * size))
+
+
 def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_size: int = 32, workers: int = 0,
             fit: str = "stretch", shard_size: int = SHARD_SIZE, resume: bool = False, show_progress: bool = True) -> tuple[HeadTotals, dict]:
     """Run ``model`` over ``images`` and return the totals of every process (the same on each) and what
@@ -295,9 +332,7 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
     if world > 1:
         for tensor in totals.tensors.values():
             torch.distributed.all_reduce(tensor)
-        gathered: list = [None] * world
-        torch.distributed.all_gather_object(gathered, totals.skipped)
-        totals.skipped = sorted((entry for part in gathered for entry in part), key=lambda entry: entry["path"])
+        totals.skipped = sorted(gather_in_rank_order(totals.skipped), key=lambda entry: entry["path"])
     run = {"shards": math.ceil(count / shard_size), "resumed_shards": resumed, "processes": world, "seconds": seconds,
            "images_per_s": todo_images / seconds if seconds > 0 else None, "accuracy_reason": None if folder_of_class is not None else
            ("the source has no class folders" if not images.classes else "the class folders do not all name classes of the model")}

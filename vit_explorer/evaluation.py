@@ -83,10 +83,10 @@ class Labelled:
 
 
 def sample_analyses(model: LoadedModel, samples: list[Labelled] | list[Sample], batch_size: int = 50
-                    ) -> Iterator[tuple[Labelled | Sample, Analysis, ClassEvidence]]:
+                    ) -> Iterator[tuple[Labelled | Sample, Analysis, ClassEvidence | None]]:
     """Each sample's analysis and the class evidence for its true class (its top class when the label is
-    unknown), from one forward and backward pass per batch; the maps then come from the same ``maps``
-    the app shows."""
+    unknown; None for a backbone without a classifier head, whose labels must be unknown), from one forward
+    and backward pass per batch; the maps then come from the same ``maps`` the app shows."""
     from .images import to_pixels
 
     for start in range(0, len(samples), batch_size):
@@ -95,11 +95,11 @@ def sample_analyses(model: LoadedModel, samples: list[Labelled] | list[Sample], 
         labels = torch.tensor([sample.label for sample in batch])
         captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]), target=TOP if (labels < 0).any() else labels,
                            reduce_gradients=relevance.layer_evidence)
-        targets = torch.where(labels >= 0, labels, captured.targets.cpu())
+        targets = None if captured.targets is None else torch.where(labels >= 0, labels, captured.targets.cpu())
         for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):
             analysis = Analysis(image=sample.image, attentions=maps.numpy(), logits=sample_logits.numpy(), layout=model.layout,
                                 labels=model.labels, model_name=model.name)
-            yield sample, analysis, ClassEvidence.from_layers(int(targets[index]), captured.gradients, image=index)
+            yield sample, analysis, None if targets is None else ClassEvidence.from_layers(int(targets[index]), captured.gradients, image=index)
 
 
 def evaluate_on_shapes(model: LoadedModel, samples: list[Sample], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
@@ -166,8 +166,8 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
     still the top class": averaged over a labelled set, the positive-perturbation accuracy AUC of Chefer et
     al. 2021, lower is better), ``METHOD/pointing`` and ``METHOD/energy`` against the mask dilated by one patch
     (NaN without a mask); the same for ``random`` orders (and a random map's pointing), and ``correct`` (NaN
-    where the label is unknown)."""
-    rng = np.random.default_rng(seed)
+    where the label is unknown). The random orders and map of the i-th item are seeded ``seed + i``, so scoring
+    a list in blocks, each with ``seed`` at its block's start, gives the figures of one run."""
     scores: dict[str, list[float]] = {f"{method}/{score}": [] for method in (*methods, "random") for score in SCORES}
     scores["correct"] = []
     batch: list[Labelled] = []
@@ -191,7 +191,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
             scores["random/deletion"].append(aucs["random_deletion"])
             scores["random/insertion"].append(aucs["random_insertion"])
             scores["random/perturbation"].append(area_under(curves.fractions, curves.random_deletion_top1))
-            random_map = rng.random(model.layout.grid_hw)
+            random_map = np.random.default_rng(seed + index).random(model.layout.grid_hw)
             scores["random/pointing"].append(np.nan if target is None else float(pointing_hit(random_map, target)))
             scores["random/energy"].append(np.nan if target is None else energy(random_map, target))
             index += 1
