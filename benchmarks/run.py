@@ -26,14 +26,18 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from vit_explorer import app, pictures, render
-from vit_explorer.analysis import analyze
+from vit_explorer import pictures, render
+from vit_explorer.ablation import head_ablation
+from vit_explorer.analysis import analyze, pixels_of
 from vit_explorer.capture import AttentionRecorder, record_attention
 from vit_explorer.faithfulness import forward_passes
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel, Preprocess
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter
 from vit_explorer.rollout import attention_rollout, rollout_factors, rollout_rows
+from vit_explorer.session import Controls, ModelCache
+from vit_explorer.tabs import TABS, heads, shared
+from vit_explorer.tabs import class_maps as class_tab
 from vit_explorer.vit import ViT
 
 VIT_B16 = {"image_size": 224, "patch_size": 16, "num_classes": 1000, "dim": 768, "depth": 12, "heads": 12, "dim_head": 64, "mlp_dim": 3072}
@@ -61,8 +65,8 @@ def random_model(config: dict, name: str) -> LoadedModel:
     return LoadedModel(module=module, name=name, preprocess=Preprocess(input_hw=size), layout=adapter.layout(module, size), adapter=adapter)
 
 
-def photo(size: int) -> np.ndarray:
-    rng = np.random.default_rng(0)
+def photo(size: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
     from PIL import Image
 
     return np.asarray(Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((size, size), Image.Resampling.BICUBIC))
@@ -115,14 +119,14 @@ def class_maps(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
     class (forward + backward with the maps kept), a method change (cached), a faithfulness score."""
     rows = []
     for name, model in models.items():
-        cache = app.ModelCache()
+        cache = ModelCache()
         cache.put(name, model)
         with tempfile.TemporaryDirectory() as folder:
             from PIL import Image
 
             path = Path(folder) / "image.png"
             Image.fromarray(photo(model.preprocess.input_hw[0])).save(path)
-            session = app.run_analysis(cache, str(path), name, *app.Controls().__dict__.values())[0]
+            session = shared.run_analysis(cache, str(path), name, "Class maps", *values_of())[0]
         pixels = torch.randn(1, 3, *model.preprocess.input_hw)
 
         def forward():
@@ -133,12 +137,14 @@ def class_maps(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
 
         def new_target():  # a class not seen before, so nothing is reused
             session.analysis.evidence.clear()
-            app.on_target(cache, session, next(targets) % session.analysis.num_classes, *app.Controls().__dict__.values())
+            class_tab.on_target(cache, session, next(targets) % session.analysis.num_classes, *values_of())
+
+        methods = alternating(values_of(method="grad-rollout"), values_of())  # each call a change: the open tab redraws
 
         events = {
             "target class (forward + backward)": (new_target, repeats),
-            "map method (cached)": (lambda: app.on_method(session, *app.Controls(method="grad-rollout").__dict__.values()), repeats),
-            f"faithfulness score ({forward_passes()} images)": (lambda: app.on_score(cache, session, *app.Controls().__dict__.values()), max(1, repeats // 3)),
+            "map method (cached)": (lambda: shared.on_controls(session, "Class maps", *next(methods)), repeats),
+            f"faithfulness score ({forward_passes()} images)": (lambda: class_tab.on_score(cache, session, *values_of()), max(1, repeats // 3)),
         }
         for event, (function, count) in events.items():
             timing = paired_ratio(function, forward, count)
@@ -149,10 +155,10 @@ def class_maps(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
 def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
     """Server-side time of the app's update callbacks on cached maps, and as a ratio to one forward pass."""
     rows = []
-    controls = app.Controls()
-    values = tuple(controls.__dict__.values())
+    controls = Controls()
+    values = values_of()
     for name, model in models.items():
-        cache = app.ModelCache()
+        cache = ModelCache()
         cache.put(name, model)
         size = model.preprocess.input_hw[0]
         image = photo(size)
@@ -161,7 +167,7 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
             from PIL import Image
 
             Image.fromarray(image).save(path)
-            session = app.run_analysis(cache, str(path), name, *values)[0]
+            session = shared.run_analysis(cache, str(path), name, "Layers × heads", *values)[0]
             pixels = torch.randn(1, 3, *model.preprocess.input_hw)
 
             def forward():
@@ -169,26 +175,55 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
                     model.module(pixels)
 
             forward_s = median_time(forward, repeats)
-            session, *_ = app.render_query_views(session, controls)
-            y, x = session.geometry.tile_origin(1, 1)
+            heads.render_grid(session, controls)
+            tiles = alternating(*(select(x + 2, y + 2) for y, x in (session.screen.geometry.tile_origin(0, 0),
+                                                                      session.screen.geometry.tile_origin(1, 1))))
             height, width = pictures.view_hw(session.analysis)
             clicks = iter(range(10**6))
 
             def next_patch():  # a different patch each time, so no memoised rows are reused
                 step = next(clicks)
-                return app.on_patch_click(cache, select((step * 37) % width, (step * 53) % height), session, *values)
+                return shared.on_patch_click(cache, select((step * 37) % width, (step * 53) % height), session, "Layers × heads", *values)
+
+            # each call changes the control, so that the open tab draws (an unchanged control draws nothing)
+            colormaps = alternating(values_of(cmap="viridis"), values)
+            orderings = alternating(values_of(normalisation="shared", order_by="entropy"), values)
+            rollouts = alternating(values_of(head_fusion="max", discard_ratio=0.3), values)
+
+            def open_tab(tab):
+                def draw():  # as if opened for the first time on this analysis: nothing drawn, nothing derived
+                    session.screen.shown.clear()
+                    session.analysis.derived.clear()
+                    return shared.opener(tab)(session, *values)
+
+                return draw
 
             events = {
-                "layer/head (tile click)": lambda: app.on_tile_click(select(x + 2, y + 2), session, *values),
+                "layer/head (tile click)": lambda: heads.on_tile_click(next(tiles), session, *values),
                 "query patch (image click)": next_patch,
-                "colormap": lambda: app.on_controls(session, *app.Controls(cmap="viridis").__dict__.values()),
-                "normalisation/ordering": lambda: app.on_controls(session, *app.Controls(normalisation="shared", order_by="entropy").__dict__.values()),
-                "rollout options": lambda: app.on_rollout_controls(session, *app.Controls(head_fusion="max", discard_ratio=0.3).__dict__.values()),
+                "colormap": lambda: shared.on_controls(session, "Layers × heads", *next(colormaps)),
+                "normalisation/ordering": lambda: shared.on_controls(session, "Layers × heads", *next(orderings)),
+                "rollout options": lambda: shared.on_controls(session, "Rollout", *next(rollouts)),
+                "upload (run_analysis: forward + backward, shared views, open tab)":
+                    lambda: shared.run_analysis(cache, str(path), name, "Overview", *values),
+                **{f"open tab: {tab.title}": open_tab(tab) for tab in TABS},
             }
             for event, function in events.items():
                 seconds = median_time(function, repeats)
                 rows.append({"model": name, "event": event, "update_s": seconds, "ratio_to_forward": seconds / forward_s})
     return rows
+
+
+def values_of(**changes) -> tuple:
+    """Control values as the app passes them (``CONTROL_NAMES`` order)."""
+    return tuple(Controls(**changes).__dict__.values())
+
+
+def alternating(*values):
+    """An endless iterator over ``values`` in turn."""
+    import itertools
+
+    return itertools.cycle(values)
 
 
 def select(x: float, y: float):
@@ -255,6 +290,31 @@ def memory(models: dict[str, LoadedModel]) -> list[dict]:
     return rows
 
 
+def ablation_cost(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
+    """Head ablation of one image (every head removed in turn, zero mode) against one analyze of it (forward and
+    backward), alternated pair by pair. Forward passes and layer evaluations (one image through one layer) are
+    counted for the branched passes and for one unbatched pass per head."""
+    from PIL import Image
+
+    rows = []
+    for name, model in models.items():
+        image = Image.fromarray(photo(model.preprocess.input_hw[0]))
+        pixels = pixels_of(model, analyze(model, image))
+        layers, heads = model.adapter.map_shape(model.module)
+        result = {}
+
+        def ablate() -> None:
+            result["ablation"] = head_ablation(model, pixels)
+
+        timing = paired_ratio(ablate, lambda: analyze(model, image), repeats)
+        rows.append({"model": name, "layers": layers, "heads": heads, "forward_passes": result["ablation"].forward_passes,
+                     "unbatched_forward_passes": 1 + layers * heads,
+                     "layer_evaluations": layers + sum(layer + heads * (layers - layer) for layer in range(layers)),
+                     "unbatched_layer_evaluations": layers * (1 + layers * heads),
+                     "ablation_s": timing["numerator_s"], "analyze_s": timing["denominator_s"], "ratio": timing["ratio"]})
+    return rows
+
+
 def peak_rss_of_analyze(model: str, image_size: int) -> dict:
     """Peak resident memory of ``vit-explorer analyze`` in a fresh process."""
     from PIL import Image
@@ -267,6 +327,30 @@ def peak_rss_of_analyze(model: str, image_size: int) -> dict:
                        check=True, capture_output=True)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"model": model, "peak_rss_mib": max(peak, before) / 1024}
+
+
+def peak_rss_of_stats(model: str, image_size: int, counts: tuple[int, ...] = (500, 2000), batch_size: int = 32) -> list[dict]:
+    """Peak resident memory of ``vit-explorer stats`` in a fresh process per image count: flat when no map
+    outlives its batch. Each count lists the first images of one folder."""
+    from PIL import Image
+
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        paths = []
+        for index in range(max(counts)):
+            paths.append(Path(folder) / f"{index:05d}.png")
+            Image.fromarray(photo(image_size, seed=index)).save(paths[-1])
+        for count in counts:
+            listing = Path(folder) / f"first-{count}.txt"
+            listing.write_text("\n".join(str(path) for path in paths[:count]))
+            command = [sys.executable, "-m", "vit_explorer", "stats", str(listing), "--model", model, "--out", str(Path(folder) / f"out-{count}"),
+                       "--batch-size", str(batch_size)]
+            # a fresh interpreter per count, so the peak of one run does not hide behind an earlier one
+            probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+                     "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+            peak_kib = int(subprocess.run([sys.executable, "-c", probe, *command], check=True, capture_output=True, text=True).stdout)
+            rows.append({"model": model, "images": count, "peak_rss_mib": peak_kib / 1024})
+    return rows
 
 
 def start_up(model: str, repeats: int) -> dict:
@@ -378,11 +462,13 @@ def main() -> None:
         "rendering": [rendering(*grid, repeats)],
         "rollout_scaling": rollout_scaling(tokens, 12 if not args.tiny else 2, repeats),
         "memory": memory(memory_models),
+        "ablation_cost": ablation_cost(interaction_models, max(1, repeats // 3)),
         "dataset_throughput": dataset_throughput(interaction_models, 16 if args.tiny else 128, 8 if args.tiny else 32, 2 if args.tiny else 3),
     }
     if rss_model is not None:
         results["peak_rss"] = [peak_rss_of_analyze(rss_model, rss_size)]
         results["start_up"] = [start_up(rss_model, 3)]
+        results["stats_peak_rss"] = peak_rss_of_stats(rss_model, rss_size)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"machine: {results['machine']}")

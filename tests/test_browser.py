@@ -1,9 +1,12 @@
-"""A real browser against the served app: upload, overview, tile click, patch click, class maps and their score;
-a full-page screenshot of every tab at 1280×800 and 1920×1080 in test-output/browser/."""
+"""A real browser against the served app: upload, overview, tile click, patch click, class maps and their score,
+head statistics drawn when their tab opens, with values on hover; a full-page screenshot of every tab at
+1280×800 and 1920×1080 in test-output/browser/, and the time from upload to maps on screen (reported, not asserted)."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +60,18 @@ def scrolls_sideways(page) -> bool:
     return page.evaluate("() => document.documentElement.scrollWidth > window.innerWidth")
 
 
+def cut_off(page, elem_id: str) -> list[str]:
+    """Elements inside ``#elem_id`` whose content is wider than their box where they clip or scroll it."""
+    return page.locator(f"#{elem_id}").evaluate("""(root) => Array.from(root.querySelectorAll('*')).filter((element) =>
+        element.scrollWidth > element.clientWidth + 2 && getComputedStyle(element).overflowX !== 'visible'
+    ).map((element) => element.tagName + '.' + element.className)""")
+
+
+def points(page, elem_id: str):
+    """The points Vega drew in the native plot ``#elem_id`` (an SVG renderer: one path per point)."""
+    return page.locator(f"#{elem_id} g.mark-symbol.role-mark path")  # not the legend's symbols
+
+
 @pytest.fixture
 def served(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "browser.safetensors", CLI_MODEL)
@@ -85,10 +100,15 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(url)
+            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+            start = time.perf_counter()
             page.locator("#upload input[type=file]").set_input_files(str(upload))
-            page.wait_for_selector("#top5 >> text=thing", timeout=90_000)
-            page.wait_for_selector("#overview-rollout img", timeout=30_000)
+            page.wait_for_selector("#overview-rollout img", timeout=90_000)
+            page.wait_for_selector("#overview-last img", timeout=30_000)
+            upload_to_maps_s = time.perf_counter() - start
+            page.wait_for_selector("#top5 >> text=thing", timeout=30_000)
             assert page.locator("#query input").input_value() == "cls"
+            assert points(page, "distance-plot").count() == 0  # a tab not yet opened is not drawn
             for elem_id in ("overview-rollout", "overview-last"):
                 assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
 
@@ -121,8 +141,20 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             page.get_by_label("gradient-weighted rollout").check()
             wait_for_change(page, "class-view", relevance_map)
             page.locator("#score").click()
-            page.wait_for_selector("#faithfulness img", timeout=60_000)
+            page.wait_for_selector("#faithfulness g.mark-line.role-mark path", timeout=60_000)
+            assert page.locator("#faithfulness g.mark-line.role-mark path").count() == 4  # the map's curves and random orders'
             assert page.get_by_text("deletion AUC").first.is_visible()
+
+            page.get_by_role("tab", name="Head statistics").click()  # drawn now, when opened
+            points(page, "distance-plot").first.wait_for(timeout=30_000)
+            assert points(page, "distance-plot").count() == 6 * 4  # one point per layer and head
+            points(page, "prefix-plot").first.hover(force=True)
+            tooltip = page.locator("#vg-tooltip-element.visible")
+            tooltip.wait_for(timeout=10_000)  # the values on hover
+            assert "layer" in tooltip.inner_text() and "head" in tooltip.inner_text()
+            tab_box, plot_box = page.locator("#tab-head_statistics").bounding_box(), page.locator("#distance-plot").bounding_box()
+            assert plot_box["width"] >= 0.9 * tab_box["width"]  # full width
+            assert cut_off(page, "top-heads") == []  # no column cut off
 
             for width, height in SIZES:  # every tab, as a user sees it on a laptop and on a desktop screen
                 page.set_viewport_size({"width": width, "height": height})
@@ -135,6 +167,9 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             assert errors == []
         finally:
             browser.close()
+    timings = {"upload_to_maps_visible_s": round(upload_to_maps_s, 3), "model": "6 layers × 4 heads, 256 px (random weights)"}
+    (OUTPUT / "timings.json").write_text(json.dumps(timings, indent=2))
+    print(f"\nbrowser: {timings}")
 
 
 def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path):

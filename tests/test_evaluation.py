@@ -24,3 +24,21 @@ def test_pointing_and_energy():
     assert not pointing_hit(-grid_map, target)
     assert energy(grid_map, target) == 0.6
     assert energy(np.ones((4, 4)), target) == 1 / 16
+
+
+def test_a_batch_of_known_and_unknown_labels_explains_each_image_for_its_own_target():
+    import torch
+
+    from vit_explorer import load_model
+    from vit_explorer.analysis import class_evidence
+    from vit_explorer.evaluation import Labelled, sample_analyses
+    from vit_explorer.shapes import generate_set
+
+    model = load_model("builtin:shapes")
+    samples = generate_set(5, 2)
+    mixed = [Labelled(samples[0].image, -1), Labelled(samples[1].image, (samples[1].label + 1) % 6)]
+    for sample, analysis, evidence in sample_analyses(model, mixed):
+        expected = int(np.argmax(analysis.logits)) if sample.label < 0 else sample.label
+        alone = class_evidence(model, analysis, expected)  # its own forward and backward pass for that class
+        assert evidence.target == expected
+        torch.testing.assert_close(torch.from_numpy(evidence.weighted), torch.from_numpy(alone.weighted), atol=1e-5, rtol=1e-4)

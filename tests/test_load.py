@@ -76,7 +76,7 @@ def test_concurrent_clients_each_get_their_own_answers(checkpoint, tmp_path, req
             if top5.keys() != want_top5.keys() or not np.allclose(list(top5.values()), [want_top5[k] for k in top5], atol=1e-5):
                 wrong.append(f"client {client} step {step}: top-5 {top5} is not that of {path.name}")
             start = time.perf_counter()
-            updated = session.predict(*CONTROLS, api_name="/set_colormap")  # re-rendered from this session's state
+            updated = session.predict(*CONTROLS, api_name="/reset_query")  # re-rendered from this session's state
             update_s.append(time.perf_counter() - start)
             if not np.array_equal(np.asarray(Image.open(updated[0]).convert("RGB")), want_image):
                 wrong.append(f"client {client} step {step}: the session's state shows another image than {path.name}")
@@ -106,6 +106,12 @@ def test_a_long_session_keeps_memory_flat(checkpoint, tmp_path, request):
         ("/set_method", lambda step: (*CONTROLS[:8], ["relevance", "grad-rollout", "rollout", "cls"][step % 4])),
         ("/set_target", lambda step: (step % 4, *CONTROLS)),
         ("/reset_query", lambda step: CONTROLS),
+        # only the open tab draws: open each in turn, so that every view is drawn again and again
+        ("/open_layers_heads", lambda step: CONTROLS),
+        ("/open_rollout", lambda step: CONTROLS),
+        ("/open_class_maps", lambda step: CONTROLS),
+        ("/open_head_statistics", lambda step: CONTROLS),
+        ("/open_overview", lambda step: CONTROLS),
     ]
     samples = []
     with running_server(str(checkpoint), tmp_path / "server.log") as (url, server):

@@ -107,13 +107,13 @@ def test_rendered_views_and_uploads_are_deleted_after_their_time_to_live(tmp_pat
 def test_old_export_zips_are_removed(tmp_path, monkeypatch):
     import os
 
-    from vit_explorer import app
+    from vit_explorer import session
 
-    monkeypatch.setattr(app.tempfile, "gettempdir", lambda: str(tmp_path))
-    folder = app.export_dir(ttl_s=60)
+    monkeypatch.setattr(session.tempfile, "gettempdir", lambda: str(tmp_path))
+    folder = session.export_dir(ttl_s=60)
     old, new = folder / "old.zip", folder / "new.zip"
     old.write_bytes(b"old")
     new.write_bytes(b"new")
     os.utime(old, (time.time() - 120, time.time() - 120))
-    app.export_dir(ttl_s=60)
+    session.export_dir(ttl_s=60)
     assert not old.exists() and new.exists()

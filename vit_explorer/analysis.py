@@ -56,6 +56,8 @@ class Analysis:
             ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` and the
             statistics ``[layers, heads]`` by name; else None. A patch query's rows are then
             recomputed with the model by ``recompute_query_rows``.
+        token_norms: the L2 norm of every token of the residual stream after each layer ``[layers, n]``
+            float32, from the same pass (the ``norms`` module reads it); None when not captured.
     """
 
     image: np.ndarray
@@ -68,6 +70,7 @@ class Analysis:
     ood: OodVerdict | None = None
     view_note: str = ""
     random_weights: bool = False
+    token_norms: np.ndarray | None = None
     # arrays that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
     derived_limit: ClassVar[int] = 32
@@ -139,7 +142,7 @@ class Analysis:
     @property
     def nbytes(self) -> int:
         """Bytes of arrays this analysis holds (image, maps, logits), derived caches excluded."""
-        arrays = [self.image, self.logits]
+        arrays = [self.image, self.logits] + ([self.token_norms] if self.token_norms is not None else [])
         if self.attentions is not None:
             arrays.append(self.attentions)
         else:
@@ -244,11 +247,12 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
     sink = (CompactSink(model.layout, stats.HEAD_STATISTICS) if storage == "compact"
             else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
     captured = capture(model, pixels, sink, target=TOP if explain else None, reduce_gradients=relevance.layer_evidence,
-                       features=model.ood is not None)
+                       features=model.ood is not None, norms=True)
     result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu().numpy(), layout=model.layout,
                       labels=model.labels, model_name=model.name,
                       ood=model.ood.verdict(captured.features[0].numpy()) if model.ood is not None else None,
-                      view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), random_weights=model.random_weights)
+                      view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), random_weights=model.random_weights,
+                      token_norms=captured.token_norms[0].numpy())
     if storage == "compact":
         result.compact = captured.kept
         model.layout.validate(result.compact["head_mean"].shape[-1])

@@ -1,12 +1,41 @@
-"""The words the app shows beside its pictures: names of queries and heads, the choices of its dropdowns, captions
-that say what a view shows and what is selected, the predictions and the top-heads table. Plain text and
-numbers from ``maps``; no Gradio, so the CLI or a notebook can reuse them."""
+"""The words the app shows beside its pictures: the model summary, names of queries and heads, the choices of
+its dropdowns, captions that say what a view shows and what is selected, the predictions, the top-heads
+table and the faithfulness verdict. Plain text and numbers from ``maps``; no Gradio, so the CLI or a
+notebook can reuse them."""
 
 from __future__ import annotations
 
+import math
+
 from . import maps
 from .analysis import Analysis
+from .faithfulness import DEFAULT_RANDOM_ORDERS, FaithfulnessCurves, forward_passes
 from .session import Controls, Session
+
+RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
+BACKBONE_NOTE = "Backbone: no classifier head, so no predictions, class maps or faithfulness scores; attention, rollout and head statistics work."
+NO_CLASSIFIER = "This model has no classifier head: class-specific maps and faithfulness scores need class scores."
+
+
+def model_summary(analysis: Analysis) -> str:
+    """The lines above the views: the model, its input and token layout, what the analysis holds, and notices."""
+    layout = analysis.layout
+    layers, heads = analysis.map_shape
+    prefix = ", ".join(layout.prefix_names) or "none (rollout and grid use the mean over patch queries)"
+    summary = (
+        f"**{analysis.model_name}** · input {layout.input_hw[0]}×{layout.input_hw[1]} px · {layers} layers × {heads} heads · "
+        f"{layout.num_tokens} tokens = {layout.grid_hw[0]}×{layout.grid_hw[1]} patches of {layout.patch_hw[0]}×{layout.patch_hw[1]} px "
+        f"+ prefix: {prefix} · held: {analysis.nbytes / 2**20:.1f} MiB ({analysis.storage})"
+    )
+    if analysis.random_weights:
+        summary += f"  \n**{RANDOM_WEIGHTS_NOTE}**"
+    if analysis.num_classes == 0:
+        summary += f"  \n{BACKBONE_NOTE}"
+    if analysis.view_note:
+        summary += f"  \n{analysis.view_note}"
+    if analysis.ood is not None and analysis.ood.flagged:
+        summary = f"> ⚠️ **Outside what this model knows.** {analysis.ood.notice(analysis.model_name)}\n\n{summary}"
+    return summary
 
 MEAN_HEADS = "mean of heads"
 MEAN_PATCHES = "mean of patch queries"
@@ -70,6 +99,24 @@ def grid_caption(session: Session, controls: Controls) -> str:
             f"Selected: **{selection_name(session)}** — {outlined} and shown large on the right. Click a tile to select it.")
 
 
+def statistic_title(session: Session, name: str) -> str:
+    """The title of a head statistic's plot (``maps.RANKINGS``): what it measures, and its reference value."""
+    analysis = session.analysis
+    layout = analysis.layout
+    if name == "distance":
+        return "How far each head looks: mean attention distance in pixels (ViT paper, Fig. 7)"
+    if name == "entropy":
+        return f"Attention entropy in nats; uniform over all {layout.num_tokens} tokens: log n = {math.log(layout.num_tokens):.2f}"
+    if name == "prefix share":
+        if layout.num_prefix_tokens == 0:
+            return "Attention sent to prefix tokens: this model has none"
+        return (f"Share of patch queries' attention sent to prefix tokens ({', '.join(layout.prefix_names)}); "
+                f"uniform: {layout.num_prefix_tokens / layout.num_tokens:.3g}")
+    if name == maps.GRADIENT_IMPORTANCE:
+        return f"Gradient importance Σ|∇A ⊙ A| of each head for {analysis.label(session.target)}"
+    raise ValueError(f"no title for head statistic {name!r}")
+
+
 TOP_HEADS = 5
 
 
@@ -80,3 +127,19 @@ def top_heads_table(session: Session) -> dict:
     rows = [[rank + 1, *(f"L{layer} h{head} · {value:.3g}" for layer, head, value in (heads[rank] for heads in tops.values()))]
             for rank in range(min(TOP_HEADS, *(len(heads) for heads in tops.values())))]
     return {"headers": headers, "data": rows}
+
+
+def class_note(session: Session) -> str:
+    """The class-maps tab's line before a score: the target, and what scoring costs."""
+    if session.evidence is None:
+        return NO_CLASSIFIER
+    return (f"Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and inserts patches in "
+            f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward passes).")
+
+
+def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> str:
+    """A faithfulness score in words: the verdict, and each AUC against random orders with its margin."""
+    aucs, margins = curves.aucs, curves.margins
+    return (f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}** {curves.verdict}: "
+            f"deletion AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
+            f"insertion AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f}).")

@@ -212,6 +212,23 @@ def recording_inputs(module: nn.Module | None) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
+@contextmanager
+def recording_norms(module: nn.Module, adapter: CaptureAdapter, active: bool) -> Iterator[dict[int, torch.Tensor]]:
+    """While active, the L2 norm of every token of the residual stream after each layer ``[b, n]`` (float32,
+    detached) lands in the yielded dict by layer. Only the norms are kept: a hidden state is never held
+    past its layer."""
+    norms: dict[int, torch.Tensor] = {}
+    if not active:
+        yield norms
+        return
+
+    def record(layer: int, hidden: torch.Tensor) -> None:
+        norms[layer] = torch.linalg.vector_norm(hidden.detach(), dim=-1, dtype=torch.float32)
+
+    with adapter.layer_outputs(module, record):
+        yield norms
+
+
 @dataclass
 class Captured:
     """What one ``capture`` call returns.
@@ -224,6 +241,8 @@ class Captured:
             gradients stacked ``[b, layers, heads, n, n]`` without a reducer; None when not asked for
             (or when a backbone has no class for a ``TOP`` target).
         features: the classifier's input ``[b, dim]`` when asked for, else None.
+        token_norms: the L2 norm of every token of the residual stream after each layer ``[b, layers, n]``
+            (float32, on the CPU) when asked for, else None.
     """
 
     logits: torch.Tensor
@@ -231,6 +250,7 @@ class Captured:
     targets: torch.Tensor | None = None
     gradients: Any = None
     features: torch.Tensor | None = None
+    token_norms: torch.Tensor | None = None
 
 
 def capture(
@@ -241,6 +261,7 @@ def capture(
     target: str | int | torch.Tensor | None = None,
     reduce_gradients: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
     features: bool = False,
+    norms: bool = False,
 ) -> Captured:
     """Run ``model`` once on ``images`` ``[b, 3, H, W]`` with every layer's softmax(q·kᵀ/√d) going to ``sink``.
 
@@ -248,14 +269,16 @@ def capture(
     or indices ``[b]``), one backward pass gives ∂ logit[target] / ∂ A on the per-layer maps the forward
     used (the input requires grad, so frozen weights still put the maps in the graph); the maps reach
     the sink after it, detached. ``features`` also records the classifier's input (the adapter's
-    ``classifier``). Hooks are removed before this returns or raises.
+    ``classifier``); ``norms`` the token norms after every layer (``recording_norms``). Hooks are removed
+    before this returns or raises.
     """
     module, adapter = resolve(model)
     head = adapter.classifier(module) if features else None
     graph = LayerSink() if target is not None else None
     hooked = graph if graph is not None else (sink if sink is not None else LayerSink())
     targets = gradients = None
-    with capture_lock(module), recording_inputs(head) as seen, adapter.attached(module, hooked) as forward:
+    with (capture_lock(module), recording_inputs(head) as seen, recording_norms(module, adapter, norms) as layer_norms,
+          adapter.attached(module, hooked) as forward):
         if graph is None:
             with torch.inference_mode():
                 logits = forward(images)
@@ -279,12 +302,14 @@ def capture(
                 else:
                     gradients = [reduce_gradients(attention.detach(), gradient) for attention, gradient in zip(maps, layer_gradients)]
             del maps, graph
+    token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu() if norms else None
     return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets, gradients=gradients,
-                    features=seen[0] if seen else None)
+                    features=seen[0] if seen else None, token_norms=token_norms)
 
 
 def class_targets(logits: torch.Tensor, target: str | int | torch.Tensor) -> torch.Tensor | None:
-    """The class index of each image ``[b]`` for ``target``; None for ``TOP`` on a backbone without classes."""
+    """The class index of each image ``[b]`` for ``target`` (indices below 0: that image's top class); None
+    for ``TOP`` on a backbone without classes."""
     if logits.shape[-1] == 0:
         if isinstance(target, str) and target == TOP:
             return None
@@ -293,7 +318,8 @@ def class_targets(logits: torch.Tensor, target: str | int | torch.Tensor) -> tor
         if target != TOP:
             raise ValueError(f"target must be {TOP!r}, a class index or indices, not {target!r}")
         return logits.detach().argmax(dim=-1)
-    return torch.as_tensor(target, device=logits.device).reshape(-1).expand(logits.shape[0])
+    indices = torch.as_tensor(target, device=logits.device).reshape(-1).expand(logits.shape[0])
+    return torch.where(indices >= 0, indices, logits.detach().argmax(dim=-1))
 
 
 # ---- batch conveniences ------------------------------------------------------------------------

@@ -1,11 +1,16 @@
-"""Matplotlib charts of head statistics, rendered to RGB arrays (figures are closed at once)."""
+"""Matplotlib charts for the files the CLI and the export write, rendered to RGB arrays (figures are closed at
+once). The app's interactive plots are tables (``plots``) that the browser draws."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
 from .faithfulness import FaithfulnessCurves
-from .layout import TokenLayout
+from .maps import CLASS_METHODS
+from .norms import TokenNorms
+from .sanity import SanityCurves
 
 
 def _figure_to_array(figure) -> np.ndarray:
@@ -23,57 +28,6 @@ def _figure(width: float = 5.0, height: float = 3.4):
 
     # a bare Figure, not pyplot: nothing is registered globally, so nothing leaks between renders
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
-
-
-def distance_chart(distance: np.ndarray) -> np.ndarray:
-    """Mean attention distance of every head against layer ``[layers, heads]`` (ViT paper, Fig. 7)."""
-    figure = _figure()
-    axes = figure.add_subplot()
-    layers, heads = distance.shape
-    for head in range(heads):
-        axes.scatter(np.arange(layers), distance[:, head], s=14, alpha=0.75, label=f"h{head}" if heads <= 12 else None)
-    axes.plot(np.arange(layers), distance.mean(axis=1), color="black", linewidth=1, label="mean")
-    axes.set_xlabel("layer")
-    axes.set_ylabel("mean attention distance (pixels)")
-    axes.set_title("How far each head looks")
-    axes.set_xticks(np.arange(layers))
-    if heads <= 12:
-        axes.legend(fontsize=7, ncol=2, loc="best")
-    return _figure_to_array(figure)
-
-
-def entropy_heatmap(entropy: np.ndarray, num_tokens: int) -> np.ndarray:
-    """Attention entropy as a layers × heads heat map, against its maximum log(n)."""
-    figure = _figure()
-    axes = figure.add_subplot()
-    image = axes.imshow(entropy, cmap="viridis", vmin=0.0, vmax=float(np.log(num_tokens)), aspect="auto")
-    axes.set_xlabel("head")
-    axes.set_ylabel("layer")
-    axes.set_title("Attention entropy (nats; uniform = log n)")
-    axes.set_xticks(np.arange(entropy.shape[1]))
-    axes.set_yticks(np.arange(entropy.shape[0]))
-    figure.colorbar(image, ax=axes)
-    return _figure_to_array(figure)
-
-
-def prefix_share_chart(share: np.ndarray, layout: TokenLayout) -> np.ndarray:
-    """Share of attention from patch queries sent to prefix tokens, per layer (mean and range over heads)."""
-    figure = _figure()
-    axes = figure.add_subplot()
-    layers = np.arange(share.shape[0])
-    if layout.num_prefix_tokens == 0:
-        axes.text(0.5, 0.5, "this model has no prefix tokens", ha="center", va="center", transform=axes.transAxes)
-    else:
-        axes.bar(layers, share.mean(axis=1), color="tab:orange", label="mean over heads")
-        axes.vlines(layers, share.min(axis=1), share.max(axis=1), color="black", linewidth=1, label="min–max over heads")
-        axes.axhline(layout.num_prefix_tokens / layout.num_tokens, color="gray", linestyle="--", linewidth=1, label="uniform share")
-        axes.set_ylim(0, 1)
-        axes.legend(fontsize=7)
-    axes.set_xlabel("layer")
-    axes.set_ylabel("share of attention")
-    axes.set_title(f"Attention sent to prefix tokens ({', '.join(layout.prefix_names) or 'none'})")
-    axes.set_xticks(layers)
-    return _figure_to_array(figure)
 
 
 def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
@@ -110,4 +64,76 @@ def dataset_statistic_chart(mean: np.ndarray, std: np.ndarray, name: str, unit: 
     axes.set_xticks(np.arange(layers))
     axes.set_title(f"{name} per head over {images:,} images (mean ± 1 sd)")
     axes.grid(alpha=0.3)
+    return _figure_to_array(figure)
+
+
+def sanity_chart(curves: SanityCurves) -> np.ndarray:
+    """Each map's Spearman correlation with the trained model's against the number of layers randomised
+    from the top (Adebayo et al. 2018): a map that depends on the weights falls towards 0."""
+    figure = _figure(6.8, 3.6)
+    axes = figure.add_subplot()
+    steps = np.asarray(curves.randomised_layers)
+    # methods often coincide (relevance and gradient-weighted rollout do), so each has its own dash and marker
+    styles = [("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1)), "v")]
+    for index, (name, values) in enumerate(curves.correlations.items()):
+        dash, marker = styles[index % len(styles)]
+        axes.plot(steps, values, linestyle=dash, marker=marker, markersize=4, linewidth=1.6, label=CLASS_METHODS.get(name, name))
+    axes.axhline(0.0, color="gray", linewidth=0.8)
+    lowest = min([-0.2, *(value - 0.05 for values in curves.correlations.values() for value in values if np.isfinite(value))])
+    axes.set_ylim(max(lowest, -1.05), 1.05)
+    axes.set_xlim(steps[0] - 0.3, steps[-1] + 0.3)
+    axes.set_xticks(steps)
+    axes.set_xlabel("layers randomised, from the top (0 = trained model)")
+    axes.set_ylabel("Spearman correlation with trained map")
+    target = f" · target {curves.target_label}" if curves.target_label is not None else ""
+    axes.set_title(f"Sanity check: cascading randomisation{target}", fontsize=9)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _figure_to_array(figure)
+
+
+def log_scale_if_wide(axes) -> None:
+    """A log y axis with plain tick labels when the plotted values span more than a decade, else linear."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    values = np.concatenate([line.get_ydata() for line in axes.get_lines()])
+    values = values[values > 0]
+    if values.size and values.max() > 10 * values.min():
+        axes.set_yscale("log")
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
+        axes.yaxis.set_minor_formatter(NullFormatter())
+
+
+PREFIX_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+def token_norm_chart(result: TokenNorms) -> np.ndarray:
+    """Per layer, on log scales: the patches' median and largest norm, the outlier threshold and each prefix
+    token's norm (top); the attention share of the flagged patches together, of each prefix token and of the
+    median patch (bottom) (``norms.TokenNorms``)."""
+    figure = _figure(5.0, 5.4)
+    norm_axes, share_axes = figure.subplots(2, 1, sharex=True)
+    layers = np.arange(result.num_layers)
+    patches = result.norms[:, result.layout.num_prefix_tokens:]
+    norm_axes.plot(layers, result.patch_median, color="black", linewidth=1.5, label="median patch")
+    norm_axes.plot(layers, result.threshold, color="gray", linestyle="--", linewidth=1, label=f"outlier threshold (k = {result.k:g})")
+    norm_axes.plot(layers, patches.max(axis=1), color="tab:red", marker="o", markersize=3, linewidth=1, label="largest patch")
+    share_axes.plot(layers, 100 * result.patch_median_share, color="black", linewidth=1.5, label="median patch")
+    flagged = result.flagged.any(axis=1)
+    share_axes.plot(layers[flagged], 100 * result.flagged_attention_share[flagged], color="tab:red", marker="o", markersize=5,
+                    linestyle="none", label="flagged patches together")
+    for (name, token), colour in zip(result.prefix.items(), itertools.cycle(PREFIX_COLOURS)):
+        norm_axes.plot(layers, token["norm"], marker=".", linewidth=1, color=colour, label=name)
+        share_axes.plot(layers, 100 * token["attention_share"], marker=".", linewidth=1, color=colour, label=name)
+    # norms grow by orders of magnitude with depth, and one token's share is far below a class token's
+    for axes in (norm_axes, share_axes):
+        log_scale_if_wide(axes)
+    norm_axes.set_ylabel("token norm (L2)")
+    norm_axes.set_title("Token norms and the attention they draw", fontsize=10)
+    share_axes.set_ylabel("attention share (%)")
+    share_axes.set_xlabel("layer")
+    share_axes.set_xticks(layers)
+    for axes in (norm_axes, share_axes):
+        axes.grid(alpha=0.3, which="major")
+        axes.legend(fontsize=7, ncol=2, loc="best")
     return _figure_to_array(figure)

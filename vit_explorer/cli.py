@@ -55,6 +55,12 @@ def run_analyze(args: argparse.Namespace) -> None:
 
         progress(f"sanity check: randomising the model's {analysis.map_shape[0]} layers from the top, one more per pass")
         sanity = sanity_check(model, analysis, args.target, options=options)
+    ablation = None
+    if args.ablation:
+        from .ablation import ablation_of
+
+        progress(f"head ablation ({args.ablation_mode}): each head removed in turn, {1 + analysis.map_shape[0]} forward passes")
+        ablation = ablation_of(model, analysis, args.target, args.ablation_mode)
     out = Path(args.out)
     # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +75,10 @@ def run_analyze(args: argparse.Namespace) -> None:
                                                  steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
         if sanity is not None:
             written += export.write_sanity(sanity, staging)
+        if args.norms:
+            written += export.write_norms(analysis, staging, cmap=args.cmap)
+        if ablation is not None:
+            written += export.write_ablation(analysis, ablation, class_evidence(model, analysis, ablation.target).importance, staging)
         out.mkdir(exist_ok=True)
         for path in staging.iterdir():
             path.replace(out / path.name)
@@ -86,6 +96,14 @@ def run_analyze(args: argparse.Namespace) -> None:
         progress("no classifier head: no class probabilities, so the map was not scored")
     if sanity is not None:
         print(sanity.summary(), flush=True)
+    if args.norms:
+        from .norms import for_analysis
+
+        print(for_analysis(analysis).summary(), flush=True)
+    if ablation is not None:
+        layer, head, drop = ablation.ranked(1)[0]
+        print(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the probability of {analysis.label(ablation.target)!r} "
+              f"most, {ablation.original_probability:.1%} → {ablation.original_probability - drop:.1%}", flush=True)
     progress(f"wrote {', '.join(path.name for path in written)} to {out}")
 
 
@@ -214,6 +232,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
+    from .ablation import MODES as ABLATION_MODES
     from .faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
     from .maps import CLASS_METHODS
     from .models.builtin import ASSETS
@@ -246,6 +265,13 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--no-faithfulness", action="store_true", help="skip the deletion / insertion score")
     analyze.add_argument("--sanity", action="store_true", help="write sanity.json and sanity.png: how each map's correlation with the "
                          "trained model's falls as layers are randomised from the top (one pass per layer)")
+    analyze.add_argument("--norms", action="store_true", help="write norms.json, norms.png, norms_chart.png and norm_outliers.png: "
+                         "each token's norm after each layer, the high-norm outlier patches and the attention they draw "
+                         "(Darcet et al. 2023; no extra pass)")
+    analyze.add_argument("--ablation", action="store_true", help="write ablation.json and ablation.png: the change in the target's "
+                         "logit and probability when each head is removed (one pass per layer)")
+    analyze.add_argument("--ablation-mode", default="zero", choices=list(ABLATION_MODES),
+                         help="zero: the head's output set to 0; mean: its map replaced by uniform attention")
     analyze.add_argument("--head-fusion", default="mean", choices=list(HEAD_FUSIONS), help="how rollout combines the heads of a layer")
     analyze.add_argument("--discard-ratio", type=float, default=0.0, help="share of the weakest attention links rollout drops per layer")
     analyze.add_argument("--start-layer", type=int, default=0, help="first layer rollout multiplies in")

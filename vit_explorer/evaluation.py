@@ -93,9 +93,9 @@ def sample_analyses(model: LoadedModel, samples: list[Labelled] | list[Sample], 
         batch = samples[start : start + batch_size]
         pixels = torch.cat([to_pixels(sample.image, model.preprocess) for sample in batch]).to(model.device)
         labels = torch.tensor([sample.label for sample in batch])
-        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]), target=TOP if (labels < 0).any() else labels,
+        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]), target=TOP if (labels < 0).all() else labels,
                            reduce_gradients=relevance.layer_evidence)
-        targets = None if captured.targets is None else torch.where(labels >= 0, labels, captured.targets.cpu())
+        targets = captured.targets
         for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):
             analysis = Analysis(image=sample.image, attentions=maps.numpy(), logits=sample_logits.numpy(), layout=model.layout,
                                 labels=model.labels, model_name=model.name)

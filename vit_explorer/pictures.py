@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import render
+from .ablation import HeadAblation
 from .analysis import Analysis, ClassEvidence
+from .errors import VitExplorerError
 from .maps import RolloutOptions, class_map, head_order, query_rows
+from .norms import TokenNorms
 
 # sizes in screen pixels: the app shows pictures at their natural size, and these fit its columns at 1280 px wide
 VIEW_PX = 320  # longer side of the large views
@@ -110,3 +113,72 @@ def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence |
     """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
     grid_map = class_map(analysis, method, evidence, options)
     return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale)
+
+
+NORM_RATIO = "token norm ÷ its layer's median patch norm"
+
+
+def norm_map_picture(result: TokenNorms, cmap: str = "inferno", width: int = GRID_PX) -> np.ndarray:
+    """The layers × tokens map of token norms (``norms.TokenNorms``), each over its layer's median patch norm,
+    prefix tokens then patches row by row; a triangle marks each patch flagged in some layer."""
+    layout = result.layout
+    relative = result.relative  # [layers, n]
+    low, high = render.value_range(relative, shared=True)
+    values = render.normalize(relative, shared=True)
+    layers = result.num_layers
+    names = layout.prefix_names
+    prefix = ", ".join(names) if len(names) <= 3 else f"{names[0]}, {names[1]}…{names[-1]}"
+    picture = render.row_map(
+        values, width - render.GRID_LEFT - 10, int(np.clip(240 // layers, 6, 20)), cmap,
+        title=f"{render.axis_title(('layer', 'token'))}   ▲ high-norm patch (k = {result.k:g})",
+        row_labels=[f"L{layer}" for layer in range(layers)],
+        column_labels=(prefix, f"{layout.grid_hw[0]}×{layout.grid_hw[1]} patches, row by row →"),
+        lead=layout.num_prefix_tokens, marks=result.flagged.any(axis=0),
+    )
+    return render.with_colorbar(picture, cmap, low.item(), high.item(), NORM_RATIO)
+
+
+def outlier_picture(analysis: Analysis, result: TokenNorms, layer: int | None = None, cmap: str = "inferno") -> np.ndarray:
+    """The image under one layer's token norms (default: the last layer), each patch flagged by ``result``
+    outlined, with a colour bar of the norm over the layer's median patch norm."""
+    layer = result.num_layers - 1 if layer is None else layer
+    if not 0 <= layer < result.num_layers:
+        raise VitExplorerError(f"layer {layer} is outside 0…{result.num_layers - 1}")
+    grid_map = analysis.layout.patch_map(result.relative[layer])  # [grid_h, grid_w]
+    size = view_hw(analysis)
+    picture = render.heat(grid_map, size, cmap, image=analysis.image)
+    for token in result.flagged_tokens(layer):
+        picture = render.outline(picture, patch_box(analysis, int(token), size))
+    low, high = render.value_range(grid_map)
+    count = len(result.flagged_tokens(layer))
+    unit = f"L{layer} norm ÷ median patch norm · {count} outlier{'' if count == 1 else 's'} outlined"
+    return render.with_colorbar(picture, cmap, low.item(), high.item(), unit)
+
+
+ABLATION_UNIT = "Δ target probability, percentage points (head removed)"
+ABLATION_CMAP = "RdBu"  # diverging: red where removing the head lowers the target, blue where it raises it, white for no change
+
+
+def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None = None,
+                     tile_px: int | None = None) -> tuple[np.ndarray, render.GridGeometry]:
+    """The layers × heads heat map of how the target probability changes when each head alone is removed, in
+    percentage points on a scale symmetric about 0, each tile labelled with its value, a colour bar below;
+    and its geometry, which maps a click to (layer, head). ``selected`` (layer, head) is outlined."""
+    points = ablation.delta_probability * 100.0  # [layers, heads]
+    layers, heads = points.shape
+    tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
+    bound = float(np.abs(points).max())
+    colours = render.colorize(0.5 + points / (2 * bound) if bound > 0 else np.full(points.shape, 0.5), ABLATION_CMAP)  # [layers, heads, 3]
+    picture, geometry = render.tile_grid(np.broadcast_to(colours[:, :, None, None, :], (layers, heads, tile_px, tile_px, 3)),
+                                         row_labels=[f"L{layer}" for layer in range(layers)],
+                                         col_labels=[f"h{head}" for head in range(heads)], highlight=selected)
+    decimals = 1 if bound < 10 else 0
+    texts = [[signed(value, decimals) for value in row] for row in points]
+    picture = render.label_tiles(picture, geometry, texts, colours)
+    return render.with_colorbar(picture, ABLATION_CMAP, -bound, bound, ABLATION_UNIT), geometry
+
+
+def signed(value: float, decimals: int) -> str:
+    """``value`` with its sign (a true minus), none when it rounds to zero."""
+    text = f"{value:+.{decimals}f}"
+    return text[1:] if float(text) == 0 else text.replace("-", "−")

@@ -277,5 +277,75 @@ def grid_tile_px(cols: int, width: int, low: int = 24, high: int = 96) -> int:
     return int(np.clip((width - GRID_LEFT) // max(cols, 1) - GRID_GAP, low, high))
 
 
+def row_map(values: np.ndarray, width: int, row_px: int, cmap: str, *, title: str, row_labels: list[str],
+            column_labels: tuple[str, str] = ("", ""), lead: int = 0, marks: np.ndarray | None = None) -> np.ndarray:
+    """Values ``[rows, cols]`` in [0, 1] → a labelled picture with one band of ``row_px`` pixels per row.
+
+    The first ``lead`` columns (prefix tokens) get ``LEAD_PX`` pixels each and a white gap after them, so a single
+    token stays visible beside hundreds; the other columns fill the rest of ``width``, and where there are more of
+    them than pixels, a pixel shows the largest value of the columns it covers, so that a single bright column
+    never disappears. ``title`` goes above, ``row_labels`` to the left, ``column_labels`` (under the lead
+    columns, right-aligned under the rest) below, and a triangle under every column where ``marks`` ``[cols]`` is True.
+    """
+    rows, cols = values.shape
+    lead_px = lead * min(LEAD_PX, width // (4 * max(lead, 1)))
+    gap_x = LEAD_GAP if lead else 0
+    rest = width - lead_px - gap_x
+    # the first column under each pixel; the gap repeats the last lead column and is painted over below
+    starts = np.concatenate([np.arange(lead_px) * lead // max(lead_px, 1), np.full(gap_x, max(lead - 1, 0)),
+                             lead + (np.arange(rest) * (cols - lead)) // rest])
+    # reduceat gives the max of each run of columns, or the single column where runs repeat (fewer columns than pixels)
+    pixels = np.maximum.reduceat(np.asarray(values, dtype=np.float32), starts, axis=1)  # [rows, width]
+    gap = 1 if row_px >= 6 else 0  # a white line between rows keeps neighbouring layers apart
+    band = np.repeat(colorize(pixels, cmap), row_px, axis=0).reshape(rows, row_px, width, 3)
+    band[:, row_px - gap:] = BACKGROUND
+    band[:, :, lead_px:lead_px + gap_x] = BACKGROUND
+
+    def centre(col: int) -> float:
+        if col < lead:
+            return (col + 0.5) * lead_px / lead
+        return lead_px + gap_x + (col - lead + 0.5) * rest / (cols - lead)
+
+    left, top, mark_h = GRID_LEFT, LABEL_PX + 12, 9
+    height = top + rows * row_px + mark_h + LABEL_PX + 10
+    canvas = Image.new("RGB", (left + width + 10, height), BACKGROUND)
+    canvas.paste(Image.fromarray(band.reshape(rows * row_px, width, 3)), (left, top))
+    draw = ImageDraw.Draw(canvas)
+    label_font = font(LABEL_PX)
+    draw.text((4, 3), title, fill=TEXT, font=label_font, anchor="lt")
+    every = int(np.ceil((LABEL_PX + 1) / row_px))  # label as many rows as fit without overlapping
+    for row in range(0, rows, every):
+        draw.text((left - 6, top + row * row_px + (row_px - gap) / 2), row_labels[row], fill=TEXT, font=label_font, anchor="rm")
+    bottom = top + rows * row_px
+    for col in np.flatnonzero(marks) if marks is not None else ():
+        x = left + centre(int(col))
+        draw.polygon([(x, bottom + 1), (x - 4, bottom + mark_h), (x + 4, bottom + mark_h)], fill=HIGHLIGHT, outline=TEXT)
+    draw.text((left, bottom + mark_h + 3), column_labels[0], fill=TEXT, font=label_font, anchor="lt")
+    draw.text((left + width, bottom + mark_h + 3), column_labels[1], fill=TEXT, font=label_font, anchor="rt")
+    return np.asarray(canvas)
+
+
+LEAD_PX, LEAD_GAP = 8, 3  # pixels of each lead column of a row map, and of the gap after them
+
+
 def save_png(picture: np.ndarray, path: str) -> None:
     Image.fromarray(picture).save(path)
+
+
+def label_tiles(picture: np.ndarray, geometry: GridGeometry, texts: list[list[str]], colours: np.ndarray) -> np.ndarray:
+    """A copy of a grid ``picture`` with ``texts[row][col]`` centred on each tile, black on light tile
+    ``colours`` ``[rows, cols, 3]`` and white on dark ones, at the largest of ``LABEL_PX`` and ``NOTE_PX`` at
+    which the widest text fits its tile (no text on tiles too small for it)."""
+    image = Image.fromarray(picture)
+    draw = ImageDraw.Draw(image)
+    widest = max((text for row in texts for text in row), key=len, default="")
+    label_font = next((font(size) for size in (LABEL_PX, NOTE_PX) if draw.textlength(widest, font=font(size)) <= geometry.tile - 4), None)
+    if label_font is None:
+        return picture
+    luminance = np.asarray(colours, dtype=np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)  # [rows, cols]
+    for row, row_texts in enumerate(texts):
+        for col, text in enumerate(row_texts):
+            y, x = geometry.tile_origin(row, col)
+            colour = TEXT if luminance[row, col] > 140 else BACKGROUND
+            draw.text((x + geometry.tile / 2, y + geometry.tile / 2), text, fill=colour, font=label_font, anchor="mm")
+    return np.asarray(image)

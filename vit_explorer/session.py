@@ -1,5 +1,6 @@
-"""What the app keeps between events: the shared model cache, one browser tab's session (its analysis
-and selection), the view controls, the curated model list, and the folder of export zips."""
+"""What the app keeps between events: the shared model cache, one browser tab's session (its analysis,
+its selection and what its screen shows), the view controls, the curated model list, and the folder of
+export zips."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from collections.abc import Hashable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from . import maps, render
 from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
+from .faithfulness import FaithfulnessCurves
 from .models import LoadedModel, load_model
 from .models.builtin import builtin_names
 
@@ -73,9 +76,21 @@ class Controls:
 CONTROL_NAMES = tuple(field.name for field in fields(Controls))
 
 
+@dataclass
+class Screen:
+    """What the browser shows of one analysis. Every version of a ``Session`` of that analysis shares it
+    (``replace`` keeps it) and events update it in place, so opening a tab records what it drew without
+    writing the session back, where it could overwrite a newer one."""
+
+    shown: dict[str, Hashable] = field(default_factory=dict)  # per app tab: what its views were last drawn from
+    geometry: render.GridGeometry | None = None  # the layers × heads grid as drawn, for tile clicks
+    order: np.ndarray | None = None  # its head order [layers, heads]
+    score: tuple[Hashable, FaithfulnessCurves] | None = None  # the last faithfulness score, and which map it scored
+
+
 @dataclass(frozen=True)
 class Session:
-    """What one browser tab holds: its analysis and what is selected in it.
+    """What one browser tab holds: its analysis, what is selected in it, and what its screen shows.
 
     ``evidence`` is the gradient evidence of the target class (None for a model without a
     classifier); changing the target is the one control besides an upload that runs the model.
@@ -87,8 +102,12 @@ class Session:
     layer: int
     head: int | None  # None: the mean of heads
     evidence: ClassEvidence | None = None
-    geometry: render.GridGeometry | None = None
-    order: np.ndarray | None = None
+    screen: Screen = field(default_factory=Screen, compare=False)
+
+    @property
+    def target(self) -> int | None:
+        """The target class, None for a model without a classifier."""
+        return None if self.evidence is None else self.evidence.target
 
 
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None) -> Session:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -78,10 +78,69 @@ class CaptureAdapter(ABC):
         """The classifier head, whose input is the feature the out-of-distribution score reads (None: unknown)."""
         return None
 
+    def residual_modules(self, module: nn.Module) -> list[nn.Module]:
+        """One module per layer, in layer order, whose forward hook sees the residual stream after that layer
+        (default: ``blocks``, which return it)."""
+        return self.blocks(module)
+
+    def residual_after(self, inputs: tuple, output: Any) -> torch.Tensor:
+        """The residual stream after a layer ``[b, n, dim]``, from the inputs and output of its ``residual_modules`` entry."""
+        return output[0] if isinstance(output, tuple) else output
+
+    @contextmanager
+    def layer_outputs(self, module: nn.Module, record: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+        """While active, each forward pass calls ``record(layer, hidden)`` with the residual stream after every
+        layer ``[b, n, dim]`` (after the layer's last residual addition, before any final norm). Hooks are
+        removed on exit, also when the forward raised."""
+
+        def hook(layer: int, _module: nn.Module, inputs: tuple, output: Any) -> None:
+            record(layer, self.residual_after(inputs, output))
+
+        handles = []
+        try:
+            for layer, hooked in enumerate(self.residual_modules(module)):
+                handles.append(hooked.register_forward_hook(partial(hook, layer)))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels ``[b, 3, H, W]`` → logits ``[b, classes]`` by the model's normal forward, no capture
         (``[b, 0]`` for a backbone without a classifier head)."""
         return module(pixels)
+
+    @abstractmethod
+    @contextmanager
+    def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """While active, the yielded function maps pixels ``[b, 3, H, W]`` to logits ``[b, classes]``, each
+        layer ``l`` in ``edits`` multiplying the values by ``edits[l](A)`` instead of its post-softmax map
+        ``A`` ``[b, heads, n, n]`` (the map ``attached`` captures). Every layer runs the explicit path that
+        ``attached`` captures (unfused, eager), with or without an edit, so that edited and unedited logits
+        come from the same arithmetic. Undone on exit, also when the forward raised."""
+
+    def stream_entries(self, module: nn.Module) -> list[nn.Module]:
+        """One module per layer, in layer order, whose first positional input is the residual stream entering
+        that layer ``[b, n, dim]``, such that a stream widened along the batch there flows on through the rest
+        of the model (default: ``blocks``)."""
+        return self.blocks(module)
+
+    @contextmanager
+    def branched(self, module: nn.Module, layer: int, copies: int) -> Iterator[None]:
+        """While active, a forward pass of one image repeats the residual stream entering ``layer`` ``copies``
+        times along the batch: the layers below run once, the layers from ``layer`` on and the head once per
+        copy, giving logits ``[copies, classes]``. The hook is removed on exit, also when the forward raised."""
+
+        def widen(_module: nn.Module, inputs: tuple) -> tuple:
+            if not inputs or inputs[0].shape[0] != 1:
+                raise RuntimeError(f"{type(self).__name__} can branch the residual stream of one image passed positionally")
+            return (inputs[0].expand(copies, *inputs[0].shape[1:]).contiguous(), *inputs[1:])
+
+        handle = self.stream_entries(module)[layer].register_forward_pre_hook(widen)
+        try:
+            yield
+        finally:
+            handle.remove()
 
 
 class HookAdapter(CaptureAdapter):
@@ -98,18 +157,28 @@ class HookAdapter(CaptureAdapter):
 
     @contextmanager
     def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        def store(layer: int, attention: torch.Tensor) -> torch.Tensor:
+            sink[layer] = attention
+            return attention
+
+        # capture is the edit that keeps each map and changes nothing
+        with self.edited(module, {layer: partial(store, layer) for layer in range(len(self.softmax_modules(module)))}) as forward:
+            yield forward
+
+    @contextmanager
+    def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         hook_modules = self.softmax_modules(module)
         if not hook_modules:
             raise VitExplorerError(f"{type(module).__name__} has no attention layers that vit_explorer can capture")
 
-        def store(layer: int, _module: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
-            sink[layer] = output
+        def edit(layer: int, _module: nn.Module, _inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+            return edits[layer](output)  # a forward hook's return value replaces the module's output
 
         handles = []
         try:
             with self.unfused(module):
-                for layer, hook_module in enumerate(hook_modules):
-                    handles.append(hook_module.register_forward_hook(partial(store, layer)))
+                for layer in edits:
+                    handles.append(hook_modules[layer].register_forward_hook(partial(edit, layer)))
                 yield partial(self.logits, module)
         finally:
             for handle in handles:

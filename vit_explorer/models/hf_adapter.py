@@ -8,7 +8,7 @@ maps from the model's own ``attentions`` output.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,7 +44,17 @@ class HFAdapter(CaptureAdapter):
         return module.config.num_hidden_layers, module.config.num_attention_heads
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
-        return list(module.base_model.encoder.layer)
+        base = module.base_model
+        # transformers 5 keeps ViT's and DeiT's layers on the base model, DINOv2's still in an encoder
+        return list(base.encoder.layer if hasattr(base, "encoder") else base.layers)
+
+    def attention_modules(self, module: nn.Module) -> list[nn.Module]:
+        """One module per layer: the one that calls the attention function (it alone holds ``is_causal``)."""
+        found = [[part for part in block.modules() if hasattr(part, "is_causal")] for block in self.blocks(module)]
+        if any(len(parts) != 1 for parts in found):
+            raise VitExplorerError(f"this transformers version's {type(module).__name__} has no single attention module per layer "
+                                   "that vit_explorer can edit")
+        return [parts[0] for parts in found]
 
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
         config = module.config
@@ -58,14 +68,15 @@ class HFAdapter(CaptureAdapter):
         return TokenLayout(prefix_names=tuple(names), grid_hw=(input_hw[0] // patch, input_hw[1] // patch), patch_hw=(patch, patch))
 
     @contextmanager
-    def eager(self, module: nn.Module) -> Iterator[None]:
+    def implementation(self, module: nn.Module, name: str) -> Iterator[None]:
+        """``module`` computes attention with the registered attention function ``name`` while active."""
         previous = module.config._attn_implementation
-        if previous != "eager":
-            module.set_attn_implementation("eager")
+        if previous != name:
+            module.set_attn_implementation(name)
         try:
             yield
         finally:
-            if previous != "eager":
+            if previous != name:
                 module.set_attn_implementation(previous)
 
     @staticmethod
@@ -91,8 +102,41 @@ class HFAdapter(CaptureAdapter):
                 sink[layer] = attention
             return self.logits_of(outputs, pixels)
 
-        with self.eager(module):
+        with self.implementation(module, "eager"):
             yield forward
+
+    @contextmanager
+    def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        # the edits reach the attention function as a keyword that transformers passes down from the model's forward
+        attentions = self.attention_modules(module)
+        by_module = {attentions[layer]: edit for layer, edit in edits.items()}
+        require_transformers().AttentionInterface.register(EDITED, edited_attention)
+
+        def forward(pixels: torch.Tensor) -> torch.Tensor:
+            return self.logits_of(self.run(module, pixels, **{EDITS_KEYWORD: by_module}), pixels)
+
+        with self.implementation(module, EDITED):
+            yield forward
+
+
+EDITED = "vit_explorer_edited"  # the attention function ``HFAdapter.edited`` registers
+EDITS_KEYWORD = "vit_explorer_edits"
+
+
+def edited_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                     scaling: float | None = None, dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' eager attention (``eager_attention_forward`` of ViT, DeiT and DINOv2), the map after dropout
+    passed through the edit ``kwargs[EDITS_KEYWORD]`` holds for ``module``, if any. ``query``, ``key``, ``value``
+    are ``[b, heads, n, head_dim]``; returns the heads' outputs ``[b, n, heads, head_dim]`` and the map."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * (query.size(-1) ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # [b, heads, n, n]
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    edit = (kwargs.get(EDITS_KEYWORD) or {}).get(module)
+    if edit is not None:
+        weights = edit(weights)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
 def preprocess_from(module: nn.Module, source: str | None) -> Preprocess:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import VitExplorerError
@@ -52,6 +53,19 @@ class VitPytorchAdapter(HookAdapter):
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         return list(module.transformer.layers)  # each a ModuleList [attention, feed-forward]
+
+    def residual_modules(self, module: nn.Module) -> list[nn.Module]:
+        # a layer's ModuleList is never called (``Transformer.forward`` runs ``x = ff(x) + x`` itself), so the
+        # residual after the layer is seen at its feed-forward: input plus output
+        return [feed_forward for _, feed_forward in module.transformer.layers]
+
+    def residual_after(self, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output + inputs[0]
+
+    def stream_entries(self, module: nn.Module) -> list[nn.Module]:
+        # the layer's ModuleList is never called; its attention takes the stream, and ``attn(x) + x``
+        # broadcasts the one-image residual over a widened attention output
+        return [attention for attention, _ in module.transformer.layers]
 
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         return len(module.transformer.layers), module.transformer.layers[0][0].heads

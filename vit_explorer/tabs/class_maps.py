@@ -1,0 +1,123 @@
+"""The Class maps tab: which patches a target class depends on (relevance, gradient-weighted rollout, and the
+class-agnostic maps beside them), and the chosen map's faithfulness score against random orders."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gradio as gr
+import numpy as np
+
+from .. import maps, pictures, plots
+from ..analysis import class_evidence
+from ..captions import NO_CLASSIFIER, class_note, score_text, target_choices
+from ..errors import VitExplorerError
+from ..faithfulness import deletion_insertion
+from ..session import Controls, ModelCache, Session
+from .base import Tab, Wiring, in_order, map_image, refresh, require, user_errors
+
+OUTPUTS = ("class_view", "class_text", "faithfulness_plot")
+
+
+def layout() -> dict:
+    with gr.Row():
+        target = gr.Dropdown([], label="Target class", info="default: the top prediction; type to search", elem_id="target")
+        method = gr.Radio([(name, key) for key, name in maps.CLASS_METHODS.items()], value="relevance",
+                          label="Method", info="the map; rollout options (Rollout tab) apply to the rollout-based maps")
+    with gr.Row(equal_height=False):
+        with gr.Column(min_width=300):
+            gr.Markdown("**The chosen map** for the target class; its colour bar says what it measures")
+            class_view = map_image("class-view", "Class-specific map")
+        with gr.Column(min_width=300):
+            class_text = gr.Markdown("")
+            score = gr.Button("Score faithfulness", elem_id="score")
+    # full width: its legend names four curves with their AUCs
+    faithfulness = gr.LinePlot(x="share", y="probability", color="curve", x_title="share of patches deleted / inserted",
+                               y_title="target probability", y_lim=[0, None], height=300, label="Deletion and insertion", show_label=False,
+                               buttons=["fullscreen", "export"], elem_id="faithfulness")
+    return {"target": target, "method": method, "class_view": class_view, "class_text": class_text, "score": score,
+            "faithfulness_plot": faithfulness}
+
+
+def render_class(session: Session, controls: Controls) -> np.ndarray | None:
+    """The tab's map, or None where the method needs a classifier this model lacks."""
+    if session.evidence is None and controls.method in maps.CLASS_SPECIFIC:
+        return None
+    return pictures.class_map_picture(session.analysis, controls.method, session.evidence, controls.rollout, controls.cmap,
+                                      controls.colour_scale)
+
+
+def scored(session: Session, controls: Controls) -> tuple:
+    """Which map a faithfulness score is of: the method, the target, the rollout options."""
+    return controls.method, session.target, controls.rollout
+
+
+def faithfulness_plot(session: Session, method: str, curves) -> dict:
+    """The interactive deletion and insertion curves of a score: values on hover, AUCs in the legend."""
+    title = f"Deletion and insertion: {maps.CLASS_METHODS[method]} · target {session.analysis.label(curves.target)}"
+    return gr.update(value=plots.faithfulness_table(curves), title=title, color_map=plots.curve_colours(curves))
+
+
+def render(session: Session, controls: Controls) -> dict:
+    """The map, and the last score where it is of this map (else the note of what scoring does)."""
+    score = session.screen.score
+    if score is not None and score[0] == scored(session, controls):
+        plot, text = faithfulness_plot(session, controls.method, score[1]), score_text(session.analysis, controls.method, score[1])
+    else:
+        plot, text = None, class_note(session)
+    return {"class_view": render_class(session, controls), "class_text": text, "faithfulness_plot": plot}
+
+
+def depends(session: Session, controls: Controls) -> tuple:
+    return session.target, controls.method, controls.rollout, controls.cmap, controls.colour_scale
+
+
+def set_ranges(session: Session) -> dict:
+    target = session.target
+    return {"target": gr.update(choices=target_choices(session.analysis) if target is not None else [], value=target,
+                                interactive=target is not None)}
+
+
+TARGETED = ("state", *OUTPUTS)
+SCORED = ("faithfulness_plot", "class_text")
+
+
+@user_errors
+def on_target(models: ModelCache, session: Session | None, target: int | None, *control_values) -> tuple:
+    """Another target class: one forward and backward pass (none for a target seen before on this image) (``TARGETED``)."""
+    session = require(session)
+    if session.evidence is None or target is None:
+        return in_order({"state": session, **dict.fromkeys(OUTPUTS, gr.update())}, TARGETED)
+    session = replace(session, evidence=class_evidence(models.get(session.model_spec), session.analysis, int(target)))
+    return in_order({"state": session, **refresh(TAB, session, Controls(*control_values))}, TARGETED)
+
+
+@user_errors
+def on_score(models: ModelCache, session: Session | None, *control_values) -> tuple:
+    """Deletion and insertion curves of the map on screen against random orders: the plot and the AUCs (``SCORED``)."""
+    session, controls = require(session), Controls(*control_values)
+    if session.evidence is None:
+        raise VitExplorerError(NO_CLASSIFIER)
+    grid_map = maps.class_map(session.analysis, controls.method, session.evidence, controls.rollout)
+    curves = deletion_insertion(models.get(session.model_spec), session.analysis.image, grid_map, session.evidence.target)
+    session.screen.score = (scored(session, controls), curves)
+    values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
+              "class_text": score_text(session.analysis, controls.method, curves)}
+    return in_order(values, SCORED)
+
+
+def wire(app: Wiring) -> None:
+    state = app["state"]
+
+    def choose_target(session, target, *values):
+        return on_target(app.models, session, target, *values)
+
+    def score_map(session, *values):
+        return on_score(app.models, session, *values)
+
+    app["target"].input(choose_target, [state, app["target"], *app.controls], app.all(TARGETED), api_name="set_target",
+                        concurrency_limit=2)
+    app["score"].click(score_map, [state, *app.controls], app.all(SCORED), api_name="score", concurrency_limit=2)
+
+
+TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("target",), set_ranges=set_ranges)

@@ -1,0 +1,67 @@
+"""The Export tab: a zip of what ``vit-explorer analyze`` writes, for the current query and options, plus the
+selected head's view and the class-maps tab's map."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+import zipfile
+from pathlib import Path
+
+import gradio as gr
+
+from .. import export
+from ..captions import head_label
+from ..render import save_png
+from ..session import CACHE_TTL_S, Controls, Session, export_dir
+from .base import Tab, Wiring, require, user_errors
+from .class_maps import render_class
+from .heads import render_head
+
+
+def layout() -> dict:
+    gr.Markdown("A zip with `attention.npz` (raw maps), `rollout.png`, `heads.png` and the selected head's view, "
+                "for the current query and options — the same files `vit-explorer analyze` writes.")
+    button = gr.Button("Export", elem_id="export")
+    return {"export_button": button, "export_file": gr.File(label="Download", interactive=False, elem_id="export-file")}
+
+
+def render(session: Session, controls: Controls) -> dict:
+    return {"export_file": None}  # a zip is made on request; none is left from another analysis
+
+
+def depends(session: Session, controls: Controls) -> tuple:
+    return ()
+
+
+@user_errors
+def on_export(session: Session | None, *control_values, ttl_s: float = CACHE_TTL_S) -> str:
+    """The path of a new zip in ``export_dir``, removed after ``ttl_s``."""
+    session = require(session)
+    controls = Controls(*control_values)
+    with tempfile.TemporaryDirectory() as staging:
+        folder = Path(staging)
+        written = export.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
+                                     order_by=controls.order_by, evidence=session.evidence, shared=controls.normalisation == "shared",
+                                     scale=controls.colour_scale)
+        extra = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
+                 f"{controls.method}.png": render_class(session, controls)}
+        for name, picture in extra.items():
+            if picture is not None:
+                written.append(folder / name)
+                save_png(picture, str(written[-1]))
+        archive = export_dir(ttl_s) / f"vit-explorer-{uuid.uuid4().hex[:12]}.zip"
+        with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+            for path in written:
+                bundle.write(path, path.name)
+    return str(archive)
+
+
+def wire(app: Wiring) -> None:
+    def export_zip(session, *values):
+        return on_export(session, *values, ttl_s=app.cache_ttl_s)
+
+    app["export_button"].click(export_zip, [app["state"], *app.controls], app["export_file"], api_name="export")
+
+
+TAB = Tab("Export", ("export_file",), layout, render, depends, wire)

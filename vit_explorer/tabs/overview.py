@@ -1,0 +1,42 @@
+"""The Overview tab: attention rollout and the last layer's attention of the default query (the class token),
+whatever query the other tabs follow."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from .. import maps, pictures
+from ..session import Controls, Session
+from .base import Tab, map_image
+
+
+def layout() -> dict:
+    with gr.Row():
+        with gr.Column(min_width=300):
+            gr.Markdown("**Attention rollout** through all layers")
+            rollout = map_image("overview-rollout", "Attention rollout")
+        with gr.Column(min_width=300):
+            gr.Markdown("**Last layer**, mean over heads")
+            last = map_image("overview-last", "Last layer, mean over heads")
+    return {"overview_rollout": rollout, "overview_last": last}
+
+
+def render(session: Session, controls: Controls) -> dict:
+    analysis = session.analysis
+    default = maps.default_query(analysis)
+    name = maps.query_name(analysis, default)
+    rollout = maps.rollout_map(analysis, default, maps.RolloutOptions())
+    last = maps.attention_map(analysis, default, analysis.map_shape[0] - 1, None)
+    return {
+        "overview_rollout": pictures.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=None,
+                                                 unit=f"rollout weight of {name}", scale=controls.colour_scale),
+        "overview_last": pictures.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=None,
+                                              unit=f"attention weight of {name}", scale=controls.colour_scale),
+    }
+
+
+def depends(session: Session, controls: Controls) -> tuple:
+    return controls.cmap, controls.colour_scale
+
+
+TAB = Tab("Overview", ("overview_rollout", "overview_last"), layout, render, depends)
