@@ -102,3 +102,16 @@ def dinov2_weights() -> Path:
         return real_weights()
     except RuntimeError as error:
         pytest.fail(str(error))
+
+
+def write_stats_folder(model, folder: Path, count: int = 3, seed: int = 40) -> Path:
+    """``vit-explorer stats`` output in ``folder / "stats"`` for ``count`` photos (``folder / "photos"``), source "three photos"."""
+    from vit_explorer.dataset import collect, list_images, write_outputs
+
+    (folder / "photos").mkdir(parents=True)
+    for index in range(count):
+        photo((96, 80), seed=seed + index).save(folder / "photos" / f"{index}.png")
+    images = list_images(folder / "photos")
+    totals, run = collect(model, images, folder / "stats" / ".shards", show_progress=False)
+    write_outputs(folder / "stats", totals, run, model, "three photos", images)
+    return folder / "stats"

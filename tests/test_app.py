@@ -9,14 +9,22 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CLI_MODEL, photo, write_checkpoint
+from conftest import CLI_MODEL, photo, write_checkpoint, write_stats_folder
 
-from vit_explorer import app, maps, pictures, plots
-from vit_explorer.captions import MEAN_PATCHES, NO_CLASSIFIER
+from vit_explorer import app, charts, maps, norms, pictures, plots, render
+from vit_explorer.ablation import kept_ablation, prediction_without
+from vit_explorer.analysis import analyze, class_evidence, pixels_of
+from vit_explorer.captions import MEAN_PATCHES, NO_CLASS_SCORE, NO_CLASSIFIER
+from vit_explorer.sanity import sanity_check
 from vit_explorer.session import Controls, ModelCache
 from vit_explorer.tabs import TABS, class_maps, export, heads, shared, statistics
+from vit_explorer.tabs import ablation as ablation_tab
+from vit_explorer.tabs import compare as compare_tab
+from vit_explorer.tabs import norms as norms_tab
 
-OVERVIEW, GRID, ROLLOUT, CLASS_MAPS, STATISTICS, EXPORT = (tab.title for tab in TABS)
+# by title, so that a tab added to ``TABS`` leaves these tests as they are
+OVERVIEW, GRID, ROLLOUT, CLASS_MAPS, STATISTICS, ABLATION, NORMS, EXPORT = (
+    "Overview", "Layers × heads", "Rollout", "Class maps", "Head statistics", "Head ablation", "Token norms", "Export")
 
 
 @pytest.fixture
@@ -104,8 +112,7 @@ def test_upload_fills_the_shared_views_and_the_open_tab_only(models, upload, che
         picture = outputs[name]
         assert isinstance(picture, np.ndarray) and picture.ndim == 3 and picture.shape[2] == 3, name
     # the tabs nobody opened: not drawn, and cleared, so none shows an earlier image
-    assert {title: len(calls) for title, calls in draws.items()} == {OVERVIEW: 1, GRID: 0, ROLLOUT: 0, CLASS_MAPS: 0, STATISTICS: 0,
-                                                                      EXPORT: 0}
+    assert {title: len(calls) for title, calls in draws.items()} == {**dict.fromkeys(draws, 0), OVERVIEW: 1}
     for tab in TABS[1:]:
         assert all(outputs[name] is None for name in tab.outputs), tab.title
 
@@ -143,6 +150,8 @@ def test_statistics_plots_fit_their_axes_to_the_data():
     """No plot fixes its vertical axis: a prefix share of about 0.01 fills its plot rather than sitting on 0…1."""
     demo = app.build_demo("builtin:shapes")
     plots_by_id = {block.elem_id: block for block in demo.blocks.values() if isinstance(block, gr.ScatterPlot)}
+    compared = plots_by_id.pop("compare-plot")  # the Compare tab's: both sides against relative depth
+    assert compared.y_lim is None and compared.tooltip == "all" and compared.x == "depth" and compared.color == "side"
     assert set(plots_by_id) == {"distance-plot", "entropy-plot", "prefix-plot", "importance-plot"}
     for plot in plots_by_id.values():
         assert plot.y_lim is None and plot.tooltip != "none" and plot.x == "layer" and plot.color == "head"
@@ -390,3 +399,332 @@ def test_every_tab_is_wired_by_name():
     assert {f"tab-{tab.slug}" for tab in TABS} <= ids
     api = {dependency.get("api_name") for dependency in demo.config["dependencies"]}
     assert {f"open_{tab.slug}" for tab in TABS} | {"analyze", "set_colormap", "set_method", "score", "export"} <= api
+    assert {"run_ablation", "select_ablated_head", "set_ablation_mode", "set_norm_layer", "sanity_check"} <= api
+
+
+def test_a_stats_folder_puts_the_dataset_means_beside_this_images_heads(models, upload, checkpoint, tmp_path):
+    import csv
+    import json
+
+    from vit_explorer.dataset import read_statistics
+
+    session, _ = analysed(models, upload, checkpoint)
+    write_stats_folder(models.get(checkpoint), tmp_path)
+    summary = json.loads((tmp_path / "stats" / "summary.json").read_text())
+    with open(tmp_path / "stats" / "heads.csv", newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["statistic"] == "distance"]
+
+    views = opened(STATISTICS, session, controls(stats_folder=str(tmp_path / "stats")))
+    chart = views["dataset_chart"]
+    assert chart["visible"] and isinstance(chart["value"], np.ndarray) and chart["value"].shape[2] == 3
+    assert list(views["distance_plot"]["value"].columns) == ["layer", "head", "value"]  # the interactive plots stay this image's
+    dataset = read_statistics(tmp_path / "stats")
+    np.testing.assert_allclose(dataset.mean["distance"], np.asarray(summary["statistics"]["distance"]["mean"]))  # [layers, heads]
+    for row in rows:
+        assert dataset.low["distance"][int(row["layer"]), int(row["head"])] == pytest.approx(float(row["q05"]))
+    image_values = maps.ranking_values(session.analysis, "distance", session.evidence)
+    outside = sum(not float(row["q05"]) <= image_values[int(row["layer"]), int(row["head"])] <= float(row["q95"]) for row in rows)
+    note = views["dataset_note"]
+    assert "3 images of `three photos`" in note
+    assert (f"distance: {outside} heads outside" in note) if outside else ("distance: every head within" in note)
+
+    wrong = opened(STATISTICS, session, controls(stats_folder=str(tmp_path)))  # no summary.json there
+    assert "is not a folder written by `vit-explorer stats`" in wrong["dataset_note"]
+    assert wrong["dataset_chart"]["visible"] is False
+    # statistics of a 12-layer model: every row again, six layers down
+    (tmp_path / "stats" / "summary.json").write_text(json.dumps({**summary, "layers_heads": [12, 4]}))
+    with open(tmp_path / "stats" / "heads.csv", newline="") as handle:
+        all_rows = list(csv.DictReader(handle))
+    with open(tmp_path / "stats" / "heads.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(all_rows[0]))
+        writer.writeheader()
+        writer.writerows(all_rows + [{**row, "layer": str(int(row["layer"]) + 6)} for row in all_rows])
+    mismatched = opened(STATISTICS, session, controls(stats_folder=str(tmp_path / "stats")))
+    assert "this model has 6 × 4" in mismatched["dataset_note"]
+
+
+def tile_colour(picture: np.ndarray, geometry, layer: int, head: int) -> np.ndarray:
+    """The colour near a heat-map tile's corner, clear of its centred value and of an outline."""
+    y, x = geometry.tile_origin(layer, head)
+    return picture[y + 4, x + 4].astype(int)
+
+
+def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_prediction_without_that_head(models, upload, tiny_checkpoint):
+    checkpoint = str(tiny_checkpoint)  # 3 layers × 4 heads
+    session, outputs = analysed(models, upload, checkpoint, visible=ABLATION)
+    assert outputs["run_ablation"]["value"] == "Run ablation (4 forward passes)" and outputs["run_ablation"]["interactive"] is True
+    assert outputs["ablation_view"] is None and "1 + 3 = 4 forward passes" in outputs["ablation_text"]
+    calls = forward_counter(models, checkpoint)
+
+    ran = by_name(ablation_tab.on_run(models, session, *CONTROLS), ablation_tab.OUTPUTS)
+    assert len(calls) == 4  # the original, then each layer's heads in one batched pass
+    result = kept_ablation(session.analysis, session.target, "zero")
+    delta = result.delta_probability  # [layers, heads]
+    picture, geometry = ran["ablation_view"], session.screen.ablation_geometry
+    # red where removing the head lowers the target, blue where it raises it, white for no change: the darkest tile is
+    # the largest change, and each tile's hue follows its sign (a tile near 0 is near white, its hue no test)
+    colours = np.array([[tile_colour(picture, geometry, layer, head) for head in range(4)] for layer in range(3)])  # [3, 4, rgb]
+    darkness = -colours.sum(axis=-1)
+    assert np.unravel_index(darkness.argmax(), delta.shape) == np.unravel_index(np.abs(delta).argmax(), delta.shape)
+    clear = np.abs(delta) > 0.05 * np.abs(delta).max()
+    assert (np.sign(colours[..., 0] - colours[..., 2]) == -np.sign(delta))[clear].all() and clear.sum() >= 6
+    text = ran["ablation_text"]
+    layer, head = np.unravel_index(delta.argmin(), delta.shape)
+    assert text.split("Most needed: ")[1].startswith(f"**L{layer} h{head}**")
+    from scipy.stats import spearmanr
+
+    rho = spearmanr(np.abs(delta).ravel(), session.evidence.importance.ravel()).statistic
+    assert f"Spearman ρ with gradient importance {rho:.2f}" in text and "Took 4 forward passes" in text
+    original = session.analysis.top_k(5)
+    assert ran["ablation_original"] == pytest.approx({p.label: p.prob for p in original})
+    assert ran["ablation_without"]["value"] is None
+
+    y, x = geometry.tile_origin(2, 1)
+    clicked = by_name(ablation_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session, *CONTROLS),
+                      ablation_tab.OUTPUTS)
+    assert session.screen.ablated[1] == (2, 1) and len(calls) == 5  # one pass without that head
+    without = clicked["ablation_without"]
+    model = models.get(checkpoint)
+    expected = prediction_without(model, pixels_of(model, session.analysis), [(2, 1)], k=5, mode="zero")
+    passes = len(calls)  # the test's own pass too; none from here on
+    assert without["label"] == "Top-5 without L2 h1 (zero output)"
+    assert without["value"] == pytest.approx({p.label: p.prob for p in expected})
+    # the batched ablation and this one pass agree on that head: the click reached head 1 of layer 2
+    target = session.analysis.label(session.target)
+    assert without["value"][target] == pytest.approx(result.original_probability + delta[2, 1], abs=1e-5)
+    assert not np.array_equal(clicked["ablation_view"], picture)  # the clicked tile is outlined
+    assert all(is_unchanged(value) for value in ablation_tab.on_tile_click(models, click(1, 1), session, *CONTROLS))
+
+    # the other mode has not run: its note; back to zero: the map and the clicked head again, with no pass
+    uniform = by_name(shared.on_controls(session, ABLATION, *controls(ablation_mode="mean")), shared.TAB_OUTPUTS)
+    assert uniform["ablation_view"] is None and "uniform attention" in uniform["ablation_text"] and uniform["ablation_without"]["value"] is None
+    assert "ablation effect" not in opened(STATISTICS, session, controls(ablation_mode="mean"))["top_heads"]["headers"][-1]
+    back = by_name(shared.on_controls(session, ABLATION, *CONTROLS), shared.TAB_OUTPUTS)
+    assert np.array_equal(back["ablation_view"], clicked["ablation_view"]) and back["ablation_without"]["value"] == without["value"]
+    assert all(is_unchanged(value) for value in opened(ABLATION, session).values())
+    top_heads = opened(STATISTICS, session)["top_heads"]  # the ablation effect joins the rankings
+    assert top_heads["headers"][-1].startswith("ablation effect, zero output") and f"{rho:.2f}" in top_heads["headers"][-1]
+    assert top_heads["data"][0][-1] == f"L{layer} h{head} · {-delta[layer, head]:.3g}"
+    assert len(calls) == passes
+
+
+def test_token_norms_tab_outlines_a_planted_outlier_without_running_the_model(upload):
+    from test_norms import PLANTED, loaded, planted_vit
+
+    models = ModelCache()
+    model = loaded(planted_vit(), (64, 64))  # patch (1, 1) turns high-norm at layer 1's output, of 3 layers
+    models.put("planted", model)
+    session, outputs = analysed(models, upload, "planted")
+    assert outputs["norm_layer"]["maximum"] == 2 and outputs["norm_layer"]["value"] == 2  # the layer with the most outliers (last on a tie)
+
+    def refuse(*_):
+        raise AssertionError("the token norms tab ran the model")
+
+    model.module.register_forward_pre_hook(refuse)
+    views = opened(NORMS, session)
+    for name in ("norm_map", "norm_outliers", "norm_chart"):
+        assert isinstance(views[name], np.ndarray) and views[name].ndim == 3 and views[name].shape[2] == 3, name
+    text, layer_text = views["norm_text"], views["norm_layer_text"]
+    assert "(k = 6) in layers 1, 2" in text and "median + k · max(1.4826 · MAD" in text
+    assert "**Layer 2**: 1 flagged patch (row 1, col 1" in layer_text and "**cls**: norm" in layer_text
+    # the flagged patch is outlined at layer 2, not at layer 0, where it is not yet an outlier
+    x0, y0, x1, _ = pictures.patch_box(session.analysis, PLANTED, pictures.view_hw(session.analysis))
+    edge = views["norm_outliers"][y0, x0:x1 + 1]
+    assert (edge == render.HIGHLIGHT).all()
+    first = by_name(norms_tab.on_layer(session, 0, *CONTROLS), norms_tab.LAYERED)
+    assert not (first["norm_outliers"][y0, x0:x1 + 1] == render.HIGHLIGHT).all(axis=-1).all()
+    assert "**Layer 0**: 0 flagged patches" in first["norm_layer_text"] and session.screen.norm_layer == 0
+    assert all(is_unchanged(value) for value in opened(NORMS, session).values())  # the slider's views are on screen
+    recoloured = by_name(shared.on_controls(session, NORMS, *controls(cmap="viridis")), shared.TAB_OUTPUTS)
+    assert "**Layer 0**" in recoloured["norm_layer_text"] and not np.array_equal(recoloured["norm_map"], views["norm_map"])
+    expected = charts.token_norm_chart(norms.for_analysis(session.analysis))
+    assert np.array_equal(views["norm_chart"], expected)
+
+
+def test_sanity_check_button_shows_the_curves_under_the_map_until_the_target_changes(models, upload, tiny_checkpoint):
+    checkpoint = str(tiny_checkpoint)  # 3 layers
+    session, outputs = analysed(models, upload, checkpoint, visible=CLASS_MAPS)
+    assert outputs["sanity_chart"]["visible"] is False and "4 forward and backward passes" in outputs["sanity_text"]
+    options = controls(start_layer=1)
+    checked = by_name(class_maps.on_sanity(models, session, *options), class_maps.SANITY)
+    # seeded: the same check run directly gives the same curves
+    expected = sanity_check(models.get(checkpoint), session.analysis, session.target, options=Controls(start_layer=1).rollout)
+    assert session.screen.sanity[1].correlations == expected.correlations
+    assert expected.summary() in checked["sanity_text"]
+    chart = checked["sanity_chart"]
+    assert chart["visible"] is True and np.array_equal(chart["value"], charts.sanity_chart(expected))
+    assert all(value[0] == pytest.approx(1.0) for value in expected.correlations.values())  # the trained model against itself
+
+    redrawn = by_name(shared.on_controls(session, CLASS_MAPS, *controls(start_layer=1, cmap="viridis")), shared.TAB_OUTPUTS)
+    assert redrawn["sanity_chart"]["visible"] is True and expected.summary() in redrawn["sanity_text"]  # kept, shown again
+    other_options = by_name(shared.on_controls(session, CLASS_MAPS, *CONTROLS), shared.TAB_OUTPUTS)
+    assert other_options["sanity_chart"]["visible"] is False  # the check ran for other rollout options
+    other = (session.target + 1) % 5
+    targeted = by_name(class_maps.on_target(models, session, other, *options), class_maps.TARGETED)
+    assert targeted["sanity_chart"]["visible"] is False and "forward and backward passes" in targeted["sanity_text"]
+
+
+@pytest.mark.hf
+def test_a_backbone_has_nothing_to_ablate_but_shows_token_norms_and_a_sanity_check(upload):
+    transformers = pytest.importorskip("transformers")
+    from vit_explorer.models.hf_adapter import from_hf_module
+
+    config = transformers.Dinov2Config(image_size=56, patch_size=14, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64)
+    models = ModelCache()
+    models.put("hf:test-backbone", from_hf_module(transformers.Dinov2Model(config).eval(), "hf:test-backbone"))
+    session, outputs = analysed(models, upload, "hf:test-backbone", visible=ABLATION)
+    assert outputs["ablation_text"] == NO_CLASS_SCORE and outputs["run_ablation"]["interactive"] is False
+    with pytest.raises(gr.Error, match="no classifier head"):
+        ablation_tab.on_run(models, session, *CONTROLS)
+    assert isinstance(opened(NORMS, session)["norm_outliers"], np.ndarray)
+    checked = by_name(class_maps.on_sanity(models, session, *CONTROLS), class_maps.SANITY)
+    assert "rollout" in checked["sanity_text"] and "relevance" not in checked["sanity_text"]
+
+
+COMPARE = "Compare"
+
+
+def second_upload(tmp_path) -> str:
+    path = tmp_path / "second.png"
+    photo((200, 300), seed=9).save(path)
+    return str(path)
+
+
+def compared(models, session, upload, second_image=None, second_model=compare_tab.MAIN_MODEL, values=CONTROLS) -> dict:
+    """A second image or model chosen in the Compare tab: the comparison and the tab's outputs, by name."""
+    return by_name(compare_tab.on_compare(models, session, upload, second_image, second_model, *values), compare_tab.COMPARED)
+
+
+def compare_views(session, comparison, **changes) -> dict:
+    """The Compare tab's outputs after a control change while it is open."""
+    outputs = by_name(shared.on_controls(session, COMPARE, *controls(comparison=comparison, **changes)), shared.TAB_OUTPUTS)
+    return {name: outputs[name] for name in compare_tab.OUTPUTS}
+
+
+def test_compare_a_second_image_shows_both_views_and_their_difference(models, upload, checkpoint, tmp_path):
+    session, _ = analysed(models, upload, checkpoint)
+    assert opened(COMPARE, session)["compare_view_a"] is None  # nothing to compare yet: the note says how
+    second = second_upload(tmp_path)
+    out = compared(models, session, upload, second)
+    comparison, a = out["comparison"], session.analysis
+    b = comparison.analysis
+    assert comparison.image_name == "second.png" and not comparison.second_model
+    assert "A · main image" in out["compare_title_a"] and "B · second.png" in out["compare_title_b"]
+    # B is the second image through the main model, as uploading it as the main image would analyse it
+    model = models.get(checkpoint)
+    expected = analyze(model, second)
+    np.testing.assert_array_equal(b.attentions, expected.attentions)
+
+    options = maps.RolloutOptions()
+    rollout_a, rollout_b = maps.rollout_map(a, 0, options), maps.rollout_map(b, 0, options)
+    assert not np.allclose(rollout_a, rollout_b)
+    for picture, analysis, grid_map in ((out["compare_view_a"], a, rollout_a), (out["compare_view_b"], b, rollout_b)):
+        assert np.array_equal(picture, pictures.map_picture(analysis, grid_map, cmap="inferno", overlay=True, query=0, unit=pictures.ROLLOUT))
+    difference = out["compare_difference"]
+    assert difference["visible"] is True
+    assert np.array_equal(difference["value"], pictures.difference_picture(a, rollout_a - rollout_b, "A − B, rollout weight"))
+    assert "red where A is higher" in out["compare_difference_note"]
+
+    # the class map: B's for the main target (the same model's classes), from the evidence of that class on B's image
+    views = compare_views(session, comparison, compare_view="class map")
+    target = session.target
+    np.testing.assert_allclose(b.evidence[target].weighted, class_evidence(model, expected, target).weighted, rtol=1e-5, atol=1e-7)
+    relevance_a = maps.class_map(a, "relevance", session.evidence, options)
+    relevance_b = maps.class_map(b, "relevance", b.evidence[target], options)
+    assert np.array_equal(views["compare_difference"]["value"], pictures.difference_picture(a, relevance_a - relevance_b, "A − B, relevance"))
+    assert f"Both maps are for **{a.label(target)}**" in views["compare_caption"]
+    assert np.array_equal(views["compare_view_b"], pictures.class_map_picture(b, "relevance", b.evidence[target], options))
+
+    statistics = compare_views(session, comparison, compare_statistic="entropy")
+    table = statistics["compare_plot"]
+    assert "**Attention entropy (nats)** of every head of A and B" in statistics["compare_plot_note"]
+    for side, analysis in (("A", a), ("B", b)):
+        rows = table[table.side == side]
+        assert len(rows) == 6 * 4
+        assert all(row.depth == pytest.approx(int(row.layer[1:]) / 5) for row in rows.itertuples())  # layer ÷ (layers − 1)
+        entropy = maps.head_statistic(analysis, "entropy")
+        for row in rows.itertuples():
+            assert row.value == pytest.approx(float(entropy[int(row.layer[1:]), int(row.head[1:])]))
+
+
+def test_compare_a_second_model_of_another_depth_aligns_layers_by_relative_depth(models, upload, checkpoint, tmp_path):
+    session, _ = analysed(models, upload, checkpoint)
+    three = str(write_checkpoint(tmp_path / "three.safetensors", {**CLI_MODEL, "depth": 3, "heads": 2}, seed=1))
+    out = compared(models, session, upload, second_model=three)
+    comparison = out["comparison"]
+    b = comparison.analysis
+    assert comparison.second_model and comparison.image_name is None and b.map_shape == (3, 2)
+    assert "six.safetensors" in out["compare_title_a"] and "three.safetensors" in out["compare_title_b"]
+    np.testing.assert_array_equal(b.image, session.analysis.image)  # the main image, through the second model
+
+    # A's layer l sits at relative depth l/5; B's layer at that depth is 2·l/5, rounded: worked out by hand
+    for layer, expected in enumerate((0, 0, 1, 1, 2, 2)):
+        views = compare_views(session, comparison, compare_view="layer and head", compare_layer=layer)
+        assert f"layer {layer} of 6" in views["compare_title_a"] and f"layer {expected} of 3" in views["compare_title_b"]
+        assert f"A's L{layer} ↔ B's L{expected}" in views["compare_caption"] and "round(l · 2/5)" in views["compare_caption"]
+        attention_b = maps.attention_map(b, 0, expected, None)
+        assert np.array_equal(views["compare_view_b"], pictures.map_picture(b, attention_b, cmap="inferno", overlay=True, query=0,
+                                                                            unit=pictures.ATTENTION))
+        assert views["compare_difference"]["visible"] is True  # both grids are 16×16
+    head = compare_views(session, comparison, compare_view="layer and head", compare_layer=5, compare_head="h3")
+    assert "h3" in head["compare_title_a"] and "mean of heads" in head["compare_title_b"] and "B 2" in head["compare_caption"]
+    started = compare_views(session, comparison, start_layer=4)  # the rollout's start layer is aligned too
+    assert "rollout of cls from layer 4" in started["compare_title_a"] and "from layer 2" in started["compare_title_b"]
+
+    statistics = compare_views(session, comparison)
+    depths = {side: sorted(set(rows.depth)) for side, rows in statistics["compare_plot"].groupby("side")}
+    assert depths == {"A": pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 1]), "B": pytest.approx([0, 0.5, 1])}  # relative depths
+    assert "(A: 6 layers, B: 3)" in statistics["compare_plot_note"]
+
+    # a new main image: B showed the earlier one, and says so
+    moved = tmp_path / "moved.png"
+    photo((256, 256), seed=21).save(moved)
+    later, _ = analysed(models, str(moved), checkpoint)
+    assert "Since B was analysed, the main image" in compare_views(later, comparison)["compare_caption"]
+    ended = compared(models, session, upload, None, compare_tab.MAIN_MODEL, controls(comparison=comparison))
+    assert ended["comparison"] is None and ended["compare_view_b"] is None and "Upload a second image" in ended["compare_caption"]
+
+
+def test_compare_grids_that_differ_give_no_difference_map_and_say_why(models, upload, checkpoint, tmp_path):
+    session, _ = analysed(models, upload, checkpoint)
+    small = str(write_checkpoint(tmp_path / "small.safetensors", {**CLI_MODEL, "image_size": 224, "depth": 2}))
+    out = compared(models, session, upload, second_model=small)
+    assert out["comparison"].analysis.grid == (14, 14)
+    assert isinstance(out["compare_view_a"], np.ndarray) and isinstance(out["compare_view_b"], np.ndarray)
+    difference = out["compare_difference"]
+    assert difference["visible"] is False and difference["value"] is None
+    note = out["compare_difference_note"]
+    assert note.startswith("No difference map") and "16×16" in note and "14×14" in note
+
+
+def test_compare_view_changes_redraw_without_running_a_model(models, upload, checkpoint, tmp_path):
+    session, _ = analysed(models, upload, checkpoint)
+    three = str(write_checkpoint(tmp_path / "three.safetensors", {**CLI_MODEL, "depth": 3}, seed=1))
+    second = second_upload(tmp_path)
+    comparison = compared(models, session, upload, second, three)["comparison"]
+
+    def refuse(*_):
+        raise AssertionError("a view change ran a model")
+
+    for spec in (checkpoint, three):
+        models.get(spec).module.register_forward_pre_hook(refuse)
+    changes = [  # the comparison drew the default view (rollout): each of these differs from it and from each other
+        {"compare_view": "class map"}, {"compare_view": "layer and head"}, {"compare_view": "layer and head", "compare_layer": 2,
+                                                                               "compare_head": "h1"},
+        {"cmap": "viridis"}, {"overlay": False}, {"colour_scale": "percentile"}, {"compare_view": "class map", "method": "grad-rollout"},
+        {"head_fusion": "max"}, {"start_layer": 3},
+    ]
+    pictures_b = []
+    for change in changes:
+        views = compare_views(session, comparison, **change)
+        assert isinstance(views["compare_view_a"], np.ndarray) and isinstance(views["compare_view_b"], np.ndarray), change
+        pictures_b.append(views["compare_view_b"].tobytes())
+    assert len(set(pictures_b)) == len(changes)  # each change redrew B's view
+    importance = compare_views(session, comparison, compare_statistic="gradient importance")
+    assert importance["compare_plot"]["side"].nunique() == 2 and "**Gradient importance Σ|∇A ⊙ A|" in importance["compare_plot_note"]
+    assert opened(COMPARE, session, controls(comparison=comparison))["compare_view_a"] is not None
+    # Compare again with the same image and model: B is the one already analysed
+    again = compared(models, session, upload, second, three, controls(comparison=comparison))
+    assert again["comparison"] is not comparison and again["comparison"].analysis is comparison.analysis
+

@@ -9,11 +9,13 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint
+from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint, write_stats_folder
 from serving import running_app
 
 from vit_explorer import analyze, load_model, pictures
+from vit_explorer.tabs import TABS as APP_TABS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -72,6 +74,13 @@ def points(page, elem_id: str):
     return page.locator(f"#{elem_id} g.mark-symbol.role-mark path")  # not the legend's symbols
 
 
+def open_tab(page, name: str) -> None:
+    """Open the tab ``name``, which the tab bar must show (it wraps rather than hiding tabs in a menu)."""
+    tab = page.get_by_role("tab", name=name)
+    assert tab.is_visible(), f"the tab {name!r} is not in sight"
+    tab.click()
+
+
 @pytest.fixture
 def served(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "browser.safetensors", CLI_MODEL)
@@ -79,7 +88,7 @@ def served(tmp_path):
         yield url, checkpoint
 
 
-TABS = ("Overview", "Layers × heads", "Rollout", "Class maps", "Head statistics", "Export")
+TABS = tuple(tab.title for tab in APP_TABS)  # every tab, in the order the app shows them
 SIZES = ((1280, 800), (1920, 1080))
 # pictures carry text drawn at render.LABEL_PX pixels: shown at least this close to natural size, it stays legible
 LEGIBLE_SCALE = 0.9
@@ -159,7 +168,7 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
             for width, height in SIZES:  # every tab, as a user sees it on a laptop and on a desktop screen
                 page.set_viewport_size({"width": width, "height": height})
                 for number, tab in enumerate(TABS, 1):
-                    page.get_by_role("tab", name=tab).click()
+                    open_tab(page, tab)  # at 1280 px the last tabs are in the "More tabs" menu
                     page.wait_for_timeout(400)
                     assert not scrolls_sideways(page), (width, tab)
                     name = tab.lower().replace(" × ", "-").replace(" ", "-")
@@ -195,5 +204,142 @@ def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path
             notice_box, predictions_box = notice.bounding_box(), page.locator("#top5").bounding_box()
             assert notice_box["y"] < predictions_box["y"]
             page.screenshot(path=str(OUTPUT / "5-outside-notice.png"), full_page=False)
+        finally:
+            browser.close()
+
+
+def test_a_stats_folder_overlays_the_dataset_on_the_head_statistics(served, tmp_path):
+    url, checkpoint = served
+    write_stats_folder(load_model(str(checkpoint)), tmp_path, seed=60)
+    upload = tmp_path / "upload.png"
+    photo((256, 256), seed=12).save(upload)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(url)
+            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+            page.locator("#upload input[type=file]").set_input_files(str(upload))
+            page.wait_for_selector("#overview-rollout img", timeout=90_000)
+            page.get_by_role("tab", name="Head statistics").click()
+            points(page, "distance-plot").first.wait_for(timeout=30_000)
+            assert points(page, "distance-plot").count() == 6 * 4
+            folder = page.locator("#stats-folder textarea, #stats-folder input").first
+            folder.fill(str(tmp_path / "stats"))
+            folder.press("Enter")
+            page.locator("#dataset-note >> text=3 images of").first.wait_for(timeout=30_000)
+            page.wait_for_selector("#dataset-chart img", timeout=30_000)  # this image against the dataset's ranges
+            assert shown_scale(page, "dataset-chart") >= LEGIBLE_SCALE
+            assert points(page, "distance-plot").count() == 6 * 4  # the interactive plots stay this image's
+            page.locator("#dataset-chart").scroll_into_view_if_needed()
+            page.screenshot(path=str(OUTPUT / "1280x800-head-statistics-with-dataset.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
+    """Run the ablation, click a head, see the prediction without it; then the token norms, drawn when opened."""
+    from vit_explorer.ablation import HeadAblation
+    from vit_explorer.tabs.ablation import heat_map
+
+    url, _ = served
+    upload = tmp_path / "upload.png"
+    photo((256, 256), seed=11).save(upload)
+    # the geometry of the heat map of a 6 × 4 model, whatever its values
+    zeros = np.zeros((6, 4), dtype=np.float32)
+    _, geometry = heat_map(HeadAblation("zero", 0, zeros, zeros, 0.0, 0.5, 7), None)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(url)
+            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+            page.locator("#upload input[type=file]").set_input_files(str(upload))
+            page.wait_for_selector("#overview-rollout img", timeout=90_000)
+
+            open_tab(page, "Head ablation")
+            run = page.locator("#run-ablation")
+            run.wait_for(timeout=10_000)
+            assert "7 forward passes" in run.inner_text()  # 1 + 6 layers, said on the button
+            page.locator("#ablation-text >> text=Run ablation").first.wait_for(timeout=10_000)
+            run.click()
+            page.wait_for_selector("#ablation-view img", timeout=60_000)
+            page.locator("#ablation-text >> text=Most needed").first.wait_for(timeout=10_000)
+            assert shown_scale(page, "ablation-view") >= LEGIBLE_SCALE
+            before = image_bytes(page, "ablation-view")
+            y, x = geometry.tile_origin(2, 1)
+            click_natural(page, "ablation-view", x + geometry.tile / 2, y + geometry.tile / 2)
+            page.locator("#ablation-without >> text=without L2 h1").first.wait_for(timeout=30_000)
+            wait_for_change(page, "ablation-view", before)  # the clicked head is outlined
+            assert page.locator("#ablation-without >> text=thing").count() >= 1
+            assert not scrolls_sideways(page)
+            page.screenshot(path=str(OUTPUT / "1280x800-head-ablation.png"), full_page=True)
+
+            open_tab(page, "Token norms")
+            for elem_id in ("norm-map", "norm-outliers", "norm-chart"):
+                page.wait_for_selector(f"#{elem_id} img", timeout=30_000)
+            page.locator("#norm-text >> text=median + k").first.wait_for(timeout=10_000)
+            page.locator("#norm-layer-text >> text=Layer 5").first.wait_for(timeout=10_000)
+            for elem_id in ("norm-map", "norm-outliers"):
+                assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
+            assert not scrolls_sideways(page)
+            page.screenshot(path=str(OUTPUT / "1280x800-token-norms.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()
+
+
+def test_compare_tab_shows_a_second_image_beside_the_first_and_their_difference(served, tmp_path):
+    url, _ = served
+    main, second = tmp_path / "main.png", tmp_path / "second.png"
+    photo((256, 256), seed=11).save(main)
+    photo((256, 256), seed=13).save(second)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(url)
+            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+            page.locator("#upload input[type=file]").set_input_files(str(main))
+            page.wait_for_selector("#overview-rollout img", timeout=90_000)
+            open_tab(page, "Compare")
+            page.locator("#compare-caption >> text=Upload a second image").first.wait_for(timeout=30_000)
+            page.locator("#compare-upload input[type=file]").set_input_files(str(second))
+            for elem_id in ("compare-view-a", "compare-view-b", "compare-difference"):
+                page.wait_for_selector(f"#{elem_id} img", timeout=90_000)
+                assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
+            assert page.locator("#compare-title-b >> text=B · second.png").first.is_visible()
+            assert page.locator("#compare-difference-note >> text=red where A is higher").first.is_visible()
+            assert image_bytes(page, "compare-view-a") != image_bytes(page, "compare-view-b")
+            page.wait_for_function("() => document.querySelectorAll('#compare-plot g.mark-symbol.role-mark path').length === 48",
+                                   timeout=30_000)  # 6 layers × 4 heads of each side
+            # another statistic: the plot shows its values (the vertical axis follows the data: ~133 px of distance, ~5.5 nats)
+            y_axis = """() => document.querySelector("#compare-plot g.role-axis[aria-label^='Y-axis']").getAttribute('aria-label')
+                                     .match(/values from .*/)[0]"""
+            distance_axis = page.evaluate(y_axis)
+            page.locator("#compare-statistic input").first.click()
+            page.get_by_role("option", name="attention entropy (nats)").click()
+            page.locator("#compare-plot-note >> text=Attention entropy").first.wait_for(timeout=30_000)
+            page.wait_for_function(f"() => ({y_axis})() !== {distance_axis!r}", timeout=30_000)
+            rollout_a = image_bytes(page, "compare-view-a")
+            page.get_by_label("layer and head").check()  # a view change: redrawn from the two analyses
+            wait_for_change(page, "compare-view-a", rollout_a)
+            page.locator("#compare-title-a >> text=in layer 5 of 6").first.wait_for(timeout=10_000)
+            assert not scrolls_sideways(page)
+            page.screenshot(path=str(OUTPUT / "1280x800-compare.png"), full_page=True)
+            assert errors == []
         finally:
             browser.close()

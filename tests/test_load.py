@@ -19,10 +19,12 @@ from PIL import Image
 from serving import rss_mib, running_server
 
 from vit_explorer import analyze, load_model, pictures
+from vit_explorer.session import CONTROL_NAMES, Controls
 
 pytestmark = pytest.mark.slow
 gradio_client = pytest.importorskip("gradio_client")
-CONTROLS = ("inferno", True, "per tile", "none", "mean", 0.0, 0, 0.5, "relevance")
+# every view control's default, as the API takes them (a gr.State, the comparison, is not an API parameter)
+CONTROLS = tuple(getattr(Controls(), name) for name in CONTROL_NAMES if name != "comparison")
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output"
 CLIENTS = 4
 

@@ -8,7 +8,7 @@ from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint
 from scipy.spatial.distance import mahalanobis
 
 from vit_explorer import analyze, load_model
-from vit_explorer.app import model_summary
+from vit_explorer.captions import model_summary
 from vit_explorer.ood import OodCalibration, fit_mahalanobis
 
 

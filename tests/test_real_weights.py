@@ -96,7 +96,7 @@ def test_capture_equals_softmax_recomputed_from_the_real_weights(models, dinov2_
 
 @pytest.mark.parametrize("family", ["timm", "hf"])
 def test_a_backbone_loads_without_a_head_and_says_so(models, family):
-    from vit_explorer.app import model_summary
+    from vit_explorer.captions import model_summary
 
     model = models[family]
     assert model.labels is None and not model.random_weights

@@ -31,8 +31,13 @@ def test_file_routes_do_not_serve_files_outside_the_app(tmp_path):
     secret.write_text("top secret contents")
     checkpoint = write_checkpoint(tmp_path / "served.safetensors", CLI_MODEL)
     with running_app(str(checkpoint), tmp_path / "server.log") as url:
-        log = (tmp_path / "server.log").read_text()
-        assert f"serving {checkpoint} at {url.rstrip('/')} (this machine only); press Ctrl+C to stop" in log, log
+        line = f"serving {checkpoint} at {url.rstrip('/')} (this machine only); press Ctrl+C to stop"
+        for _ in range(100):  # the app answers HTTP a moment before `serve` prints its line
+            log = (tmp_path / "server.log").read_text()
+            if line in log:
+                break
+            time.sleep(0.1)
+        assert line in log, log
         assert "share=True" not in log, log
         for path in (f"gradio_api/file={secret}", f"file={secret}", "gradio_api/file=/etc/passwd",
                      "gradio_api/file=../../../../etc/passwd", f"gradio_api/file={checkpoint}"):

@@ -194,4 +194,15 @@ def ablation_of(model: LoadedModel, analysis: Analysis, target: int | str | None
     against uniform maps; kept on the analysis, so that the heat map and the ranking cost one computation."""
     check_model(model, analysis)
     index = analysis.class_index(target)
-    return memo(analysis, ("ablation", index, check_mode(mode)), lambda: head_ablation(model, pixels_of(model, analysis), index, mode))
+    return memo(analysis, ablation_key(index, check_mode(mode)), lambda: head_ablation(model, pixels_of(model, analysis), index, mode))
+
+
+def ablation_key(target: int, mode: str) -> tuple:
+    """Where ``ablation_of`` keeps an ablation on its analysis."""
+    return ("ablation", target, mode)
+
+
+def kept_ablation(analysis: Analysis, target: int, mode: str) -> HeadAblation | None:
+    """The ablation ``ablation_of`` kept on ``analysis`` for (target, mode); None where it has not run (or was
+    evicted). Runs nothing: views that have no model read it."""
+    return analysis.derived.get(ablation_key(target, mode))

@@ -109,7 +109,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                 ui.update(query_panel())
             with gr.Column(scale=5):
                 ui.update(view_controls())
-                with gr.Tabs():
+                with gr.Tabs(overflow_behavior="wrap"):  # every tab in sight, in two rows on a narrow screen
                     containers = {}
                     for tab in TABS:
                         with gr.Tab(tab.title, elem_id=f"tab-{tab.slug}") as containers[tab.title]:
@@ -149,10 +149,12 @@ def wire(app: Wiring, containers: dict) -> None:
     app["query"].input(on_query_choice, [state, app["query"], visible, *controls], app.all(QUERIED), api_name="select_query")
     app["reset"].click(on_reset_query, [state, visible, *controls], app.all(QUERIED), api_name="reset_query")
     for name in CONTROL_NAMES:
-        if name != "fit":  # the fit changes the model's input: it analyses again, above
-            component = app[name]
-            component.input(on_controls, [state, visible, *controls], app.all(TAB_OUTPUTS),
-                            api_name=f"set_{component.label.lower().replace(' ', '_')}")
+        component = app[name]
+        # the fit changes the model's input: it analyses again, above; a state is set by its own tab's events
+        if name != "fit" and not isinstance(component, gr.State):
+            # a text box answers once its text is submitted, not at every key
+            event = component.submit if isinstance(component, gr.Textbox) else component.input
+            event(on_controls, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"set_{component.label.lower().replace(' ', '_')}")
     for tab in TABS:
         containers[tab.title].select(opener(tab), [state, *controls], [visible, *app.all(tab.outputs)], api_name=f"open_{tab.slug}")
         if tab.wire is not None:
@@ -164,9 +166,10 @@ SHARE_WARNING = ("vit-explorer: warning: --share opens a public Gradio link: any
 
 
 def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False, open_browser: bool = True,
-          memory_budget: int = DEFAULT_MEMORY_BUDGET, cache_ttl_s: int = CACHE_TTL_S) -> None:
-    """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app."""
-    models = ModelCache(memory_budget=memory_budget)
+          memory_budget: int = DEFAULT_MEMORY_BUDGET, cache_ttl_s: int = CACHE_TTL_S, input_hw: tuple[int, int] | None = None) -> None:
+    """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app; ``input_hw``
+    sets every model's input size where the model allows it."""
+    models = ModelCache(memory_budget=memory_budget, input_hw=input_hw)
     models.get(model_spec)
     if share:
         print(SHARE_WARNING, file=sys.stderr, flush=True)

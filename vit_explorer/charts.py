@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 
+from .dataset import DatasetStatistics
 from .faithfulness import FaithfulnessCurves
 from .maps import CLASS_METHODS
 from .norms import TokenNorms
@@ -64,6 +65,33 @@ def dataset_statistic_chart(mean: np.ndarray, std: np.ndarray, name: str, unit: 
     axes.set_xticks(np.arange(layers))
     axes.set_title(f"{name} per head over {images:,} images (mean ± 1 sd)")
     axes.grid(alpha=0.3)
+    return _figure_to_array(figure)
+
+
+def against_dataset_chart(values: dict[str, np.ndarray], dataset: DatasetStatistics) -> np.ndarray:
+    """This image's head statistics (``values``: name → ``[layers, heads]``) against a dataset's: per head, the
+    dataset's 5–95% range as a grey bar with its mean as a tick, and this image's value as a dot, red where it
+    falls outside the range. One panel per statistic the dataset has."""
+    names = [name for name in values if name in dataset.mean]
+    figure = _figure(8.4, 2.4 * len(names))
+    for index, name in enumerate(names):
+        axes = figure.add_subplot(len(names), 1, index + 1)
+        layers, heads = values[name].shape
+        offsets = (np.arange(heads) - (heads - 1) / 2) * min(0.7 / max(heads, 1), 0.1)
+        x = np.arange(layers)[:, None] + offsets[None, :]  # [layers, heads]
+        low, high, mean, value = dataset.low[name], dataset.high[name], dataset.mean[name], values[name]
+        axes.vlines(x.ravel(), low.ravel(), high.ravel(), color="#b0b0b0", linewidth=3, label="dataset 5–95%")
+        axes.plot(x.ravel(), mean.ravel(), "_", color="#606060", markersize=7, label="dataset mean")
+        outside = (value < low) | (value > high)
+        axes.plot(x[~outside], value[~outside], "o", color="tab:blue", markersize=3.5, label="this image")
+        axes.plot(x[outside], value[outside], "o", color="tab:red", markersize=4, label="this image, outside the range")
+        axes.set_xticks(np.arange(layers), [f"L{layer}" for layer in range(layers)])
+        axes.set_ylabel(name, fontsize=8)
+        axes.grid(alpha=0.3)
+        if index == 0:
+            axes.set_title(f"This image against {dataset.images:,} images of {dataset.source}", fontsize=9)
+            axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.axes[-1].set_xlabel("layer (heads side by side)")
     return _figure_to_array(figure)
 
 

@@ -111,7 +111,7 @@ def run_serve(args: argparse.Namespace) -> None:
     from .app import serve
 
     serve(model_spec=args.model, host=args.host, port=args.port, share=args.share, open_browser=not args.no_browser,
-          memory_budget=int(args.memory_budget_mb * 2**20), cache_ttl_s=args.cache_ttl_s)
+          memory_budget=int(args.memory_budget_mb * 2**20), cache_ttl_s=args.cache_ttl_s, input_hw=args.input_size)
 
 
 def run_train_default(args: argparse.Namespace) -> None:
@@ -206,6 +206,14 @@ def run_make_shapes(args: argparse.Namespace) -> None:
     progress(f"wrote {args.count} images to {Path(args.folder) / 'images'} and their masks to {Path(args.folder) / 'masks'}")
 
 
+def add_input_options(command: argparse.ArgumentParser) -> None:
+    """The options of the dataset commands (``stats``, ``evaluate``) that say how images meet the model."""
+    command.add_argument("--input-size", type=input_size, default=None, help="model input, 518 or HxW (default: the model's own)")
+    command.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one; under torchrun: "
+                                                        "each process's local GPU)")
+    command.add_argument("--fit", default="stretch", choices=FITS, help="how an image of other proportions meets the input")
+
+
 def input_size(text: str) -> tuple[int, int]:
     """``518`` or ``448x640`` (height × width) → (height, width)."""
     try:
@@ -296,6 +304,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     serve.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB, help="above this, maps are kept in float16 or compactly")
     serve.add_argument("--cache-ttl-s", type=int, default=3600, help="seconds rendered views, uploads and exports stay on disk")
+    serve.add_argument("--input-size", type=input_size, default=None,
+                       help="every model's input, 518 or HxW, for timm/hf models that allow it (default: each model's own)")
     serve.set_defaults(run=run_serve)
 
     train = commands.add_parser("train-default", formatter_class=HelpFormatter,
@@ -319,9 +329,7 @@ def parser() -> argparse.ArgumentParser:
     stats.add_argument("--workers", type=int, default=2, help="processes decoding images beside each model process")
     stats.add_argument("--shard-size", type=int, default=SHARD_SIZE, help="images per resumable shard")
     stats.add_argument("--resume", action="store_true", help="load the finished shards in --out instead of recomputing them")
-    stats.add_argument("--input-size", type=input_size, default=None, help="model input, 518 or HxW (default: the model's own)")
-    stats.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (under torchrun: each process's local GPU)")
-    stats.add_argument("--fit", default="stretch", choices=FITS, help="how an image of other proportions meets the input")
+    add_input_options(stats)
     stats.set_defaults(run=run_stats)
 
     evaluate = commands.add_parser(
@@ -338,9 +346,7 @@ def parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--steps", type=int, default=10, help="deletion / insertion steps per curve")
     evaluate.add_argument("--random-orders", type=int, default=1, help="random orders per image for the chance level")
     evaluate.add_argument("--baseline", default="blur", choices=BASELINES, help="what a removed patch shows")
-    evaluate.add_argument("--input-size", type=input_size, default=None, help="model input, 518 or HxW (default: the model's own)")
-    evaluate.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one)")
-    evaluate.add_argument("--fit", default="stretch", choices=FITS, help="how an image of other proportions meets the input")
+    add_input_options(evaluate)
     evaluate.set_defaults(run=run_evaluate)
 
     make_shapes = commands.add_parser("make-shapes", formatter_class=HelpFormatter,

@@ -17,6 +17,7 @@ every shard's, combined across processes with ``torch.distributed.all_reduce``.
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import json
 import math
@@ -401,3 +402,69 @@ def write_outputs(out: Path, totals: HeadTotals, run: dict, model: LoadedModel, 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+@dataclass(frozen=True)
+class DatasetStatistics:
+    """What ``vit-explorer stats`` wrote into a folder, per statistic of ``HEAD_STATISTICS`` and per head
+    ``[layers, heads]``: the mean and the 5% and 95% quantiles over the dataset's images."""
+
+    folder: str
+    model: str
+    source: str
+    images: int
+    mean: dict[str, np.ndarray]
+    low: dict[str, np.ndarray]
+    high: dict[str, np.ndarray]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return next(iter(self.mean.values())).shape
+
+    def outside(self, name: str, values: np.ndarray) -> list[tuple[int, int, float, float, float]]:
+        """The heads whose ``values`` ``[layers, heads]`` of statistic ``name`` lie outside the dataset's
+        5–95% range: (layer, head, value, low, high), furthest outside first (in units of the range)."""
+        low, high = self.low[name], self.high[name]
+        width = np.maximum(high - low, 1e-12)
+        beyond = np.maximum(low - values, values - high) / width  # [layers, heads], > 0 outside
+        heads = [(int(layer), int(head)) for layer, head in zip(*np.nonzero(beyond > 0))]
+        heads.sort(key=lambda pair: -beyond[pair])
+        return [(layer, head, float(values[layer, head]), float(low[layer, head]), float(high[layer, head])) for layer, head in heads]
+
+
+def read_statistics_cached(folder: str | Path) -> DatasetStatistics:
+    """``read_statistics``, read again only when the folder's ``summary.json`` changed (a new run)."""
+    summary = Path(folder).expanduser() / "summary.json"
+    try:
+        changed = summary.stat().st_mtime_ns
+    except OSError:
+        changed = None
+    return _read_once(str(folder), changed)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_once(folder: str, changed: int | None) -> DatasetStatistics:
+    return read_statistics(folder)
+
+
+def read_statistics(folder: str | Path) -> DatasetStatistics:
+    """Read a ``vit-explorer stats`` output folder (``summary.json`` and ``heads.csv``)."""
+    folder = Path(folder).expanduser()
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        layers, heads = summary["layers_heads"]
+        with open(folder / "heads.csv", newline="") as handle:
+            rows = [row for row in csv.DictReader(handle) if row["group"] == "all"]
+        mean, low, high = ({name: np.full((layers, heads), np.nan) for name in HEAD_STATISTICS} for _ in range(3))
+        for row in rows:
+            if row["statistic"] in HEAD_STATISTICS:
+                where = (row["statistic"], int(row["layer"]), int(row["head"]))
+                for target, column in ((mean, "mean"), (low, "q05"), (high, "q95")):
+                    target[where[0]][where[1:]] = float(row[column])
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+        raise VitExplorerError(f"{folder} is not a folder written by `vit-explorer stats` (it needs summary.json and heads.csv): "
+                               f"{type(error).__name__}") from None
+    if any(np.isnan(values).any() for values in mean.values()):
+        raise VitExplorerError(f"{folder}/heads.csv lacks some heads of the {layers}×{heads} the summary names; run `vit-explorer stats` again")
+    return DatasetStatistics(str(folder), str(summary.get("model", "?")), str(summary.get("source", "?")), int(summary.get("analysed", 0)),
+                             mean, low, high)

@@ -115,6 +115,18 @@ def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence |
     return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale)
 
 
+DIFFERENCE_CMAP = "RdBu_r"  # diverging: red where the first map is higher, blue where the second is, white where they agree
+
+
+def difference_picture(analysis: Analysis, difference: np.ndarray, unit: str) -> np.ndarray:
+    """A large view of a signed ``[grid_h, grid_w]`` difference of two maps on a scale symmetric about 0 (white),
+    at the size of ``analysis``'s views, with a colour bar from −max|difference| to +max|difference| of ``unit``."""
+    bound = float(np.abs(difference).max())
+    centred = 0.5 + difference / (2 * bound) if bound > 0 else np.full(difference.shape, 0.5)
+    picture = render.colorize(render.upsample(centred, view_hw(analysis)), DIFFERENCE_CMAP)
+    return render.with_colorbar(picture, DIFFERENCE_CMAP, -bound, bound, unit)
+
+
 NORM_RATIO = "token norm ÷ its layer's median patch norm"
 
 

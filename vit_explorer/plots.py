@@ -28,6 +28,22 @@ def head_table(values: np.ndarray) -> pd.DataFrame:
     })
 
 
+SIDE_COLOURS = ("#1f77b4", "#d62728")  # the Compare tab's sides A and B
+
+
+def sides_table(values: dict[str, np.ndarray], depths: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Both sides' statistic of every head in one table: ``head_table`` of each side's ``[layers, heads]``
+    values, with its ``side`` and each layer's relative ``depth`` (``depths[side]`` ``[layers]``), so that
+    models of different depths share one axis."""
+    frames = []
+    for side, side_values in values.items():
+        table = head_table(side_values)
+        table["depth"] = np.tile(np.asarray(depths[side], dtype=np.float64), side_values.shape[1])
+        table["side"] = side
+        frames.append(table)
+    return pd.concat(frames, ignore_index=True)
+
+
 # the four faithfulness curves: the map's own in strong colours, random orders in light ones of the same hue
 CURVE_COLOURS = {"deletion": "#d62728", "random deletion": "#f2a09f", "insertion": "#1f77b4", "random insertion": "#9cc7e6"}
 

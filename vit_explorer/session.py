@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from . import maps, render
-from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
+from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, Prediction
+from .compare import Comparison
 from .faithfulness import FaithfulnessCurves
 from .models import LoadedModel, load_model
 from .models.builtin import builtin_names
+from .sanity import SanityCurves
 
 EXPORT_DIR_NAME = "vit-explorer-exports"
 CACHE_TTL_S = 3600  # seconds generated images, uploads and export zips stay on disk
@@ -28,9 +30,10 @@ class ModelCache:
     """The last ``capacity`` loaded models, shared by all sessions (loading is serialised), and the
     memory budget their analyses keep to."""
 
-    def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+    def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET, input_hw: tuple[int, int] | None = None) -> None:
         self.capacity = capacity
         self.memory_budget = memory_budget  # bytes of maps per analysis, see ``analyze``
+        self.input_hw = input_hw  # every model's input (None: each model's own), for models that allow another
         self._models: OrderedDict[str, LoadedModel] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -46,7 +49,7 @@ class ModelCache:
             if spec in self._models:
                 self._models.move_to_end(spec)
                 return self._models[spec]
-            model = load_model(spec)
+            model = load_model(spec, input_hw=self.input_hw)
         self.put(spec, model)
         return model
 
@@ -67,6 +70,15 @@ class Controls:
     method: str = "relevance"  # the class-maps tab's map
     fit: str = "stretch"  # how an image of other proportions meets the model's input (``images.FITS``)
     colour_scale: str = "linear"  # what the colormap's ends stand for (``render.COLOUR_SCALES``)
+    ablation_mode: str = "zero"  # how the head ablation tab removes a head (``ablation.MODES``)
+    stats_folder: str = ""  # a ``vit-explorer stats`` output folder whose dataset the head statistics are shown against
+    # the Compare tab: its second side (its own gr.State, set by its own events), the view, A's layer (B's is at the same
+    # relative depth), the head ("h3"; None or "mean of heads": the mean) and the head statistic it overlays
+    comparison: Comparison | None = None
+    compare_view: str = "rollout"
+    compare_layer: int = 0
+    compare_head: str | None = None
+    compare_statistic: str = "distance"
 
     @property
     def rollout(self) -> maps.RolloutOptions:
@@ -86,6 +98,11 @@ class Screen:
     geometry: render.GridGeometry | None = None  # the layers × heads grid as drawn, for tile clicks
     order: np.ndarray | None = None  # its head order [layers, heads]
     score: tuple[Hashable, FaithfulnessCurves] | None = None  # the last faithfulness score, and which map it scored
+    sanity: tuple[Hashable, SanityCurves] | None = None  # the last sanity check, and the (target, rollout options) it ran for
+    ablation_geometry: render.GridGeometry | None = None  # the ablation heat map as drawn, for tile clicks
+    # the head clicked in the ablation heat map: (mode, (layer, head), top-5 with that head removed)
+    ablated: tuple[str, tuple[int, int], list[Prediction]] | None = None
+    norm_layer: int | None = None  # the token norms tab's layer (None: the layer with the most outliers)
 
 
 @dataclass(frozen=True)

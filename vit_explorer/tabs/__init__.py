@@ -7,7 +7,7 @@ follows (upload, model, view controls, query). To add a tab, see ``base.Tab`` an
 
 from __future__ import annotations
 
-from . import class_maps, export, heads, overview, rollout, statistics
+from . import ablation, class_maps, compare, export, heads, norms, overview, rollout, statistics
 from .base import Tab
 
-TABS: tuple[Tab, ...] = (overview.TAB, heads.TAB, rollout.TAB, class_maps.TAB, statistics.TAB, export.TAB)
+TABS: tuple[Tab, ...] = (overview.TAB, heads.TAB, rollout.TAB, class_maps.TAB, statistics.TAB, ablation.TAB, norms.TAB, compare.TAB, export.TAB)

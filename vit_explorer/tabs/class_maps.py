@@ -1,5 +1,6 @@
 """The Class maps tab: which patches a target class depends on (relevance, gradient-weighted rollout, and the
-class-agnostic maps beside them), and the chosen map's faithfulness score against random orders."""
+class-agnostic maps beside them), the chosen map's faithfulness score against random orders, and a sanity check
+that the maps depend on the weights (cascading randomisation)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ from dataclasses import replace
 import gradio as gr
 import numpy as np
 
-from .. import maps, pictures, plots
+from .. import charts, maps, pictures, plots
 from ..analysis import class_evidence
-from ..captions import NO_CLASSIFIER, class_note, score_text, target_choices
+from ..captions import NO_CLASSIFIER, class_note, sanity_note, sanity_text, score_text, target_choices
 from ..errors import VitExplorerError
 from ..faithfulness import deletion_insertion
+from ..sanity import sanity_check
 from ..session import Controls, ModelCache, Session
 from .base import Tab, Wiring, in_order, map_image, refresh, require, user_errors
 
-OUTPUTS = ("class_view", "class_text", "faithfulness_plot")
+OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart")
 
 
 def layout() -> dict:
@@ -30,13 +32,18 @@ def layout() -> dict:
             class_view = map_image("class-view", "Class-specific map")
         with gr.Column(min_width=300):
             class_text = gr.Markdown("")
-            score = gr.Button("Score faithfulness", elem_id="score")
+            with gr.Row():
+                score = gr.Button("Score faithfulness", elem_id="score")
+                sanity = gr.Button("Sanity check", elem_id="sanity")
+            sanity_words = gr.Markdown("", elem_id="sanity-text")
+    # under the map, full width: its legend lies beside the axes
+    sanity_picture = map_image("sanity-chart", "Sanity check: correlation against layers randomised", visible=False)
     # full width: its legend names four curves with their AUCs
     faithfulness = gr.LinePlot(x="share", y="probability", color="curve", x_title="share of patches deleted / inserted",
                                y_title="target probability", y_lim=[0, None], height=300, label="Deletion and insertion", show_label=False,
                                buttons=["fullscreen", "export"], elem_id="faithfulness")
     return {"target": target, "method": method, "class_view": class_view, "class_text": class_text, "score": score,
-            "faithfulness_plot": faithfulness}
+            "faithfulness_plot": faithfulness, "sanity": sanity, "sanity_text": sanity_words, "sanity_chart": sanity_picture}
 
 
 def render_class(session: Session, controls: Controls) -> np.ndarray | None:
@@ -65,7 +72,8 @@ def render(session: Session, controls: Controls) -> dict:
         plot, text = faithfulness_plot(session, controls.method, score[1]), score_text(session.analysis, controls.method, score[1])
     else:
         plot, text = None, class_note(session)
-    return {"class_view": render_class(session, controls), "class_text": text, "faithfulness_plot": plot}
+    return {"class_view": render_class(session, controls), "class_text": text, "faithfulness_plot": plot,
+            **sanity_views(session, controls)}
 
 
 def depends(session: Session, controls: Controls) -> tuple:
@@ -78,8 +86,22 @@ def set_ranges(session: Session) -> dict:
                                 interactive=target is not None)}
 
 
+def checked(session: Session, controls: Controls) -> tuple:
+    """What a sanity check ran for: the target (its class-specific maps) and the rollout options."""
+    return session.target, controls.rollout
+
+
+def sanity_views(session: Session, controls: Controls) -> dict:
+    """The last sanity check's chart and summary where it ran for this target and these options; else what it would do."""
+    sanity = session.screen.sanity
+    if sanity is None or sanity[0] != checked(session, controls):
+        return {"sanity_text": sanity_note(session), "sanity_chart": gr.update(value=None, visible=False)}
+    return {"sanity_text": sanity_text(sanity[1]), "sanity_chart": gr.update(value=charts.sanity_chart(sanity[1]), visible=True)}
+
+
 TARGETED = ("state", *OUTPUTS)
 SCORED = ("faithfulness_plot", "class_text")
+SANITY = ("sanity_text", "sanity_chart")
 
 
 @user_errors
@@ -106,6 +128,16 @@ def on_score(models: ModelCache, session: Session | None, *control_values) -> tu
     return in_order(values, SCORED)
 
 
+@user_errors
+def on_sanity(models: ModelCache, session: Session | None, *control_values) -> tuple:
+    """Cascading randomisation of a copy of the model: layers + 1 forward and backward passes; the chart and its
+    summary (``SANITY``), kept for this target and these rollout options."""
+    session, controls = require(session), Controls(*control_values)
+    curves = sanity_check(models.get(session.model_spec), session.analysis, session.target, options=controls.rollout)
+    session.screen.sanity = (checked(session, controls), curves)
+    return in_order(sanity_views(session, controls), SANITY)
+
+
 def wire(app: Wiring) -> None:
     state = app["state"]
 
@@ -115,9 +147,13 @@ def wire(app: Wiring) -> None:
     def score_map(session, *values):
         return on_score(app.models, session, *values)
 
+    def check_sanity(session, *values):
+        return on_sanity(app.models, session, *values)
+
     app["target"].input(choose_target, [state, app["target"], *app.controls], app.all(TARGETED), api_name="set_target",
                         concurrency_limit=2)
     app["score"].click(score_map, [state, *app.controls], app.all(SCORED), api_name="score", concurrency_limit=2)
+    app["sanity"].click(check_sanity, [state, *app.controls], app.all(SANITY), api_name="sanity_check", concurrency_limit=2)
 
 
 TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("target",), set_ranges=set_ranges)
