@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -66,3 +67,23 @@ def rss_mib(process: subprocess.Popen) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for process {process.pid}")
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's: Playwright's own browser download does not work here
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@contextlib.contextmanager
+def chromium_page(width: int = 1280, height: int = 800) -> Iterator[tuple[object, list[str]]]:
+    """A page of headless Chromium at ``width`` × ``height``, and the list its JavaScript errors go to."""
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            yield page, errors
+        finally:
+            browser.close()

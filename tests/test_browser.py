@@ -5,21 +5,19 @@ head statistics drawn when their tab opens, with values on hover; a full-page sc
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint, write_stats_folder
-from serving import running_app
+from serving import chromium_page, running_app
 
 from vit_explorer import analyze, load_model, pictures
 from vit_explorer.tabs import TABS as APP_TABS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-sync_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytest.importorskip("playwright.sync_api")
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "browser"
 
 
@@ -100,82 +98,73 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
     photo((256, 256), seed=11).save(upload)
     _, geometry, _ = pictures.grid_picture(analyze(load_model(str(checkpoint)), upload), 0)
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(url)
-            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
-            start = time.perf_counter()
-            page.locator("#upload input[type=file]").set_input_files(str(upload))
-            page.wait_for_selector("#overview-rollout img", timeout=90_000)
-            page.wait_for_selector("#overview-last img", timeout=30_000)
-            upload_to_maps_s = time.perf_counter() - start
-            page.wait_for_selector("#top5 >> text=thing", timeout=30_000)
-            assert page.locator("#query input").input_value() == "cls"
-            assert points(page, "distance-plot").count() == 0  # a tab not yet opened is not drawn
-            for elem_id in ("overview-rollout", "overview-last"):
-                assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
+    with chromium_page() as (page, errors):
+        page.goto(url)
+        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+        start = time.perf_counter()
+        page.locator("#upload input[type=file]").set_input_files(str(upload))
+        page.wait_for_selector("#overview-rollout img", timeout=90_000)
+        page.wait_for_selector("#overview-last img", timeout=30_000)
+        upload_to_maps_s = time.perf_counter() - start
+        page.wait_for_selector("#top5 >> text=thing", timeout=30_000)
+        assert page.locator("#query input").input_value() == "cls"
+        assert points(page, "distance-plot").count() == 0  # a tab not yet opened is not drawn
+        for elem_id in ("overview-rollout", "overview-last"):
+            assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
 
-            page.get_by_role("tab", name="Layers × heads").click()
-            page.wait_for_selector("#grid img", timeout=30_000)
-            for elem_id in ("grid", "head-view"):
-                assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
-            query_box, grid_box = page.locator("#query-image").bounding_box(), page.locator("#grid").bounding_box()
-            # beside the grid: to its left, and level with it rather than below
-            assert query_box["x"] + query_box["width"] <= grid_box["x"] and query_box["y"] < grid_box["y"] + grid_box["height"] / 2
-            grid_before, head_before = image_bytes(page, "grid"), image_bytes(page, "head-view")
-            y, x = geometry.tile_origin(2, 1)
-            click_natural(page, "grid", x + geometry.tile / 2, y + geometry.tile / 2)
-            head_after = wait_for_change(page, "head-view", head_before)
-            grid_selected = wait_for_change(page, "grid", grid_before)  # the clicked tile is outlined
-            assert page.get_by_label("Layer").first.input_value() == "2"
-            page.locator("#grid-caption >> text=layer 2, head h1").first.wait_for(timeout=10_000)
+        page.get_by_role("tab", name="Layers × heads").click()
+        page.wait_for_selector("#grid img", timeout=30_000)
+        for elem_id in ("grid", "head-view"):
+            assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
+        query_box, grid_box = page.locator("#query-image").bounding_box(), page.locator("#grid").bounding_box()
+        # beside the grid: to its left, and level with it rather than below
+        assert query_box["x"] + query_box["width"] <= grid_box["x"] and query_box["y"] < grid_box["y"] + grid_box["height"] / 2
+        grid_before, head_before = image_bytes(page, "grid"), image_bytes(page, "head-view")
+        y, x = geometry.tile_origin(2, 1)
+        click_natural(page, "grid", x + geometry.tile / 2, y + geometry.tile / 2)
+        head_after = wait_for_change(page, "head-view", head_before)
+        grid_selected = wait_for_change(page, "grid", grid_before)  # the clicked tile is outlined
+        assert page.get_by_label("Layer").first.input_value() == "2"
+        page.locator("#grid-caption >> text=layer 2, head h1").first.wait_for(timeout=10_000)
 
-            query_before = image_bytes(page, "query-image")
-            click_natural(page, "query-image", 30, 30)  # row 1, col 1 of the 16×16 patches in the 320 px view
-            wait_for_change(page, "query-image", query_before)  # the query patch is outlined
-            wait_for_change(page, "grid", grid_selected)
-            wait_for_change(page, "head-view", head_after)
-            assert page.locator("#query-caption >> text=patch at row 1, col 1").first.is_visible()
-            assert page.locator("#query input").input_value() == "patch at row 1, col 1"  # the dropdown shows the query
+        query_before = image_bytes(page, "query-image")
+        click_natural(page, "query-image", 30, 30)  # row 1, col 1 of the 16×16 patches in the 320 px view
+        wait_for_change(page, "query-image", query_before)  # the query patch is outlined
+        wait_for_change(page, "grid", grid_selected)
+        wait_for_change(page, "head-view", head_after)
+        assert page.locator("#query-caption >> text=patch at row 1, col 1").first.is_visible()
+        assert page.locator("#query input").input_value() == "patch at row 1, col 1"  # the dropdown shows the query
 
-            page.get_by_role("tab", name="Class maps").click()
-            page.wait_for_selector("#class-view img", timeout=30_000)
-            relevance_map = image_bytes(page, "class-view")
-            page.get_by_label("gradient-weighted rollout").check()
-            wait_for_change(page, "class-view", relevance_map)
-            page.locator("#score").click()
-            page.wait_for_selector("#faithfulness g.mark-line.role-mark path", timeout=60_000)
-            assert page.locator("#faithfulness g.mark-line.role-mark path").count() == 4  # the map's curves and random orders'
-            assert page.get_by_text("deletion AUC").first.is_visible()
+        page.get_by_role("tab", name="Class maps").click()
+        page.wait_for_selector("#class-view img", timeout=30_000)
+        relevance_map = image_bytes(page, "class-view")
+        page.get_by_label("gradient-weighted rollout").check()
+        wait_for_change(page, "class-view", relevance_map)
+        page.locator("#score").click()
+        page.wait_for_selector("#faithfulness g.mark-line.role-mark path", timeout=60_000)
+        assert page.locator("#faithfulness g.mark-line.role-mark path").count() == 4  # the map's curves and random orders'
+        assert page.get_by_text("deletion AUC").first.is_visible()
 
-            page.get_by_role("tab", name="Head statistics").click()  # drawn now, when opened
-            points(page, "distance-plot").first.wait_for(timeout=30_000)
-            assert points(page, "distance-plot").count() == 6 * 4  # one point per layer and head
-            points(page, "prefix-plot").first.hover(force=True)
-            tooltip = page.locator("#vg-tooltip-element.visible")
-            tooltip.wait_for(timeout=10_000)  # the values on hover
-            assert "layer" in tooltip.inner_text() and "head" in tooltip.inner_text()
-            tab_box, plot_box = page.locator("#tab-head_statistics").bounding_box(), page.locator("#distance-plot").bounding_box()
-            assert plot_box["width"] >= 0.9 * tab_box["width"]  # full width
-            assert cut_off(page, "top-heads") == []  # no column cut off
+        page.get_by_role("tab", name="Head statistics").click()  # drawn now, when opened
+        points(page, "distance-plot").first.wait_for(timeout=30_000)
+        assert points(page, "distance-plot").count() == 6 * 4  # one point per layer and head
+        points(page, "prefix-plot").first.hover(force=True)
+        tooltip = page.locator("#vg-tooltip-element.visible")
+        tooltip.wait_for(timeout=10_000)  # the values on hover
+        assert "layer" in tooltip.inner_text() and "head" in tooltip.inner_text()
+        tab_box, plot_box = page.locator("#tab-head_statistics").bounding_box(), page.locator("#distance-plot").bounding_box()
+        assert plot_box["width"] >= 0.9 * tab_box["width"]  # full width
+        assert cut_off(page, "top-heads") == []  # no column cut off
 
-            for width, height in SIZES:  # every tab, as a user sees it on a laptop and on a desktop screen
-                page.set_viewport_size({"width": width, "height": height})
-                for number, tab in enumerate(TABS, 1):
-                    open_tab(page, tab)  # at 1280 px the last tabs are in the "More tabs" menu
-                    page.wait_for_timeout(400)
-                    assert not scrolls_sideways(page), (width, tab)
-                    name = tab.lower().replace(" × ", "-").replace(" ", "-")
-                    page.screenshot(path=str(OUTPUT / f"{width}x{height}-{number}-{name}.png"), full_page=True)
-            assert errors == []
-        finally:
-            browser.close()
+        for width, height in SIZES:  # every tab, as a user sees it on a laptop and on a desktop screen
+            page.set_viewport_size({"width": width, "height": height})
+            for number, tab in enumerate(TABS, 1):
+                open_tab(page, tab)  # at 1280 px the last tabs are in the "More tabs" menu
+                page.wait_for_timeout(400)
+                assert not scrolls_sideways(page), (width, tab)
+                name = tab.lower().replace(" × ", "-").replace(" ", "-")
+                page.screenshot(path=str(OUTPUT / f"{width}x{height}-{number}-{name}.png"), full_page=True)
+        assert errors == []
     timings = {"upload_to_maps_visible_s": round(upload_to_maps_s, 3), "model": "6 layers × 4 heads, 256 px (random weights)"}
     (OUTPUT / "timings.json").write_text(json.dumps(timings, indent=2))
     print(f"\nbrowser: {timings}")
@@ -188,24 +177,17 @@ def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path
     upload = tmp_path / "wide.png"
     photo((451, 300), seed=3).save(upload)
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    with running_app(str(checkpoint), tmp_path / "server.log") as url, sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.goto(url)
-            page.locator("#upload input[type=file]").set_input_files(str(upload))
-            notice = page.locator("#summary >> text=Outside what this model knows").first
-            notice.wait_for(timeout=90_000)
-            page.wait_for_selector("#top5 >> text=thing", timeout=30_000)
-            assert page.locator("#summary >> text=nothing real").first.is_visible()
-            assert page.locator("#summary >> text=451×300 image").first.is_visible()
-            notice_box, predictions_box = notice.bounding_box(), page.locator("#top5").bounding_box()
-            assert notice_box["y"] < predictions_box["y"]
-            page.screenshot(path=str(OUTPUT / "5-outside-notice.png"), full_page=False)
-        finally:
-            browser.close()
+    with running_app(str(checkpoint), tmp_path / "server.log") as url, chromium_page(1440, 1000) as (page, _):
+        page.goto(url)
+        page.locator("#upload input[type=file]").set_input_files(str(upload))
+        notice = page.locator("#summary >> text=Outside what this model knows").first
+        notice.wait_for(timeout=90_000)
+        page.wait_for_selector("#top5 >> text=thing", timeout=30_000)
+        assert page.locator("#summary >> text=nothing real").first.is_visible()
+        assert page.locator("#summary >> text=451×300 image").first.is_visible()
+        notice_box, predictions_box = notice.bounding_box(), page.locator("#top5").bounding_box()
+        assert notice_box["y"] < predictions_box["y"]
+        page.screenshot(path=str(OUTPUT / "5-outside-notice.png"), full_page=False)
 
 
 def test_a_stats_folder_overlays_the_dataset_on_the_head_statistics(served, tmp_path):
@@ -214,30 +196,23 @@ def test_a_stats_folder_overlays_the_dataset_on_the_head_statistics(served, tmp_
     upload = tmp_path / "upload.png"
     photo((256, 256), seed=12).save(upload)
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(url)
-            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
-            page.locator("#upload input[type=file]").set_input_files(str(upload))
-            page.wait_for_selector("#overview-rollout img", timeout=90_000)
-            page.get_by_role("tab", name="Head statistics").click()
-            points(page, "distance-plot").first.wait_for(timeout=30_000)
-            assert points(page, "distance-plot").count() == 6 * 4
-            folder = page.locator("#stats-folder textarea, #stats-folder input").first
-            folder.fill(str(tmp_path / "stats"))
-            folder.press("Enter")
-            page.locator("#dataset-note >> text=3 images of").first.wait_for(timeout=30_000)
-            page.wait_for_selector("#dataset-chart img", timeout=30_000)  # this image against the dataset's ranges
-            assert shown_scale(page, "dataset-chart") >= LEGIBLE_SCALE
-            assert points(page, "distance-plot").count() == 6 * 4  # the interactive plots stay this image's
-            page.locator("#dataset-chart").scroll_into_view_if_needed()
-            page.screenshot(path=str(OUTPUT / "1280x800-head-statistics-with-dataset.png"), full_page=True)
-        finally:
-            browser.close()
+    with chromium_page() as (page, _):
+        page.goto(url)
+        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+        page.locator("#upload input[type=file]").set_input_files(str(upload))
+        page.wait_for_selector("#overview-rollout img", timeout=90_000)
+        page.get_by_role("tab", name="Head statistics").click()
+        points(page, "distance-plot").first.wait_for(timeout=30_000)
+        assert points(page, "distance-plot").count() == 6 * 4
+        folder = page.locator("#stats-folder textarea, #stats-folder input").first
+        folder.fill(str(tmp_path / "stats"))
+        folder.press("Enter")
+        page.locator("#dataset-note >> text=3 images of").first.wait_for(timeout=30_000)
+        page.wait_for_selector("#dataset-chart img", timeout=30_000)  # this image against the dataset's ranges
+        assert shown_scale(page, "dataset-chart") >= LEGIBLE_SCALE
+        assert points(page, "distance-plot").count() == 6 * 4  # the interactive plots stay this image's
+        page.locator("#dataset-chart").scroll_into_view_if_needed()
+        page.screenshot(path=str(OUTPUT / "1280x800-head-statistics-with-dataset.png"), full_page=True)
 
 
 def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
@@ -252,49 +227,40 @@ def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
     zeros = np.zeros((6, 4), dtype=np.float32)
     _, geometry = heat_map(HeadAblation("zero", 0, zeros, zeros, 0.0, 0.5, 7), None)
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(url)
-            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
-            page.locator("#upload input[type=file]").set_input_files(str(upload))
-            page.wait_for_selector("#overview-rollout img", timeout=90_000)
+    with chromium_page() as (page, errors):
+        page.goto(url)
+        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+        page.locator("#upload input[type=file]").set_input_files(str(upload))
+        page.wait_for_selector("#overview-rollout img", timeout=90_000)
 
-            open_tab(page, "Head ablation")
-            run = page.locator("#run-ablation")
-            run.wait_for(timeout=10_000)
-            assert "7 forward passes" in run.inner_text()  # 1 + 6 layers, said on the button
-            page.locator("#ablation-text >> text=Run ablation").first.wait_for(timeout=10_000)
-            run.click()
-            page.wait_for_selector("#ablation-view img", timeout=60_000)
-            page.locator("#ablation-text >> text=Most needed").first.wait_for(timeout=10_000)
-            assert shown_scale(page, "ablation-view") >= LEGIBLE_SCALE
-            before = image_bytes(page, "ablation-view")
-            y, x = geometry.tile_origin(2, 1)
-            click_natural(page, "ablation-view", x + geometry.tile / 2, y + geometry.tile / 2)
-            page.locator("#ablation-without >> text=without L2 h1").first.wait_for(timeout=30_000)
-            wait_for_change(page, "ablation-view", before)  # the clicked head is outlined
-            assert page.locator("#ablation-without >> text=thing").count() >= 1
-            assert not scrolls_sideways(page)
-            page.screenshot(path=str(OUTPUT / "1280x800-head-ablation.png"), full_page=True)
+        open_tab(page, "Head ablation")
+        run = page.locator("#run-ablation")
+        run.wait_for(timeout=10_000)
+        assert "7 forward passes" in run.inner_text()  # 1 + 6 layers, said on the button
+        page.locator("#ablation-text >> text=Run ablation").first.wait_for(timeout=10_000)
+        run.click()
+        page.wait_for_selector("#ablation-view img", timeout=60_000)
+        page.locator("#ablation-text >> text=Most needed").first.wait_for(timeout=10_000)
+        assert shown_scale(page, "ablation-view") >= LEGIBLE_SCALE
+        before = image_bytes(page, "ablation-view")
+        y, x = geometry.tile_origin(2, 1)
+        click_natural(page, "ablation-view", x + geometry.tile / 2, y + geometry.tile / 2)
+        page.locator("#ablation-without >> text=without L2 h1").first.wait_for(timeout=30_000)
+        wait_for_change(page, "ablation-view", before)  # the clicked head is outlined
+        assert page.locator("#ablation-without >> text=thing").count() >= 1
+        assert not scrolls_sideways(page)
+        page.screenshot(path=str(OUTPUT / "1280x800-head-ablation.png"), full_page=True)
 
-            open_tab(page, "Token norms")
-            for elem_id in ("norm-map", "norm-outliers", "norm-chart"):
-                page.wait_for_selector(f"#{elem_id} img", timeout=30_000)
-            page.locator("#norm-text >> text=median + k").first.wait_for(timeout=10_000)
-            page.locator("#norm-layer-text >> text=Layer 5").first.wait_for(timeout=10_000)
-            for elem_id in ("norm-map", "norm-outliers"):
-                assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
-            assert not scrolls_sideways(page)
-            page.screenshot(path=str(OUTPUT / "1280x800-token-norms.png"), full_page=True)
-            assert errors == []
-        finally:
-            browser.close()
+        open_tab(page, "Token norms")
+        for elem_id in ("norm-map", "norm-outliers", "norm-chart"):
+            page.wait_for_selector(f"#{elem_id} img", timeout=30_000)
+        page.locator("#norm-text >> text=median + k").first.wait_for(timeout=10_000)
+        page.locator("#norm-layer-text >> text=Layer 5").first.wait_for(timeout=10_000)
+        for elem_id in ("norm-map", "norm-outliers"):
+            assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
+        assert not scrolls_sideways(page)
+        page.screenshot(path=str(OUTPUT / "1280x800-token-norms.png"), full_page=True)
+        assert errors == []
 
 
 def test_compare_tab_shows_a_second_image_beside_the_first_and_their_difference(served, tmp_path):
@@ -303,43 +269,34 @@ def test_compare_tab_shows_a_second_image_beside_the_first_and_their_difference(
     photo((256, 256), seed=11).save(main)
     photo((256, 256), seed=13).save(second)
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(url)
-            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
-            page.locator("#upload input[type=file]").set_input_files(str(main))
-            page.wait_for_selector("#overview-rollout img", timeout=90_000)
-            open_tab(page, "Compare")
-            page.locator("#compare-caption >> text=Upload a second image").first.wait_for(timeout=30_000)
-            page.locator("#compare-upload input[type=file]").set_input_files(str(second))
-            for elem_id in ("compare-view-a", "compare-view-b", "compare-difference"):
-                page.wait_for_selector(f"#{elem_id} img", timeout=90_000)
-                assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
-            assert page.locator("#compare-title-b >> text=B · second.png").first.is_visible()
-            assert page.locator("#compare-difference-note >> text=red where A is higher").first.is_visible()
-            assert image_bytes(page, "compare-view-a") != image_bytes(page, "compare-view-b")
-            page.wait_for_function("() => document.querySelectorAll('#compare-plot g.mark-symbol.role-mark path').length === 48",
-                                   timeout=30_000)  # 6 layers × 4 heads of each side
-            # another statistic: the plot shows its values (the vertical axis follows the data: ~133 px of distance, ~5.5 nats)
-            y_axis = """() => document.querySelector("#compare-plot g.role-axis[aria-label^='Y-axis']").getAttribute('aria-label')
-                                     .match(/values from .*/)[0]"""
-            distance_axis = page.evaluate(y_axis)
-            page.locator("#compare-statistic input").first.click()
-            page.get_by_role("option", name="attention entropy (nats)").click()
-            page.locator("#compare-plot-note >> text=Attention entropy").first.wait_for(timeout=30_000)
-            page.wait_for_function(f"() => ({y_axis})() !== {distance_axis!r}", timeout=30_000)
-            rollout_a = image_bytes(page, "compare-view-a")
-            page.get_by_label("layer and head").check()  # a view change: redrawn from the two analyses
-            wait_for_change(page, "compare-view-a", rollout_a)
-            page.locator("#compare-title-a >> text=in layer 5 of 6").first.wait_for(timeout=10_000)
-            assert not scrolls_sideways(page)
-            page.screenshot(path=str(OUTPUT / "1280x800-compare.png"), full_page=True)
-            assert errors == []
-        finally:
-            browser.close()
+    with chromium_page() as (page, errors):
+        page.goto(url)
+        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+        page.locator("#upload input[type=file]").set_input_files(str(main))
+        page.wait_for_selector("#overview-rollout img", timeout=90_000)
+        open_tab(page, "Compare")
+        page.locator("#compare-caption >> text=Upload a second image").first.wait_for(timeout=30_000)
+        page.locator("#compare-upload input[type=file]").set_input_files(str(second))
+        for elem_id in ("compare-view-a", "compare-view-b", "compare-difference"):
+            page.wait_for_selector(f"#{elem_id} img", timeout=90_000)
+            assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
+        assert page.locator("#compare-title-b >> text=B · second.png").first.is_visible()
+        assert page.locator("#compare-difference-note >> text=red where A is higher").first.is_visible()
+        assert image_bytes(page, "compare-view-a") != image_bytes(page, "compare-view-b")
+        page.wait_for_function("() => document.querySelectorAll('#compare-plot g.mark-symbol.role-mark path').length === 48",
+                               timeout=30_000)  # 6 layers × 4 heads of each side
+        # another statistic: the plot shows its values (the vertical axis follows the data: ~133 px of distance, ~5.5 nats)
+        y_axis = """() => document.querySelector("#compare-plot g.role-axis[aria-label^='Y-axis']").getAttribute('aria-label')
+                                 .match(/values from .*/)[0]"""
+        distance_axis = page.evaluate(y_axis)
+        page.locator("#compare-statistic input").first.click()
+        page.get_by_role("option", name="attention entropy (nats)").click()
+        page.locator("#compare-plot-note >> text=Attention entropy").first.wait_for(timeout=30_000)
+        page.wait_for_function(f"() => ({y_axis})() !== {distance_axis!r}", timeout=30_000)
+        rollout_a = image_bytes(page, "compare-view-a")
+        page.get_by_label("layer and head").check()  # a view change: redrawn from the two analyses
+        wait_for_change(page, "compare-view-a", rollout_a)
+        page.locator("#compare-title-a >> text=in layer 5 of 6").first.wait_for(timeout=10_000)
+        assert not scrolls_sideways(page)
+        page.screenshot(path=str(OUTPUT / "1280x800-compare.png"), full_page=True)
+        assert errors == []

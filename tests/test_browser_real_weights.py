@@ -4,18 +4,16 @@ overview, the grid and rollout go to test-output/dinov2/ for a person to look at
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from PIL import Image
-from serving import running_server
+from serving import chromium_page, running_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.real_weights, pytest.mark.timm]
-sync_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 skimage_data = pytest.importorskip("skimage.data")
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "dinov2"
 
 
@@ -26,30 +24,21 @@ def test_the_real_backbone_in_the_app(dinov2_weights, tmp_path, size):
     Image.fromarray(skimage_data.chelsea()).save(photo)
     spec = f"timm:vit_small_patch14_dinov2@{dinov2_weights / 'timm.safetensors'}"
     with running_server(spec, tmp_path / "server.log", "--input-size", str(size), timeout_s=300) as (url, _):
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-            )
-            try:
-                page = browser.new_page(viewport={"width": 1440, "height": 900})
-                errors: list[str] = []
-                page.on("pageerror", lambda error: errors.append(str(error)))
-                page.goto(url)
-                page.wait_for_selector("#upload input[type=file]", state="attached", timeout=60_000)
-                page.locator("#upload input[type=file]").set_input_files(str(photo))
-                page.wait_for_selector("#overview-rollout img", timeout=300_000)
-                grid = size // 14
-                page.get_by_text(f"{grid}×{grid} patches of 14×14 px").first.wait_for(timeout=30_000)
-                assert page.get_by_text("Backbone: no classifier head").first.is_visible()
-                page.screenshot(path=str(OUTPUT / f"{size}-overview.png"), full_page=True)
-                page.get_by_role("tab", name="Layers × heads").click()
-                page.wait_for_selector("#grid img", timeout=300_000)
-                page.wait_for_timeout(500)
-                page.screenshot(path=str(OUTPUT / f"{size}-grid.png"), full_page=True)
-                page.get_by_role("tab", name="Rollout").click()
-                page.wait_for_selector("#rollout-view img", timeout=300_000)
-                page.wait_for_timeout(500)
-                page.screenshot(path=str(OUTPUT / f"{size}-rollout.png"), full_page=True)
-                assert errors == []
-            finally:
-                browser.close()
+        with chromium_page(1440, 900) as (page, errors):
+            page.goto(url)
+            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=60_000)
+            page.locator("#upload input[type=file]").set_input_files(str(photo))
+            page.wait_for_selector("#overview-rollout img", timeout=300_000)
+            grid = size // 14
+            page.get_by_text(f"{grid}×{grid} patches of 14×14 px").first.wait_for(timeout=30_000)
+            assert page.get_by_text("Backbone: no classifier head").first.is_visible()
+            page.screenshot(path=str(OUTPUT / f"{size}-overview.png"), full_page=True)
+            page.get_by_role("tab", name="Layers × heads").click()
+            page.wait_for_selector("#grid img", timeout=300_000)
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(OUTPUT / f"{size}-grid.png"), full_page=True)
+            page.get_by_role("tab", name="Rollout").click()
+            page.wait_for_selector("#rollout-view img", timeout=300_000)
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(OUTPUT / f"{size}-rollout.png"), full_page=True)
+            assert errors == []
