@@ -170,8 +170,9 @@ class StatisticsSink(LayerSink):
         self.statistics = statistics
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        maps = attention.to(torch.float32).cpu().numpy()  # [b, heads, n, n], this layer only
-        self.layers[layer] = {name: compute(maps, self.layout) for name, compute in self.statistics.items()}
+        maps = attention.detach()  # [b, heads, n, n], this layer only, reduced where it is (CPU or GPU)
+        self.layers[layer] = {name: torch.as_tensor(compute(maps, self.layout)).float().cpu().numpy()
+                              for name, compute in self.statistics.items()}
 
     def result(self) -> dict[str, np.ndarray]:
         """``{name: [b, layers, heads]}``."""

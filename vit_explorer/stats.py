@@ -1,18 +1,28 @@
 """Per-head statistics of attention ``[..., heads, n, n]`` (one image's layers, or a batch): entropy, distance,
-prefix share. Each gives ``[..., heads]``."""
+prefix share. Each gives ``[..., heads]``, computed in torch (every core, and the GPU a dataset's batch is on)
+and returned as the maps came: numpy for numpy, a tensor for a tensor."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .layout import TokenLayout
 
 
-def attention_entropy(attentions: np.ndarray) -> np.ndarray:
+def _tensor(attentions: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """The maps as a float32 tensor: a numpy array without a copy where it is float32 already."""
+    return torch.as_tensor(attentions).to(torch.float32)
+
+
+def _like(result: torch.Tensor, attentions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """``result`` as the caller's kind: numpy for numpy maps, a tensor for tensors."""
+    return result.numpy() if isinstance(attentions, np.ndarray) else result
+
+
+def attention_entropy(attentions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
     """Mean entropy (nats) of each head's rows ``[..., heads]``; log(n) is uniform, 0 is one-hot."""
-    probs = np.asarray(attentions, dtype=np.float32)
-    logs = np.log(np.clip(probs, 1e-12, None))
-    return -(probs * logs).sum(axis=-1).mean(axis=-1)
+    return _like(torch.special.entr(_tensor(attentions)).sum(dim=-1).mean(dim=-1), attentions)
 
 
 def patch_distances(layout: TokenLayout) -> np.ndarray:
@@ -22,7 +32,7 @@ def patch_distances(layout: TokenLayout) -> np.ndarray:
     return np.hypot(ys[:, None] - ys[None, :], xs[:, None] - xs[None, :]).astype(np.float32)
 
 
-def mean_attention_distance(attentions: np.ndarray, layout: TokenLayout) -> np.ndarray:
+def mean_attention_distance(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> np.ndarray | torch.Tensor:
     """Mean distance in input pixels over which each head integrates ``[..., heads]``.
 
     For every patch query, the expected distance to the patch keys it attends to (weights
@@ -30,15 +40,16 @@ def mean_attention_distance(attentions: np.ndarray, layout: TokenLayout) -> np.n
     zero), averaged over queries — the measure of Fig. 7 of the ViT paper.
     """
     prefix = layout.num_prefix_tokens
-    patch_to_patch = np.asarray(attentions, dtype=np.float32)[..., prefix:, prefix:]
-    weights = patch_to_patch / np.clip(patch_to_patch.sum(axis=-1, keepdims=True), 1e-12, None)
-    return (weights * patch_distances(layout)).sum(axis=-1).mean(axis=-1)
+    patch_to_patch = _tensor(attentions)[..., prefix:, prefix:]  # [..., heads, patches, patches]
+    # Σ_k A[q, k]·d(q, k) / Σ_k A[q, k]: the renormalisation divides the sum, not each weight
+    weighted = torch.einsum("...qk,qk->...q", patch_to_patch, torch.from_numpy(patch_distances(layout)).to(patch_to_patch.device))
+    return _like((weighted / patch_to_patch.sum(dim=-1).clamp_min(1e-12)).mean(dim=-1), attentions)
 
 
-def prefix_share(attentions: np.ndarray, layout: TokenLayout) -> np.ndarray:
+def prefix_share(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> np.ndarray | torch.Tensor:
     """Share of each head's attention from patch queries that lands on prefix tokens ``[..., heads]``."""
     prefix = layout.num_prefix_tokens
-    return np.asarray(attentions, dtype=np.float32)[..., prefix:, :prefix].sum(axis=-1).mean(axis=-1)
+    return _like(_tensor(attentions)[..., prefix:, :prefix].sum(dim=-1).mean(dim=-1), attentions)
 
 
 def ranks(values: np.ndarray) -> np.ndarray:
