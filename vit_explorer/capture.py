@@ -132,7 +132,7 @@ class CompactSink(LayerSink):
     (for rollout), every head's rows of the prefix tokens and of the mean patch query, and per-head
     ``statistics`` (name → function of ``[1, heads, n, n]`` and the layout, giving ``[1, heads]``)."""
 
-    def __init__(self, layout: TokenLayout, statistics: Mapping[str, Callable[[np.ndarray, TokenLayout], np.ndarray]]) -> None:
+    def __init__(self, layout: TokenLayout, statistics: Mapping[str, Callable[[torch.Tensor, TokenLayout], torch.Tensor]]) -> None:
         super().__init__()
         self.layout = layout
         self.statistics = statistics
@@ -164,15 +164,14 @@ class StatisticsSink(LayerSink):
     ``[b, heads, n, n]`` and the layout, giving ``[b, heads]``) and drops it: a batch of a dataset never
     holds more than one layer's maps."""
 
-    def __init__(self, layout: TokenLayout, statistics: Mapping[str, Callable[[np.ndarray, TokenLayout], np.ndarray]]) -> None:
+    def __init__(self, layout: TokenLayout, statistics: Mapping[str, Callable[[torch.Tensor, TokenLayout], torch.Tensor]]) -> None:
         super().__init__()
         self.layout = layout
         self.statistics = statistics
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
         maps = attention.detach()  # [b, heads, n, n], this layer only, reduced where it is (CPU or GPU)
-        self.layers[layer] = {name: torch.as_tensor(compute(maps, self.layout)).float().cpu().numpy()
-                              for name, compute in self.statistics.items()}
+        self.layers[layer] = {name: compute(maps, self.layout).float().cpu().numpy() for name, compute in self.statistics.items()}
 
     def result(self) -> dict[str, np.ndarray]:
         """``{name: [b, layers, heads]}``."""

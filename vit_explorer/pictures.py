@@ -118,11 +118,17 @@ def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence |
 DIFFERENCE_CMAP = "RdBu_r"  # diverging: red where the first map is higher, blue where the second is, white where they agree
 
 
+def centred_on_zero(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """Signed ``values`` → [0, 1] with 0 at 0.5 (a diverging colour map's middle), on a scale symmetric about 0,
+    and that scale's bound max|values| (all 0.5 when every value is 0)."""
+    bound = float(np.abs(values).max())
+    return (0.5 + values / (2 * bound) if bound > 0 else np.full(values.shape, 0.5)), bound
+
+
 def difference_picture(analysis: Analysis, difference: np.ndarray, unit: str) -> np.ndarray:
     """A large view of a signed ``[grid_h, grid_w]`` difference of two maps on a scale symmetric about 0 (white),
     at the size of ``analysis``'s views, with a colour bar from −max|difference| to +max|difference| of ``unit``."""
-    bound = float(np.abs(difference).max())
-    centred = 0.5 + difference / (2 * bound) if bound > 0 else np.full(difference.shape, 0.5)
+    centred, bound = centred_on_zero(difference)
     picture = render.colorize(render.upsample(centred, view_hw(analysis)), DIFFERENCE_CMAP)
     return render.with_colorbar(picture, DIFFERENCE_CMAP, -bound, bound, unit)
 
@@ -179,8 +185,8 @@ def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None
     points = ablation.delta_probability * 100.0  # [layers, heads]
     layers, heads = points.shape
     tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
-    bound = float(np.abs(points).max())
-    colours = render.colorize(0.5 + points / (2 * bound) if bound > 0 else np.full(points.shape, 0.5), ABLATION_CMAP)  # [layers, heads, 3]
+    centred, bound = centred_on_zero(points)
+    colours = render.colorize(centred, ABLATION_CMAP)  # [layers, heads, 3]
     picture, geometry = render.tile_grid(np.broadcast_to(colours[:, :, None, None, :], (layers, heads, tile_px, tile_px, 3)),
                                          row_labels=[f"L{layer}" for layer in range(layers)],
                                          col_labels=[f"h{head}" for head in range(heads)], highlight=selected)
