@@ -87,3 +87,11 @@ def chromium_page(width: int = 1280, height: int = 800) -> Iterator[tuple[object
             yield page, errors
         finally:
             browser.close()
+
+
+def open_and_upload(page, url: str, image: Path, timeout_ms: int = 90_000) -> None:
+    """Open the app at ``url``, upload ``image`` and wait until the overview's rollout is on screen."""
+    page.goto(url)
+    page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+    page.locator("#upload input[type=file]").set_input_files(str(image))
+    page.wait_for_selector("#overview-rollout img", timeout=timeout_ms)

@@ -44,6 +44,19 @@ def upload(tmp_path):
     return str(path)
 
 
+@pytest.fixture
+def backbone_models() -> ModelCache:
+    """A model cache holding ``hf:test-backbone``: a tiny random DINOv2 backbone (no classifier head)."""
+    transformers = pytest.importorskip("transformers")
+    from vit_explorer.models.hf_adapter import from_hf_module
+
+    config = transformers.Dinov2Config(image_size=56, patch_size=14, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64)
+    models = ModelCache()
+    models.put("hf:test-backbone", from_hf_module(transformers.Dinov2Model(config).eval(), "hf:test-backbone"))
+    return models
+
+
 def controls(**changes) -> tuple:
     """Control values in ``CONTROL_NAMES`` order, as the app passes them."""
     return tuple(Controls(**changes).__dict__.values())
@@ -369,14 +382,8 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
 
 
 @pytest.mark.hf
-def test_a_backbone_shows_a_note_instead_of_class_maps(upload):
-    transformers = pytest.importorskip("transformers")
-    from vit_explorer.models.hf_adapter import from_hf_module
-
-    config = transformers.Dinov2Config(image_size=56, patch_size=14, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                       intermediate_size=64)
-    models = ModelCache()
-    models.put("hf:test-backbone", from_hf_module(transformers.Dinov2Model(config).eval(), "hf:test-backbone"))
+def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
+    models = backbone_models
     outputs = by_name(shared.run_analysis(models, upload, "hf:test-backbone", CLASS_MAPS, *CONTROLS), shared.FULL_OUTPUTS)
     session = outputs["state"]
     assert session.evidence is None and outputs["class_view"] is None and outputs["class_text"] == NO_CLASSIFIER
@@ -565,14 +572,8 @@ def test_sanity_check_button_shows_the_curves_under_the_map_until_the_target_cha
 
 
 @pytest.mark.hf
-def test_a_backbone_has_nothing_to_ablate_but_shows_token_norms_and_a_sanity_check(upload):
-    transformers = pytest.importorskip("transformers")
-    from vit_explorer.models.hf_adapter import from_hf_module
-
-    config = transformers.Dinov2Config(image_size=56, patch_size=14, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                       intermediate_size=64)
-    models = ModelCache()
-    models.put("hf:test-backbone", from_hf_module(transformers.Dinov2Model(config).eval(), "hf:test-backbone"))
+def test_a_backbone_has_nothing_to_ablate_but_shows_token_norms_and_a_sanity_check(upload, backbone_models):
+    models = backbone_models
     session, outputs = analysed(models, upload, "hf:test-backbone", visible=ABLATION)
     assert outputs["ablation_text"] == NO_CLASS_SCORE and outputs["run_ablation"]["interactive"] is False
     with pytest.raises(gr.Error, match="no classifier head"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint, write_stats_folder
-from serving import chromium_page, running_app
+from serving import chromium_page, open_and_upload, running_app
 
 from vit_explorer import analyze, load_model, pictures
 from vit_explorer.tabs import TABS as APP_TABS
@@ -197,10 +197,7 @@ def test_a_stats_folder_overlays_the_dataset_on_the_head_statistics(served, tmp_
     photo((256, 256), seed=12).save(upload)
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with chromium_page() as (page, _):
-        page.goto(url)
-        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
-        page.locator("#upload input[type=file]").set_input_files(str(upload))
-        page.wait_for_selector("#overview-rollout img", timeout=90_000)
+        open_and_upload(page, url, upload)
         page.get_by_role("tab", name="Head statistics").click()
         points(page, "distance-plot").first.wait_for(timeout=30_000)
         assert points(page, "distance-plot").count() == 6 * 4
@@ -228,10 +225,7 @@ def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
     _, geometry = heat_map(HeadAblation("zero", 0, zeros, zeros, 0.0, 0.5, 7), None)
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with chromium_page() as (page, errors):
-        page.goto(url)
-        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
-        page.locator("#upload input[type=file]").set_input_files(str(upload))
-        page.wait_for_selector("#overview-rollout img", timeout=90_000)
+        open_and_upload(page, url, upload)
 
         open_tab(page, "Head ablation")
         run = page.locator("#run-ablation")
@@ -270,10 +264,7 @@ def test_compare_tab_shows_a_second_image_beside_the_first_and_their_difference(
     photo((256, 256), seed=13).save(second)
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with chromium_page() as (page, errors):
-        page.goto(url)
-        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
-        page.locator("#upload input[type=file]").set_input_files(str(main))
-        page.wait_for_selector("#overview-rollout img", timeout=90_000)
+        open_and_upload(page, url, main)
         open_tab(page, "Compare")
         page.locator("#compare-caption >> text=Upload a second image").first.wait_for(timeout=30_000)
         page.locator("#compare-upload input[type=file]").set_input_files(str(second))

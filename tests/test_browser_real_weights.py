@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from serving import chromium_page, running_server
+from serving import chromium_page, open_and_upload, running_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.real_weights, pytest.mark.timm]
 pytest.importorskip("playwright.sync_api")
@@ -25,10 +25,7 @@ def test_the_real_backbone_in_the_app(dinov2_weights, tmp_path, size):
     spec = f"timm:vit_small_patch14_dinov2@{dinov2_weights / 'timm.safetensors'}"
     with running_server(spec, tmp_path / "server.log", "--input-size", str(size), timeout_s=300) as (url, _):
         with chromium_page(1440, 900) as (page, errors):
-            page.goto(url)
-            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=60_000)
-            page.locator("#upload input[type=file]").set_input_files(str(photo))
-            page.wait_for_selector("#overview-rollout img", timeout=300_000)
+            open_and_upload(page, url, photo, timeout_ms=300_000)
             grid = size // 14
             page.get_by_text(f"{grid}×{grid} patches of 14×14 px").first.wait_for(timeout=30_000)
             assert page.get_by_text("Backbone: no classifier head").first.is_visible()
