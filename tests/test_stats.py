@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+import torch
+from scipy.stats import entropy as scipy_entropy
 
 from vit_explorer.layout import TokenLayout
 from vit_explorer.stats import attention_entropy, mean_attention_distance, patch_distances, prefix_share, ranks, spearman
@@ -48,3 +50,15 @@ def test_spearman_matches_pearson_of_hand_ranks_with_ties():
     assert spearman(first, second) == pytest.approx(np.corrcoef(hand_first, hand_second)[0, 1])
     assert spearman(first, np.exp(first)) == pytest.approx(1.0) and spearman(first, -first) == pytest.approx(-1.0)
     assert np.isnan(spearman(first, np.ones(50)))
+
+
+def test_entropy_matches_scipy_on_rows_with_exact_zeros_in_numpy_and_torch():
+    rng = np.random.default_rng(5)
+    rows = rng.dirichlet(np.full(9, 0.3), size=(2, 3, 9)).astype(np.float32)  # [layers, heads, n, n]
+    rows[..., :2] = 0.0  # softmax underflow leaves exact zeros, which contribute nothing
+    rows /= rows.sum(axis=-1, keepdims=True)
+    expected = scipy_entropy(rows.astype(np.float64), axis=-1).mean(axis=-1)  # [layers, heads]
+    np.testing.assert_allclose(attention_entropy(rows), expected, rtol=1e-5)
+    from_tensor = attention_entropy(torch.from_numpy(rows))
+    assert isinstance(from_tensor, torch.Tensor) and not torch.isnan(from_tensor).any()
+    np.testing.assert_allclose(from_tensor.numpy(), expected, rtol=1e-5)

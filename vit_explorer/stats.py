@@ -22,7 +22,11 @@ def _like(result: torch.Tensor, attentions: np.ndarray | torch.Tensor) -> np.nda
 
 def attention_entropy(attentions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
     """Mean entropy (nats) of each head's rows ``[..., heads]``; log(n) is uniform, 0 is one-hot."""
-    return _like(torch.special.entr(_tensor(attentions)).sum(dim=-1).mean(dim=-1), attentions)
+    maps = _tensor(attentions)
+    # -Σ p·log p as one log pass and one fused dot per row: about twice as fast as ``torch.special.entr``, which
+    # dominates a dataset run's statistics; a weight of exactly 0 contributes 0·log(tiny) = 0, as it should
+    logs = maps.clamp_min(torch.finfo(maps.dtype).tiny).log_()
+    return _like(torch.linalg.vecdot(maps, logs).mean(dim=-1).neg_(), attentions)
 
 
 def patch_distances(layout: TokenLayout) -> np.ndarray:
@@ -42,7 +46,7 @@ def mean_attention_distance(attentions: np.ndarray | torch.Tensor, layout: Token
     prefix = layout.num_prefix_tokens
     patch_to_patch = _tensor(attentions)[..., prefix:, prefix:]  # [..., heads, patches, patches]
     # Σ_k A[q, k]·d(q, k) / Σ_k A[q, k]: the renormalisation divides the sum, not each weight
-    weighted = torch.einsum("...qk,qk->...q", patch_to_patch, torch.from_numpy(patch_distances(layout)).to(patch_to_patch.device))
+    weighted = torch.linalg.vecdot(patch_to_patch, torch.from_numpy(patch_distances(layout)).to(patch_to_patch.device))
     return _like((weighted / patch_to_patch.sum(dim=-1).clamp_min(1e-12)).mean(dim=-1), attentions)
 
 
