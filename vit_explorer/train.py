@@ -1,9 +1,14 @@
 """``vit-explorer train-default``: train the embedded shapes ViT on the generator, reproducibly and resumably.
 
-Progressive resizing makes the domain-randomised task fit 2 CPU cores: most steps run at 128 px
-(an 8×8 grid, 65 tokens, about 12 times cheaper per image than 257 tokens), then the position
-embedding is interpolated to the 16×16 grid and the model is fine-tuned at 256 px. A checkpoint is
-written every ``CHECKPOINT_EVERY`` steps beside the output; ``--resume`` continues from it.
+Two things make the domain-randomised task fit 2 CPU cores:
+- windows: most steps see a 128-px window of a 256-px image that holds the object (an 8×8 grid, 65
+  tokens, about ten times cheaper per image than 257), at the pixel scale of the final model, with the
+  8×8 block of the 16×16 position embedding where the window lies; the last stage sees whole images;
+- a locality-biased start: 2-D sine-cosine position embeddings, so that near patches start similar, and
+  mimetic attention weights (Trockman & Kolter 2023: W_q·W_kᵀ ≈ αZ + βI, W_v·W_o ≈ αZ − βI), so that
+  each head starts out attending to similar, hence nearby, patches as trained ViTs do.
+Everything stays trainable. A checkpoint is written every ``CHECKPOINT_EVERY`` steps beside the
+output; ``--resume`` continues from it.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ CHUNK = 500  # images per generator seed, so that the pool is the same however m
 
 @dataclass(frozen=True)
 class Stage:
-    """One resolution of the schedule: its image side, steps, batch, peak learning rate and pool sizes.
+    """One part of the schedule: the window side it trains on (``IMAGE_SIZE``: whole images), its steps,
+    batch, peak learning rate and pool sizes.
 
     With an easy pool, the stage starts on easy images (``shapes.generate(easy=True)``: filled shapes at
     high contrast on plain backgrounds) and hands over to the full generator linearly, the last easy
@@ -60,7 +66,7 @@ class Stage:
     if it meets every randomisation at once."""
 
     name: str
-    image_size: int
+    window: int
     steps: int
     batch_size: int
     lr: float
@@ -75,17 +81,11 @@ class Stage:
 
 
 def default_stages(scale: float = 1.0) -> tuple[Stage, ...]:
-    """The documented schedule; ``scale`` shortens every stage (for tests and trials).
-
-    At 128 px an object of one or two patches leaves its shape to the linear patch embedding alone, so
-    the low-resolution stage teaches where objects are (its patch loss) more than what they are; the
-    192-px stage (12×12 grid) and the 256-px one then learn the shapes from their patches' arrangement.
-    """
+    """The documented schedule; ``scale`` shortens every stage (for tests and trials)."""
     return (
-        Stage("low-res", 128, max(1, int(16000 * scale)), 64, 1e-3, max(CHUNK, int(80_000 * scale)),
-              easy_pool_size=max(CHUNK, int(16_000 * scale)), easy_until=0.4, stop=max(1, int(7000 * scale))),
-        Stage("mid-res", 192, max(1, int(3500 * scale)), 48, 5e-4, max(CHUNK, int(24_000 * scale))),
-        Stage("full-res", IMAGE_SIZE, max(1, int(1200 * scale)), 32, 2e-4, max(CHUNK, int(12_000 * scale))),
+        Stage("windows", IMAGE_SIZE // 2, max(1, int(17000 * scale)), 64, 1e-3, max(CHUNK, int(56_000 * scale)),
+              easy_pool_size=max(CHUNK, int(8_000 * scale)), easy_until=0.35),
+        Stage("whole", IMAGE_SIZE, max(1, int(1000 * scale)), 32, 3e-4, max(CHUNK, int(12_000 * scale))),
     )
 
 
@@ -96,71 +96,124 @@ def to_batch(images: np.ndarray) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Pool:
-    """Generated training images ``[b, H, W, 3]`` uint8, labels ``[b]``, object diameters in 256-px pixels
-    ``[b]``, and each patch's object class ``[b, rows, cols]`` (0 background, 1 + label on the object)."""
+    """Generated training windows ``[b, H, W, 3]`` uint8, labels ``[b]``, each patch's object class
+    ``[b, rows, cols]`` (0 background, 1 + label on the object) and where each window lies in the whole
+    image's patch grid, its top-left patch ``[b, 2]`` (row, column)."""
 
     images: np.ndarray
     labels: np.ndarray
-    diameters: np.ndarray
     patch_classes: np.ndarray
+    offsets: np.ndarray
+
+
+def _window_offset(rng: np.random.Generator, bbox: tuple[int, int, int, int], window: int) -> tuple[int, int]:
+    """A patch-aligned top-left corner (row, column) in pixels for a ``window`` that holds ``bbox`` where it can."""
+    patch = SHAPES_VIT["patch_size"]
+    corner = []
+    for low, high in ((bbox[1], bbox[3]), (bbox[0], bbox[2])):
+        first = max(0, -(-(high - window) // patch))  # the lowest aligned start that still reaches ``high``
+        last = max(first, min(low, IMAGE_SIZE - window) // patch)
+        corner.append(int(rng.integers(first, last + 1)) * patch)
+    return corner[0], corner[1]
 
 
 def _draw_chunk(job: tuple[int, int, int, bool]) -> Pool:
-    seed, count, size, easy = job
+    seed, count, window, easy = job
     rng = np.random.default_rng(seed)
-    scale = size / IMAGE_SIZE
-    samples = [generate(rng, size, MIN_SIZE * scale, MAX_SIZE * scale, easy=easy) for _ in range(count)]
-    rows = size // SHAPES_VIT["patch_size"]
-    covered = np.stack([s.mask.reshape(rows, size // rows, rows, size // rows).mean(axis=(1, 3)) for s in samples])
-    labels = np.array([s.label for s in samples])
-    # a patch counts as the object's when a quarter of it is covered
-    patch_classes = np.where(covered >= 0.25, labels[:, None, None] + 1, 0).astype(np.int64)
-    diameters = np.array([max(s.bbox[2] - s.bbox[0], s.bbox[3] - s.bbox[1]) / scale for s in samples])
-    return Pool(np.stack([s.image for s in samples]), labels, diameters, patch_classes)
+    patch = SHAPES_VIT["patch_size"]
+    images, labels, patch_classes, offsets = [], [], [], []
+    for _ in range(count):
+        sample = generate(rng, IMAGE_SIZE, MIN_SIZE, MAX_SIZE, easy=easy)
+        top, left = _window_offset(rng, sample.bbox, window) if window < IMAGE_SIZE else (0, 0)
+        mask = sample.mask[top : top + window, left : left + window]
+        rows = window // patch
+        covered = mask.reshape(rows, patch, rows, patch).mean(axis=(1, 3))
+        # a patch counts as the object's when a quarter of it is covered
+        patch_classes.append(np.where(covered >= 0.25, sample.label + 1, 0))
+        images.append(sample.image[top : top + window, left : left + window])
+        labels.append(sample.label)
+        offsets.append((top // patch, left // patch))
+    return Pool(np.stack(images), np.array(labels), np.stack(patch_classes).astype(np.int64), np.array(offsets, dtype=np.int64))
 
 
-def draw_pool(seed: int, count: int, size: int, processes: int = 2, easy: bool = False) -> Pool:
-    """``count`` generated images at ``size`` px (the same for the same seed, however many processes)."""
-    jobs = [(seed * 1_000_000 + start // CHUNK, min(CHUNK, count - start), size, easy) for start in range(0, count, CHUNK)]
+def draw_pool(seed: int, count: int, window: int, processes: int = 2, easy: bool = False) -> Pool:
+    """``count`` generated ``window``-px windows of whole images (the same for the same seed, however many processes)."""
+    jobs = [(seed * 1_000_000 + start // CHUNK, min(CHUNK, count - start), window, easy) for start in range(0, count, CHUNK)]
     with multiprocessing.get_context("spawn").Pool(processes) as workers:
         parts = workers.map(_draw_chunk, jobs)
-    return Pool(*(np.concatenate([getattr(part, name) for part in parts]) for name in ("images", "labels", "diameters", "patch_classes")))
+    return Pool(*(np.concatenate([getattr(part, name) for part in parts]) for name in ("images", "labels", "patch_classes", "offsets")))
 
 
-def augment(images: torch.Tensor, patch_classes: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def augment(images: torch.Tensor, patch_classes: torch.Tensor, offsets: torch.Tensor,
+            rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A random flip/quarter-turn and channel order per batch, and per image a random polarity: each
     shape class is closed under all three, and (with mean 0.5 in ``PREPROCESS``) inverting an image is
-    negating its normalised pixels. The patch classes ``[b, rows, cols]`` turn with the images."""
+    negating its normalised pixels. The patch classes ``[b, rows, cols]`` turn with the images, and each
+    window's offset ``[b, 2]`` moves to where the turn of the whole image takes it."""
+    grid, rows = IMAGE_SIZE // SHAPES_VIT["patch_size"], patch_classes.shape[1]
     turns, flip = int(rng.integers(4)), rng.random() < 0.5
     images, patch_classes = torch.rot90(images, turns, dims=(2, 3)), torch.rot90(patch_classes, turns, dims=(1, 2))
+    for _ in range(turns):  # torch.rot90 takes the patch at (r, c) of a grid×grid image to (grid - 1 - c, r)
+        offsets = torch.stack([grid - rows - offsets[:, 1], offsets[:, 0]], dim=1)
     if flip:
         images, patch_classes = images.flip(3), patch_classes.flip(2)
+        offsets = torch.stack([offsets[:, 0], grid - rows - offsets[:, 1]], dim=1)
     images = images[:, torch.from_numpy(rng.permutation(3))]
     signs = torch.from_numpy(np.where(rng.random(len(images)) < 0.5, -1.0, 1.0).astype(np.float32))
-    return images * signs.view(-1, 1, 1, 1), patch_classes
+    return images * signs.view(-1, 1, 1, 1), patch_classes, offsets
 
 
-def tokens_and_logits(model: ViT, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seed ViT's forward, also returning its final patch tokens ``[b, patches, dim]``."""
-    x = model.to_patch_embedding(images)
-    x = torch.cat((model.cls_token.expand(len(images), -1, -1), x), dim=1)
-    x = model.transformer(model.dropout(x + model.pos_embedding[: x.shape[1]]))
+def tokens_and_logits(model: ViT, images: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seed ViT's forward on windows ``[b, 3, h, w]`` whose top-left patches sit at ``offsets`` ``[b, 2]`` of
+    the model's grid, also returning the final patch tokens ``[b, patches, dim]``. On whole images (offsets 0)
+    it is ``model.forward``."""
+    rows, cols = images.shape[2] // model.patch_size[0], images.shape[3] // model.patch_size[1]
+    grid_cols = model.grid_size[1]
+    window = torch.arange(rows).view(rows, 1) * grid_cols + torch.arange(cols).view(1, cols)  # [rows, cols]
+    index = (offsets[:, :1] * grid_cols + offsets[:, 1:]).view(-1, 1, 1) + window  # [b, rows, cols]
+    position = model.pos_embedding[1:][index.flatten(1)]  # [b, patches, dim]
+    x = model.to_patch_embedding(images) + position
+    x = torch.cat((model.cls_token.expand(len(images), -1, -1) + model.pos_embedding[:1], x), dim=1)
+    x = model.transformer(model.dropout(x))
     return x[:, 1:], model.mlp_head(x[:, 0])
 
 
-def resize_grid(model: ViT, image_size: int) -> ViT:
-    """The same weights for ``image_size`` input: the patch position embedding bicubically interpolated."""
-    config = dict(SHAPES_VIT, image_size=image_size)
-    resized = ViT(**config)
-    state = model.state_dict()
-    old_rows = model.grid_size[0]
-    new_rows = resized.grid_size[0]
-    prefix, patches = state["pos_embedding"][:1], state["pos_embedding"][1:]
-    grid = patches.reshape(old_rows, old_rows, -1).permute(2, 0, 1).unsqueeze(0)  # [1, dim, rows, cols]
-    grid = torch.nn.functional.interpolate(grid, size=(new_rows, new_rows), mode="bicubic", align_corners=False)
-    state["pos_embedding"] = torch.cat([prefix, grid[0].permute(1, 2, 0).reshape(new_rows * new_rows, -1)])
-    resized.load_state_dict(state)
-    return resized
+def sincos_positions(rows: int, cols: int, dim: int) -> torch.Tensor:
+    """2-D sine-cosine position embedding ``[rows * cols, dim]`` (half the channels for rows, half for columns)."""
+    quarter = dim // 4
+    frequencies = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float32) / quarter)
+    ys, xs = torch.meshgrid(torch.arange(rows, dtype=torch.float32), torch.arange(cols, dtype=torch.float32), indexing="ij")
+    parts = [fn(coordinate.flatten()[:, None] * frequencies) for coordinate in (ys, xs) for fn in (torch.sin, torch.cos)]
+    return torch.cat(parts, dim=1)
+
+
+def _factor(target: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``left [d, rank]`` and ``right [rank, d]`` whose product is the best rank-``rank`` approximation of ``target``."""
+    u, s, vh = torch.linalg.svd(target)
+    root = s[:rank].sqrt()
+    return u[:, :rank] * root, root[:, None] * vh[:rank]
+
+
+def locality_init(model: ViT, generator: torch.Generator, alpha_qk: float = 0.7, beta_qk: float = 0.7,
+                  alpha_vo: float = 0.4, beta_vo: float = 0.4) -> None:
+    """Sine-cosine patch positions and mimetic attention weights (Trockman & Kolter 2023), in place."""
+    with torch.no_grad():
+        dim = model.pos_embedding.shape[1]
+        model.pos_embedding[1:] = sincos_positions(*model.grid_size, dim)
+        model.pos_embedding[:1].normal_(0, 0.02, generator=generator)
+        identity = torch.eye(dim)
+        for attention, _ in model.transformer.layers:
+            inner, heads = attention.to_qkv.out_features // 3, attention.heads
+            dim_head = inner // heads
+            w_q, w_k, w_v = attention.to_qkv.weight.view(3, heads, dim_head, dim).unbind(0)  # each [heads, dim_head, dim]
+            w_out = attention.to_out[0].weight.view(dim, heads, dim_head)
+            for head in range(heads):
+                z_qk = torch.randn(dim, dim, generator=generator) / dim**0.5
+                left, right = _factor(alpha_qk * z_qk + beta_qk * identity, dim_head)  # q·k = x (W_qᵀ W_k) xᵀ
+                w_q[head], w_k[head] = left.T, right
+                z_vo = torch.randn(dim, dim, generator=generator) / dim**0.5
+                left, right = _factor((alpha_vo * z_vo - beta_vo * identity).T, dim_head)  # token → W_o W_v token
+                w_out[:, head], w_v[head] = left, right
 
 
 def accuracy(model: ViT, images: np.ndarray, labels: np.ndarray, batch_size: int = 100) -> float:
@@ -187,12 +240,12 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
     from .ood import fit_mahalanobis
 
     torch.manual_seed(seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     stages = default_stages(scale)
     state_path = out.with_suffix(".training.pt")
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    model: ViT = ViT(**dict(SHAPES_VIT, image_size=stages[0].image_size))
+    model = ViT(**SHAPES_VIT)
+    locality_init(model, torch.Generator().manual_seed(seed))
     # trained beside the ViT and not shipped: the ViT itself stays the seed architecture
     patch_head = torch.nn.Linear(SHAPES_VIT["dim"], len(CLASSES) + 1)
     stage_index, step, elapsed_before, rng_state = 0, 0, 0.0, None
@@ -200,7 +253,6 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
     if resume and state_path.is_file():
         saved = torch.load(state_path, map_location="cpu", weights_only=False)
         stage_index, step, elapsed_before, rng_state = saved["stage"], saved["step"], saved["elapsed_s"], saved["rng"]
-        model = ViT(**dict(SHAPES_VIT, image_size=stages[stage_index].image_size))
         model.load_state_dict(saved["model"])
         patch_head.load_state_dict(saved["patch_head"])
         torch.set_rng_state(saved["torch_rng"])
@@ -211,11 +263,9 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
         if saved is not None and index == stage_index and step >= stage.last_step:
             saved = None  # resumed at the end of a finished stage
             continue
-        if model.image_size[0] != stage.image_size:
-            model = resize_grid(model, stage.image_size)
-        print(f"{stage.name}: drawing {stage.pool_size} images at {stage.image_size} px…", file=sys.stderr)
-        pool = draw_pool(seed * 10 + index, stage.pool_size, stage.image_size)
-        easy = draw_pool(seed * 10 + 5 + index, stage.easy_pool_size, stage.image_size, easy=True) if stage.easy_pool_size else None
+        print(f"{stage.name}: drawing {stage.pool_size} {stage.window}-px windows…", file=sys.stderr)
+        pool = draw_pool(seed * 10 + index, stage.pool_size, stage.window)
+        easy = draw_pool(seed * 10 + 5 + index, stage.easy_pool_size, stage.window, easy=True) if stage.easy_pool_size else None
         optimizer = torch.optim.AdamW([*model.parameters(), *patch_head.parameters()], lr=stage.lr, weight_decay=0.05)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(stage))
         rng = np.random.default_rng([seed, index])
@@ -235,10 +285,10 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
             if hard < stage.batch_size:
                 picks.append((easy, rng.integers(0, len(easy.labels), stage.batch_size - hard)))
             images = np.concatenate([source.images[chosen] for source, chosen in picks])
-            patch_classes = np.concatenate([source.patch_classes[chosen] for source, chosen in picks])
-            batch, patch_target = augment(to_batch(images), torch.from_numpy(patch_classes), rng)
-            target = torch.from_numpy(np.concatenate([source.labels[chosen] for source, chosen in picks]))
-            tokens, logits = tokens_and_logits(model, batch)
+            patch_classes, offsets, target = (torch.from_numpy(np.concatenate([getattr(source, name)[chosen] for source, chosen in picks]))
+                                              for name in ("patch_classes", "offsets", "labels"))
+            batch, patch_target, offsets = augment(to_batch(images), patch_classes, offsets, rng)
+            tokens, logits = tokens_and_logits(model, batch, offsets)
             loss = torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1)
             # dense supervision: each final patch token names the class of the object it covers (or none)
             loss = loss + PATCH_LOSS_WEIGHT * torch.nn.functional.cross_entropy(patch_head(tokens).flatten(0, 1), patch_target.flatten(),
