@@ -82,7 +82,7 @@ def assert_class_maps_work(model, image) -> None:
     assert evidence.weighted.shape == (analysis.map_shape[0], model.layout.num_tokens, model.layout.num_tokens)
     for method in maps.CLASS_METHODS:
         grid_map = maps.class_map(analysis, method, evidence, maps.RolloutOptions())
-        assert grid_map.shape == model.layout.grid_hw and np.isfinite(grid_map).all(), method
+        assert grid_map.shape == model.layout.grid_hw and grid_map.isfinite().all(), method
     assert maps.head_order(analysis, "gradient importance", evidence).shape == tuple(analysis.map_shape)
     relevance_map = maps.class_map(analysis, "relevance", evidence, maps.RolloutOptions())
     curves = deletion_insertion(model, analysis.image, relevance_map, evidence.target, steps=2, random_orders=1)

@@ -208,7 +208,7 @@ def test_prediction_without_a_head_matches_the_heat_map_and_ablation_is_kept_on_
     assert probability[result.target] == pytest.approx(result.original_probability - drop, abs=1e-6)
     importance = class_evidence(model, analysis, result.target).importance
     record = json.loads(result.to_json(importance))
-    expected = spearmanr(np.abs(result.delta_probability).ravel(), importance.ravel()).statistic
+    expected = spearmanr(result.delta_probability.abs().ravel(), importance.ravel()).statistic
     assert record["spearman_abs_delta_probability_vs_gradient_importance"] == pytest.approx(expected, abs=1e-9)
     assert [(entry["layer"], entry["head"]) for entry in record["ranked_by_drop"][:1]] == [(layer, head)]
     assert len(record["ranked_by_drop"]) == TINY["depth"] * TINY["heads"]
@@ -280,10 +280,11 @@ def test_on_held_out_shapes_the_largest_effects_matter_more_than_random_or_small
     for sample in generate_set(HELDOUT_SEED, 20):
         pixels = to_pixels(sample.image, model.preprocess)
         result = head_ablation(model, pixels)
-        order = np.argsort(-result.drop, axis=None, kind="stable")
-        quiet = np.argsort(np.abs(result.delta_probability), axis=None, kind="stable")
-        shape = result.drop.shape
-        chosen = {"largest": order[:3], "random": rng.choice(result.drop.size, 3, replace=False), "smallest": quiet[:3]}
+        drop, delta = result.drop.numpy(), result.delta_probability.numpy()
+        order = np.argsort(-drop, axis=None, kind="stable")
+        quiet = np.argsort(np.abs(delta), axis=None, kind="stable")
+        shape = drop.shape
+        chosen = {"largest": order[:3], "random": rng.choice(drop.size, 3, replace=False), "smallest": quiet[:3]}
         sets = [[tuple(int(i) for i in np.unravel_index(flat, shape)) for flat in chosen[name]] for name in drops]
         probabilities = ablated_logits(model, pixels, sets).double().softmax(-1)[:, result.target].numpy()
         for name, probability in zip(drops, probabilities):
@@ -298,7 +299,7 @@ def test_heat_map_is_red_where_removal_lowers_the_target_and_clicks_map_to_heads
     from vit_explorer.ablation import HeadAblation
     from vit_explorer.pictures import ablation_picture
 
-    delta = np.zeros((3, 4), dtype=np.float32)
+    delta = torch.zeros(3, 4)
     delta[1, 2], delta[2, 0] = -0.3, 0.1
     picture, geometry = ablation_picture(HeadAblation("zero", 0, delta, delta, 0.0, 0.5, 4), selected=(1, 2))
     assert picture.shape[0] > geometry.size_hw[0]  # the colour bar below the grid

@@ -141,7 +141,7 @@ def test_opening_a_tab_draws_it_once_until_what_it_shows_changes(models, upload,
         table = plot["value"]
         assert isinstance(table, pd.DataFrame) and list(table.columns) == ["layer", "head", "value"], name  # what hover shows
         values = maps.ranking_values(analysis, statistic, session.evidence)
-        assert len(table) == values.size and plot["sort"] == [f"L{layer}" for layer in range(6)]
+        assert len(table) == values.numel() and plot["sort"] == [f"L{layer}" for layer in range(6)]
         for layer in range(6):  # every head at its layer, by hand
             for head in range(4):
                 row = table[(table.layer == f"L{layer}") & (table["head"] == f"h{head}")]
@@ -466,7 +466,7 @@ def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_predictio
     ran = by_name(ablation_tab.on_run(models, session, *CONTROLS), ablation_tab.OUTPUTS)
     assert len(calls) == 4  # the original, then each layer's heads in one batched pass
     result = kept_ablation(session.analysis, session.target, "zero")
-    delta = result.delta_probability  # [layers, heads]
+    delta = result.delta_probability.numpy()  # [layers, heads]
     picture, geometry = ran["ablation_view"], session.screen.ablation_geometry
     # red where removing the head lowers the target, blue where it raises it, white for no change: the darkest tile is
     # the largest change, and each tile's hue follows its sign (a tile near 0 is near white, its hue no test)

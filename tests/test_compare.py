@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 from conftest import TINY, photo, write_checkpoint
 
 from vit_explorer import pictures, render
@@ -51,10 +52,10 @@ def test_queries_keep_a_patch_on_the_same_grid_and_fall_back_elsewhere(tiny_anal
 
 
 def test_difference_is_a_minus_b_and_refuses_other_grids():
-    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((2, 3), dtype=np.float32)
+    a, b = torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.ones(2, 3)
     np.testing.assert_array_equal(difference(a, b), [[-1, 0, 1], [2, 3, 4]])
     with pytest.raises(VitExplorerError, match="cannot be subtracted"):
-        difference(a, np.ones((3, 2)))
+        difference(a, torch.ones(3, 2))
 
 
 def test_difference_picture_is_white_at_zero_and_symmetric_about_it(tiny_analysis):

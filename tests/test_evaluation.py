@@ -1,4 +1,5 @@
 import numpy as np
+import torch
 
 from vit_explorer.evaluation import energy, patch_mask, pointing_hit
 
@@ -16,19 +17,17 @@ def test_patch_mask_marks_touched_patches_and_dilates_by_one():
 
 
 def test_pointing_and_energy():
-    target = np.zeros((4, 4), dtype=bool)
+    target = torch.zeros(4, 4, dtype=torch.bool)
     target[1, 2] = True
-    grid_map = np.zeros((4, 4))
+    grid_map = torch.zeros(4, 4, dtype=torch.float64)
     grid_map[1, 2], grid_map[3, 3] = 0.6, 0.4
     assert pointing_hit(grid_map, target)
     assert not pointing_hit(-grid_map, target)
     assert energy(grid_map, target) == 0.6
-    assert energy(np.ones((4, 4)), target) == 1 / 16
+    assert energy(torch.ones(4, 4), target) == 1 / 16
 
 
 def test_a_batch_of_known_and_unknown_labels_explains_each_image_for_its_own_target():
-    import torch
-
     from vit_explorer import load_model
     from vit_explorer.analysis import class_evidence
     from vit_explorer.evaluation import Labelled, sample_analyses
@@ -38,7 +37,7 @@ def test_a_batch_of_known_and_unknown_labels_explains_each_image_for_its_own_tar
     samples = generate_set(5, 2)
     mixed = [Labelled(samples[0].image, -1), Labelled(samples[1].image, (samples[1].label + 1) % 6)]
     for sample, analysis, evidence in sample_analyses(model, mixed):
-        expected = int(np.argmax(analysis.logits)) if sample.label < 0 else sample.label
+        expected = int(analysis.logits.argmax()) if sample.label < 0 else sample.label
         alone = class_evidence(model, analysis, expected)  # its own forward and backward pass for that class
         assert evidence.target == expected
-        torch.testing.assert_close(torch.from_numpy(evidence.weighted), torch.from_numpy(alone.weighted), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(evidence.weighted, alone.weighted, atol=1e-5, rtol=1e-4)

@@ -14,17 +14,17 @@ LAYOUT = TokenLayout(prefix_names=("cls",), grid_hw=(2, 3), patch_hw=(4, 4))
 
 
 def test_patches_go_most_important_first_in_even_steps():
-    grid_map = np.array([[0.1, 0.9, 0.3], [0.0, 0.5, 0.5]])
+    grid_map = torch.tensor([[0.1, 0.9, 0.3], [0.0, 0.5, 0.5]])
     order = importance_order(grid_map)
     assert order.tolist() == [1, 4, 5, 2, 0, 3]  # ties keep grid order
     masks = step_masks(order, steps=3)
     assert masks.sum(axis=1).tolist() == [0, 2, 4, 6]
-    assert masks[1].nonzero()[0].tolist() == [1, 4]
-    assert masks[2].nonzero()[0].tolist() == [1, 2, 4, 5]
+    assert masks[1].nonzero(as_tuple=True)[0].tolist() == [1, 4]
+    assert masks[2].nonzero(as_tuple=True)[0].tolist() == [1, 2, 4, 5]
 
 
 def test_pixel_masks_cover_exactly_their_patches():
-    masks = np.zeros((1, 6), dtype=bool)
+    masks = torch.zeros(1, 6, dtype=torch.bool)
     masks[0, 4] = True  # row 1, column 1
     pixels = pixel_masks(masks, LAYOUT, (8, 12))[0, 0]
     assert pixels.shape == (8, 12) and pixels.sum() == 16
@@ -52,7 +52,7 @@ def tiny_model(tmp_path):
 def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
     rng = np.random.default_rng(0)
     view = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
-    grid_map = rng.random((4, 4))
+    grid_map = torch.from_numpy(rng.random((4, 4)))
     curves = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, baseline="mean")
 
     def probs(image):

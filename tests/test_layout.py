@@ -1,5 +1,5 @@
-import numpy as np
 import pytest
+import torch
 
 from vit_explorer.layout import TokenLayout
 
@@ -14,7 +14,7 @@ LAYOUTS = [
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: f"{layout.num_prefix_tokens}prefix")
 def test_patch_tokens_and_maps_round_trip(layout):
     rows, cols = layout.grid_hw
-    row = np.arange(layout.num_tokens, dtype=np.float32)
+    row = torch.arange(layout.num_tokens, dtype=torch.float32)
     grid = layout.patch_map(row)
     assert grid.shape == (rows, cols)
     for r, c in [(0, 0), (rows - 1, cols - 1), (rows // 2, cols - 1)]:
@@ -27,7 +27,7 @@ def test_patch_tokens_and_maps_round_trip(layout):
 
 def test_patch_map_refuses_rows_of_the_wrong_length():
     with pytest.raises(ValueError, match="expected 197 tokens"):
-        LAYOUTS[1].patch_map(np.zeros(196))
+        LAYOUTS[1].patch_map(torch.zeros(196))
 
 
 def test_token_names():

@@ -53,7 +53,7 @@ def test_query_rows_and_attention_map_read_the_right_rows(analysis):
 def test_heads_ordered_by_entropy_ascend_in_every_layer(analysis):
     order = head_order(analysis, "entropy")
     entropy = head_statistic(analysis, "entropy")
-    assert (np.diff(np.take_along_axis(entropy, order, axis=1), axis=1) >= 0).all()
+    assert (torch.take_along_dim(entropy, order, dim=1).diff(dim=1) >= 0).all()
     assert head_order(analysis, "none").tolist() == [[0, 1, 2, 3]] * 3
 
 
@@ -94,6 +94,33 @@ def test_map_picture_has_a_colour_bar_below_and_outlines_the_query(analysis):
     assert not np.array_equal(with_query[:height], without[:height])
 
 
+def test_the_analysis_layer_is_torch_and_pictures_are_numpy_from_the_render_boundary(model, analysis, image_file):
+    evidence = class_evidence(model, analysis)
+    compact = analyze(model, image_file, memory_budget=1)
+    computed = {
+        "attentions": analysis.attentions,
+        "logits": analysis.logits,
+        "token norms": analysis.token_norms,
+        "rollout map": rollout_map(analysis, 0, RolloutOptions()),
+        "relevance map": class_map(analysis, "relevance", evidence, RolloutOptions()),
+        "head statistic": head_statistic(analysis, "entropy"),
+        "compact head statistic": head_statistic(compact, "entropy"),
+        "compact rollout map": rollout_map(compact, 0, RolloutOptions()),
+        "gradient importance": evidence.importance,
+    }
+    for name, values in computed.items():
+        assert isinstance(values, torch.Tensor) and values.dtype == torch.float32 and values.device.type == "cpu", name
+    assert compact.compact["head_mean"].dtype == torch.float16
+    assert head_order(analysis, "entropy").dtype == torch.int64
+    rollout = computed["rollout map"]
+    picture = map_picture(analysis, rollout, cmap="inferno", overlay=True, query=0, unit="rollout weight")
+    assert isinstance(picture, np.ndarray) and picture.dtype == np.uint8 and picture.ndim == 3 and picture.shape[2] == 3
+    # the picture is of that map: the same values handed over as numpy draw the same pixels, another map does not
+    assert np.array_equal(picture, map_picture(analysis, rollout.numpy(), cmap="inferno", overlay=True, query=0, unit="rollout weight"))
+    other = map_picture(analysis, computed["relevance map"], cmap="inferno", overlay=True, query=0, unit="rollout weight")
+    assert not np.array_equal(picture, other)
+
+
 def test_percentile_scale_spreads_a_heavy_tailed_map_over_the_colormap(analysis):
     grid_map = np.full((16, 16), 0.01, np.float32)  # a 16×16 patch grid: one patch is under 1% of them
     grid_map[6:10, 6:10] = np.linspace(0.02, 0.05, 16).reshape(4, 4)
@@ -123,7 +150,7 @@ def test_class_maps_are_the_class_token_rows_of_their_chains(model, analysis):
 
 
 def test_targets_by_name_or_index_and_helpful_errors(analysis):
-    assert analysis.class_index(None) == int(np.argmax(analysis.logits))
+    assert analysis.class_index(None) == int(analysis.logits.argmax())
     assert analysis.class_index("THING 2") == 2 and analysis.class_index("4") == 4
     with pytest.raises(VitExplorerError, match="did you mean 'thing 1'"):
         analysis.class_index("thing1")
@@ -133,10 +160,10 @@ def test_targets_by_name_or_index_and_helpful_errors(analysis):
 
 def test_heads_rank_by_gradient_importance_and_statistics(analysis):
     layers, heads = analysis.map_shape
-    importance = np.arange(layers * heads, dtype=np.float32).reshape(layers, heads) % 5
-    evidence = ClassEvidence(target=0, weighted=np.zeros((layers, 17, 17), np.float32), importance=importance)
+    importance = torch.arange(layers * heads, dtype=torch.float32).reshape(layers, heads) % 5
+    evidence = ClassEvidence(target=0, weighted=torch.zeros(layers, 17, 17), importance=importance)
     order = head_order(analysis, "gradient importance", evidence)
-    assert (np.diff(np.take_along_axis(importance, order, axis=1), axis=1) <= 0).all()  # most important first
+    assert (torch.take_along_dim(importance, order, dim=1).diff(dim=1) <= 0).all()  # most important first
     tops = top_heads(analysis, evidence, k=3)
     assert tops["gradient importance"] == [(1, 0, 4.0), (2, 1, 4.0), (0, 3, 3.0)]
     assert "gradient importance" not in top_heads(analysis, None)

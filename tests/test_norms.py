@@ -81,8 +81,8 @@ def test_a_planted_high_norm_patch_is_flagged_from_the_layer_that_makes_it():
 ])
 def test_the_rule_is_median_plus_six_scaled_mads_over_patches(values, flagged):
     layout = TokenLayout(prefix_names=("cls",), grid_hw=(2, 4), patch_hw=(16, 16))
-    row = np.array([[1000.0, *values]], dtype=np.float32)  # a huge class token, which must change nothing
-    shares = np.full_like(row, 1 / row.shape[1])
+    row = torch.tensor([[1000.0, *values]])  # a huge class token, which must change nothing
+    shares = torch.full_like(row, 1 / row.shape[1])
     result = norms.token_norms(row, shares, layout)
     assert (result.flagged_tokens(0) - 1).tolist() == flagged
     assert result.prefix["cls"]["norm"][0] == 1000.0
@@ -172,10 +172,10 @@ def test_timm_registers_are_reported_by_name_and_never_flagged():
     assert list(result.prefix) == ["cls", "reg1", "reg2", "reg3", "reg4"]
     assert not result.flagged[:, :5].any()
     assert not result.flagged.any()  # the registers do not pull the patches' median or MAD either
-    register_norms = np.stack([result.prefix[f"reg{index + 1}"]["norm"] for index in range(4)])  # [4, layers]
+    register_norms = torch.stack([result.prefix[f"reg{index + 1}"]["norm"] for index in range(4)])  # [4, layers]
     np.testing.assert_array_equal(register_norms, analysis.token_norms[:, 1:5].T)
-    assert (np.diff(register_norms[:, 0]) > 0).all() and (register_norms[0] > 10 * result.patch_median).all()
-    np.testing.assert_allclose(result.patch_median, np.median(analysis.token_norms[:, 5:], axis=1))
+    assert (register_norms[:, 0].diff() > 0).all() and (register_norms[0] > 10 * result.patch_median).all()
+    np.testing.assert_allclose(result.patch_median, np.median(analysis.token_norms[:, 5:].numpy(), axis=1))
     for index in range(4):
         np.testing.assert_allclose(result.prefix[f"reg{index + 1}"]["attention_share"],
                                    analysis.attentions[:, :, :, 1 + index].mean(axis=(1, 2)), rtol=1e-5)

@@ -18,11 +18,11 @@ one layer for one image, against L·(1 + L·H) for one unbatched pass per head; 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import stats
@@ -54,14 +54,14 @@ class HeadAblation:
 
     mode: str
     target: int
-    delta_logit: np.ndarray
-    delta_probability: np.ndarray
+    delta_logit: torch.Tensor
+    delta_probability: torch.Tensor
     original_logit: float
     original_probability: float
     forward_passes: int
 
     @property
-    def drop(self) -> np.ndarray:
+    def drop(self) -> torch.Tensor:
         """How much removing each head lowers the target probability ``[layers, heads]`` (negative: raises it);
         the "ablation effect" ranking lists heads highest first."""
         return -self.delta_probability
@@ -69,26 +69,27 @@ class HeadAblation:
     def ranked(self, k: int | None = None) -> list[tuple[int, int, float]]:
         """The ``k`` heads (all for None) whose removal lowers the target probability most, as (layer, head, drop)."""
         drop = self.drop
-        flat = np.argsort(-drop, axis=None, kind="stable")[:k]
-        return [(int(layer), int(head), float(drop[layer, head])) for layer, head in zip(*np.unravel_index(flat, drop.shape))]
+        flat = (-drop).flatten().argsort(stable=True)[:k].tolist()
+        return [(layer, head, float(drop[layer, head])) for layer, head in (divmod(index, drop.shape[1]) for index in flat)]
 
-    def spearman(self, importance: np.ndarray) -> float:
+    def spearman(self, importance: torch.Tensor) -> float:
         """Spearman correlation of |Δ probability| with a per-head score ``[layers, heads]`` (gradient importance)."""
-        return stats.spearman(np.abs(self.delta_probability), importance)
+        return stats.spearman(self.delta_probability.abs(), importance)
 
-    def as_dict(self, importance: np.ndarray | None = None) -> dict:
+    def as_dict(self, importance: torch.Tensor | None = None) -> dict:
         """Plain values; with the gradient ``importance`` ``[layers, heads]`` of the same target, also its
         Spearman correlation with |Δ probability| (None where either is constant)."""
         record = {"mode": self.mode, "mode_means": MODES[self.mode], "target": self.target, "original_logit": self.original_logit,
                   "original_probability": self.original_probability, "forward_passes": self.forward_passes,
-                  "delta_logit": self.delta_logit.round(7).tolist(), "delta_probability": self.delta_probability.round(7).tolist(),
+                  "delta_logit": self.delta_logit.round(decimals=7).tolist(),
+                  "delta_probability": self.delta_probability.round(decimals=7).tolist(),
                   "ranked_by_drop": [{"layer": layer, "head": head, "drop": drop} for layer, head, drop in self.ranked()]}
         if importance is not None:
             correlation = self.spearman(importance)
-            record["spearman_abs_delta_probability_vs_gradient_importance"] = None if np.isnan(correlation) else correlation
+            record["spearman_abs_delta_probability_vs_gradient_importance"] = None if math.isnan(correlation) else correlation
         return record
 
-    def to_json(self, importance: np.ndarray | None = None) -> str:
+    def to_json(self, importance: torch.Tensor | None = None) -> str:
         return json.dumps(self.as_dict(importance), indent=2) + "\n"
 
 
@@ -169,8 +170,8 @@ def head_ablation(model: LoadedModel, pixels: torch.Tensor, target: int | None =
                           for layer in range(layers)])  # [layers, heads, classes]
     probability = logits.softmax(dim=-1)[..., target]
     original_probability = float(original.softmax(dim=-1)[target])
-    return HeadAblation(mode=mode, target=target, delta_logit=(logits[..., target] - original[target]).numpy().astype(np.float32),
-                        delta_probability=(probability - original_probability).numpy().astype(np.float32),
+    return HeadAblation(mode=mode, target=target, delta_logit=(logits[..., target] - original[target]).float(),
+                        delta_probability=(probability - original_probability).float(),
                         original_logit=float(original[target]), original_probability=original_probability,
                         forward_passes=1 + layers)
 
@@ -178,9 +179,9 @@ def head_ablation(model: LoadedModel, pixels: torch.Tensor, target: int | None =
 def prediction_without(model: LoadedModel, pixels: torch.Tensor, heads: Iterable[Head], k: int = 5, mode: str = "zero",
                        reference: torch.Tensor | None = None) -> list[Prediction]:
     """The top ``k`` classes of one image ``[1, 3, H, W]`` with ``heads`` (layer, head) removed together: one forward pass."""
-    probabilities = ablated_logits(model, pixels, [list(heads)], mode, reference)[0].double().softmax(dim=-1).numpy()
-    order = np.argsort(-probabilities, kind="stable")[:k]
-    return [Prediction(int(index), model.labels[index] if model.labels else f"class {index}", float(probabilities[index]))
+    probabilities = ablated_logits(model, pixels, [list(heads)], mode, reference)[0].double().softmax(dim=-1)
+    order = probabilities.argsort(descending=True, stable=True)[:k].tolist()
+    return [Prediction(index, model.labels[index] if model.labels else f"class {index}", float(probabilities[index]))
             for index in order]
 
 

@@ -1,11 +1,13 @@
-"""``analyze``: one image through one model, captured once, kept as CPU arrays for every view.
+"""``analyze``: one image through one model, captured once, kept as CPU tensors for every view.
 
 One upload costs one forward and one backward pass: the maps of every layer, and the gradient
 evidence of the top class for the class-specific maps, come from the same pass (``capture``). Maps are
 kept in float32 while they fit the memory budget, in float16 while half of that fits, and beyond
-that compactly (``capture.CompactSink``). The ``Analysis`` holds arrays only, never the model: what
-needs the model again (another target class, a compact analysis's patch query) is an explicit call
-that takes it (``class_evidence``, ``recompute_query_rows``).
+that compactly (``capture.CompactSink``). The ``Analysis`` holds CPU torch tensors (and the image as a
+numpy picture), never the model: the analysis layer (``maps``, ``rollout``, ``relevance``, ``stats``,
+``norms``) computes in torch, and pictures and files convert to numpy once, at the render boundary
+(``render.to_numpy``). What needs the model again (another target class, a compact analysis's patch
+query) is an explicit call that takes it (``class_evidence``, ``recompute_query_rows``).
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ class Prediction:
 class Analysis:
     """Everything the views need for one (image, model) pair.
 
+    Every array but the image is a CPU torch tensor.
+
     Attributes:
-        image: the image as the model saw it ``[H, W, 3]`` uint8.
+        image: the image as the model saw it ``[H, W, 3]`` uint8 (a numpy picture).
         attentions: softmax attention of every layer and head ``[layers, heads, n, n]`` (float32, or
             float16 above the memory budget); None when the analysis is compact.
-        logits: ``[classes]`` (empty for a backbone without a classifier).
+        logits: ``[classes]`` float32 (empty for a backbone without a classifier).
         layout: token layout (prefix tokens, patch grid).
         labels: class names, or None when the model has none.
         model_name: the spec the model was loaded from.
@@ -53,7 +57,7 @@ class Analysis:
         view_note: how the uploaded image became the model's input (size, stretched or padded).
         ood: the out-of-distribution verdict, for a model calibrated for one (``ood`` module); else None.
         compact: for a compact analysis, ``head_mean`` ``[layers, n, n]``, ``prefix_rows``
-            ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` and the
+            ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` (float16) and the
             statistics ``[layers, heads]`` by name; else None. A patch query's rows are then
             recomputed with the model by ``recompute_query_rows``.
         token_norms: the L2 norm of every token of the residual stream after each layer ``[layers, n]``
@@ -61,8 +65,8 @@ class Analysis:
     """
 
     image: np.ndarray
-    attentions: np.ndarray | None
-    logits: np.ndarray
+    attentions: torch.Tensor | None
+    logits: torch.Tensor
     layout: TokenLayout
     labels: list[str] | None
     model_name: str
@@ -70,8 +74,8 @@ class Analysis:
     ood: OodVerdict | None = None
     view_note: str = ""
     random_weights: bool = False
-    token_norms: np.ndarray | None = None
-    # arrays that views derive and reuse (rollout factors, query rows, statistics), bounded
+    token_norms: torch.Tensor | None = None
+    # tensors that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
     derived_limit: ClassVar[int] = 32
     # class evidence by target class: each holds a [layers, n, n] stack, so fewer are kept
@@ -89,27 +93,23 @@ class Analysis:
     @property
     def map_shape(self) -> tuple[int, int]:
         """(layers, heads)."""
-        if self.attentions is not None:
-            return self.attentions.shape[:2]
-        return self.compact["patch_mean_rows"].shape[:2]
+        maps = self.attentions if self.attentions is not None else self.compact["patch_mean_rows"]
+        return tuple(maps.shape[:2])
 
     @property
     def storage(self) -> str:
         if self.attentions is None:
             return "compact float16 (head means, prefix rows, statistics)"
-        return str(self.attentions.dtype)
+        return str(self.attentions.dtype).removeprefix("torch.")
 
     @property
-    def probs(self) -> np.ndarray:
+    def probs(self) -> torch.Tensor:
         """Class probabilities ``[classes]``; empty for a backbone without a classifier head."""
-        if self.logits.size == 0:
-            return self.logits
-        shifted = np.exp(self.logits - self.logits.max())
-        return shifted / shifted.sum()
+        return self.logits.softmax(dim=-1)
 
     @property
     def num_classes(self) -> int:
-        return int(self.logits.size)
+        return self.logits.numel()
 
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels is not None else f"class {index}"
@@ -119,7 +119,7 @@ class Analysis:
         if self.num_classes == 0:
             raise VitExplorerError(f"{self.model_name} has no classifier head, so it has no classes to explain")
         if target is None:
-            return int(np.argmax(self.logits))
+            return int(self.logits.argmax())
         if isinstance(target, str) and not target.strip().lstrip("-").isdigit():
             names = [self.label(index).lower() for index in range(self.num_classes)]
             if target.strip().lower() in names:
@@ -136,8 +136,8 @@ class Analysis:
 
     def top_k(self, k: int = 5) -> list[Prediction]:
         probs = self.probs
-        order = np.argsort(-probs)[:k]
-        return [Prediction(int(i), self.label(int(i)), float(probs[i])) for i in order]
+        order = probs.argsort(descending=True, stable=True)[:k].tolist()
+        return [Prediction(i, self.label(i), float(probs[i])) for i in order]
 
     @property
     def nbytes(self) -> int:
@@ -146,7 +146,7 @@ class Analysis:
         if self.attentions is not None:
             arrays.append(self.attentions)
         else:
-            arrays += [value for value in self.compact.values() if isinstance(value, np.ndarray)]
+            arrays += [value for value in self.compact.values() if isinstance(value, torch.Tensor)]
             arrays += list(self.compact["statistics"].values())
         return sum(array.nbytes for array in arrays)
 
@@ -179,20 +179,20 @@ class ClassEvidence:
     """
 
     target: int
-    weighted: np.ndarray
-    importance: np.ndarray
+    weighted: torch.Tensor
+    importance: torch.Tensor
 
     @classmethod
     def from_gradients(cls, target: int, attentions: torch.Tensor, gradients: torch.Tensor) -> ClassEvidence:
         """Reduce one image's maps and their gradients, both ``[layers, heads, n, n]``."""
-        return cls(target=target, weighted=relevance.weighted_attention(attentions, gradients).numpy(),
-                   importance=relevance.gradient_importance(attentions, gradients).numpy())
+        return cls(target=target, weighted=relevance.weighted_attention(attentions, gradients),
+                   importance=relevance.gradient_importance(attentions, gradients))
 
     @classmethod
     def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0) -> ClassEvidence:
         """Image ``image``'s evidence from ``capture``'s per-layer ``relevance.layer_evidence`` pairs."""
-        return cls(target=target, weighted=torch.stack([weighted[image] for weighted, _ in layers]).numpy(),
-                   importance=torch.stack([importance[image] for _, importance in layers]).numpy())
+        return cls(target=target, weighted=torch.stack([weighted[image] for weighted, _ in layers]),
+                   importance=torch.stack([importance[image] for _, importance in layers]))
 
 
 def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None) -> ClassEvidence:
@@ -248,16 +248,16 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
             else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
     captured = capture(model, pixels, sink, target=TOP if explain else None, reduce_gradients=relevance.layer_evidence,
                        features=model.ood is not None, norms=True)
-    result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu().numpy(), layout=model.layout,
+    result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu(), layout=model.layout,
                       labels=model.labels, model_name=model.name,
                       ood=model.ood.verdict(captured.features[0].numpy()) if model.ood is not None else None,
                       view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), random_weights=model.random_weights,
-                      token_norms=captured.token_norms[0].numpy())
+                      token_norms=captured.token_norms[0])
     if storage == "compact":
         result.compact = captured.kept
         model.layout.validate(result.compact["head_mean"].shape[-1])
     else:
-        result.attentions = captured.kept[0].cpu().numpy()  # [layers, heads, n, n], one transfer from the device
+        result.attentions = captured.kept[0].cpu()  # [layers, heads, n, n], one transfer from the device
         model.layout.validate(result.attentions.shape[-1])
     if captured.targets is not None:
         target = int(captured.targets[0])
@@ -265,13 +265,13 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
     return result
 
 
-def recompute_query_rows(model: LoadedModel, analysis: Analysis, query: int) -> np.ndarray:
+def recompute_query_rows(model: LoadedModel, analysis: Analysis, query: int) -> torch.Tensor:
     """Every head's row of token ``query`` in every layer ``[layers, heads, n]``, recomputed with one
     forward pass of ``model`` and kept on the analysis, where ``maps.query_rows`` finds it. For a
     compact analysis, which did not keep patch queries' rows."""
     check_model(model, analysis)
 
-    def compute() -> np.ndarray:
+    def compute() -> torch.Tensor:
         return capture(model, pixels_of(model, analysis), RowSink(query)).kept
 
     return memo(analysis, ("query_rows", query), compute)

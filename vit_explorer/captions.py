@@ -211,7 +211,8 @@ def ablation_text(session: Session, ablation: HeadAblation) -> str:
     return (f"Change of the probability of **{label}** ({ablation.original_probability:.1%} with every head) when each head alone "
             f"is removed ({ABLATION_MODES[ablation.mode]}: {ABLATION_MEANS[ablation.mode]}); red: removing it lowers the "
             f"probability, blue: raises it. Most needed: {needed}. {spearman_text(ablation, session)} "
-            f"(|Δp| against Σ|∇A ⊙ A|, {ablation.delta_probability.size} heads). Took {ablation.forward_passes} forward passes. "
+            f"(|Δp| against Σ|∇A ⊙ A|, {ablation.delta_probability.numel()} heads). "
+            f"Took {ablation.forward_passes} forward passes. "
             "Click a tile to see the top-5 predictions without that head.")
 
 
@@ -228,8 +229,8 @@ def norms_layer_text(result: norms.TokenNorms, layer: int) -> str:
     layout = result.layout
     flagged = result.flagged_tokens(layer)
     relative = result.relative[layer]  # [n]
-    listed = ", ".join(f"row {row}, col {col} ({relative[token]:.1f}×)" for token in flagged[:6]
-                       for row, col in [layout.token_patch(int(token))])
+    listed = ", ".join(f"row {row}, col {col} ({relative[token]:.1f}×)" for token in flagged[:6].tolist()
+                       for row, col in [layout.token_patch(token)])
     more = f" and {len(flagged) - 6} more" if len(flagged) > 6 else ""
     text = (f"**Layer {layer}**: {len(flagged)} flagged patch{'' if len(flagged) == 1 else 'es'}"
             + (f" ({listed}{more}), drawing {result.flagged_attention_share[layer]:.1%} of the attention" if len(flagged) else "")

@@ -138,24 +138,24 @@ class CompactSink(LayerSink):
         self.statistics = statistics
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        maps = attention[0].to(torch.float32).cpu().numpy()  # [heads, n, n], this layer only
+        maps = attention[0].to(torch.float32).cpu()  # [heads, n, n], this layer only
         prefix = self.layout.num_prefix_tokens
         self.layers[layer] = {
-            "head_mean": maps.mean(axis=0).astype(np.float16),
-            "prefix_rows": maps[:, :prefix, :].astype(np.float16),
-            "patch_mean_rows": maps[:, prefix:, :].mean(axis=1).astype(np.float16),
+            "head_mean": maps.mean(dim=0).half(),
+            "prefix_rows": maps[:, :prefix, :].half(),
+            "patch_mean_rows": maps[:, prefix:, :].mean(dim=1).half(),
             "statistics": {name: compute(maps[None], self.layout)[0] for name, compute in self.statistics.items()},
         }
 
     def result(self) -> dict[str, Any]:
-        """``head_mean`` ``[layers, n, n]``, ``prefix_rows`` ``[layers, heads, prefix, n]``, ``patch_mean_rows``
-        ``[layers, heads, n]`` (float16) and ``statistics`` ``{name: [layers, heads]}``."""
+        """CPU tensors: ``head_mean`` ``[layers, n, n]``, ``prefix_rows`` ``[layers, heads, prefix, n]``, ``patch_mean_rows``
+        ``[layers, heads, n]`` (float16) and ``statistics`` ``{name: [layers, heads]}`` (float32)."""
         layers = self.in_layer_order()
         return {
-            "head_mean": np.stack([layer["head_mean"] for layer in layers]),
-            "prefix_rows": np.stack([layer["prefix_rows"] for layer in layers]),
-            "patch_mean_rows": np.stack([layer["patch_mean_rows"] for layer in layers]),
-            "statistics": {name: np.stack([layer["statistics"][name] for layer in layers]) for name in self.statistics},
+            "head_mean": torch.stack([layer["head_mean"] for layer in layers]),
+            "prefix_rows": torch.stack([layer["prefix_rows"] for layer in layers]),
+            "patch_mean_rows": torch.stack([layer["patch_mean_rows"] for layer in layers]),
+            "statistics": {name: torch.stack([layer["statistics"][name] for layer in layers]) for name in self.statistics},
         }
 
 
@@ -189,9 +189,9 @@ class RowSink(LayerSink):
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
         self.layers[layer] = attention[0, :, self.query, :].to(torch.float32)
 
-    def result(self) -> np.ndarray:
-        """``[layers, heads, n]`` float32."""
-        return torch.stack(self.in_layer_order()).cpu().numpy()
+    def result(self) -> torch.Tensor:
+        """``[layers, heads, n]`` float32, on the CPU."""
+        return torch.stack(self.in_layer_order()).cpu()
 
 
 # ---- the one call ------------------------------------------------------------------------------

@@ -1,16 +1,19 @@
 """Matplotlib charts for the files the CLI and the export write, rendered to RGB arrays (figures are closed at
-once). The app's interactive plots are tables (``plots``) that the browser draws."""
+once). The app's interactive plots are tables (``plots``) that the browser draws. Values from the analysis
+layer come as tensors and are turned into numpy here (``render.to_numpy``)."""
 
 from __future__ import annotations
 
 import itertools
 
 import numpy as np
+import torch
 
 from .dataset import DatasetStatistics
 from .faithfulness import FaithfulnessCurves
 from .maps import CLASS_METHODS
 from .norms import TokenNorms
+from .render import to_numpy
 from .sanity import SanityCurves
 
 
@@ -68,7 +71,7 @@ def dataset_statistic_chart(mean: np.ndarray, std: np.ndarray, name: str, unit: 
     return _figure_to_array(figure)
 
 
-def against_dataset_chart(values: dict[str, np.ndarray], dataset: DatasetStatistics) -> np.ndarray:
+def against_dataset_chart(values: dict[str, torch.Tensor], dataset: DatasetStatistics) -> np.ndarray:
     """This image's head statistics (``values``: name → ``[layers, heads]``) against a dataset's: per head, the
     dataset's 5–95% range as a grey bar with its mean as a tick, and this image's value as a dot, red where it
     falls outside the range. One panel per statistic the dataset has."""
@@ -79,7 +82,7 @@ def against_dataset_chart(values: dict[str, np.ndarray], dataset: DatasetStatist
         layers, heads = values[name].shape
         offsets = (np.arange(heads) - (heads - 1) / 2) * min(0.7 / max(heads, 1), 0.1)
         x = np.arange(layers)[:, None] + offsets[None, :]  # [layers, heads]
-        low, high, mean, value = dataset.low[name], dataset.high[name], dataset.mean[name], values[name]
+        low, high, mean, value = dataset.low[name], dataset.high[name], dataset.mean[name], to_numpy(values[name])
         axes.vlines(x.ravel(), low.ravel(), high.ravel(), color="#b0b0b0", linewidth=3, label="dataset 5–95%")
         axes.plot(x.ravel(), mean.ravel(), "_", color="#606060", markersize=7, label="dataset mean")
         outside = (value < low) | (value > high)
@@ -142,17 +145,18 @@ def token_norm_chart(result: TokenNorms) -> np.ndarray:
     figure = _figure(5.0, 5.4)
     norm_axes, share_axes = figure.subplots(2, 1, sharex=True)
     layers = np.arange(result.num_layers)
-    patches = result.norms[:, result.layout.num_prefix_tokens:]
-    norm_axes.plot(layers, result.patch_median, color="black", linewidth=1.5, label="median patch")
-    norm_axes.plot(layers, result.threshold, color="gray", linestyle="--", linewidth=1, label=f"outlier threshold (k = {result.k:g})")
+    patches = to_numpy(result.norms[:, result.layout.num_prefix_tokens:])
+    norm_axes.plot(layers, to_numpy(result.patch_median), color="black", linewidth=1.5, label="median patch")
+    norm_axes.plot(layers, to_numpy(result.threshold), color="gray", linestyle="--", linewidth=1,
+                   label=f"outlier threshold (k = {result.k:g})")
     norm_axes.plot(layers, patches.max(axis=1), color="tab:red", marker="o", markersize=3, linewidth=1, label="largest patch")
-    share_axes.plot(layers, 100 * result.patch_median_share, color="black", linewidth=1.5, label="median patch")
-    flagged = result.flagged.any(axis=1)
-    share_axes.plot(layers[flagged], 100 * result.flagged_attention_share[flagged], color="tab:red", marker="o", markersize=5,
-                    linestyle="none", label="flagged patches together")
+    share_axes.plot(layers, 100 * to_numpy(result.patch_median_share), color="black", linewidth=1.5, label="median patch")
+    flagged = to_numpy(result.flagged.any(dim=1))
+    share_axes.plot(layers[flagged], 100 * to_numpy(result.flagged_attention_share)[flagged], color="tab:red", marker="o",
+                    markersize=5, linestyle="none", label="flagged patches together")
     for (name, token), colour in zip(result.prefix.items(), itertools.cycle(PREFIX_COLOURS)):
-        norm_axes.plot(layers, token["norm"], marker=".", linewidth=1, color=colour, label=name)
-        share_axes.plot(layers, 100 * token["attention_share"], marker=".", linewidth=1, color=colour, label=name)
+        norm_axes.plot(layers, to_numpy(token["norm"]), marker=".", linewidth=1, color=colour, label=name)
+        share_axes.plot(layers, 100 * to_numpy(token["attention_share"]), marker=".", linewidth=1, color=colour, label=name)
     # norms grow by orders of magnitude with depth, and one token's share is far below a class token's
     for axes in (norm_axes, share_axes):
         log_scale_if_wide(axes)

@@ -1,14 +1,14 @@
 """Two analyses side by side (the app's Compare tab): the second side (B), made once from a second image, a
 second model or both, and how it lines up with the main analysis (A): layers by relative depth, the query and the
-target class each side shows, and the signed difference A − B of two maps. Bookkeeping and numpy only; nothing
-here runs a model or draws."""
+target class each side shows, and the signed difference A − B of two maps (tensors, as ``maps`` gives them).
+Bookkeeping and tensor arithmetic only; nothing here runs a model or draws."""
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
 
-import numpy as np
+import torch
 
 from . import maps
 from .analysis import Analysis, ClassEvidence
@@ -61,9 +61,9 @@ def aligned_layer(layer: int, layers_a: int, layers_b: int) -> int:
     return (2 * layer * (layers_b - 1) + layers_a - 1) // (2 * (layers_a - 1))
 
 
-def relative_depth(layers: int) -> np.ndarray:
+def relative_depth(layers: int) -> torch.Tensor:
     """Each layer's depth as a share of the way from the first layer to the last ``[layers]`` (0 … 1; 0 for one layer)."""
-    return np.arange(layers, dtype=np.float64) / max(layers - 1, 1)
+    return torch.arange(layers, dtype=torch.float64) / max(layers - 1, 1)
 
 
 def counterpart_query(a: Analysis, b: Analysis, query: int | None) -> int | None:
@@ -94,7 +94,7 @@ def target_b(a: Analysis, b: Analysis, target_a: int | None) -> int | None:
     """B's target class: A's where the classes are the same, else B's top prediction; None for a backbone."""
     if b.num_classes == 0:
         return None
-    return target_a if target_a is not None and same_classes(a, b) else int(np.argmax(b.logits))
+    return target_a if target_a is not None and same_classes(a, b) else int(b.logits.argmax())
 
 
 def kept_evidence(b: Analysis, target: int | None) -> ClassEvidence | None:
@@ -139,8 +139,8 @@ def grid_mismatch(a: Analysis, b: Analysis) -> str | None:
             "same grid")
 
 
-def difference(map_a: np.ndarray, map_b: np.ndarray) -> np.ndarray:
+def difference(map_a: torch.Tensor, map_b: torch.Tensor) -> torch.Tensor:
     """The signed difference A − B of two maps on the same patch grid ``[grid_h, grid_w]`` float32."""
     if map_a.shape != map_b.shape:
-        raise VitExplorerError(f"maps of grids {map_a.shape} and {map_b.shape} cannot be subtracted")
-    return np.asarray(map_a, dtype=np.float32) - np.asarray(map_b, dtype=np.float32)
+        raise VitExplorerError(f"maps of grids {tuple(map_a.shape)} and {tuple(map_b.shape)} cannot be subtracted")
+    return map_a.float() - map_b.float()

@@ -421,14 +421,16 @@ class DatasetStatistics:
     def shape(self) -> tuple[int, int]:
         return next(iter(self.mean.values())).shape
 
-    def outside(self, name: str, values: np.ndarray) -> list[tuple[int, int, float, float, float]]:
-        """The heads whose ``values`` ``[layers, heads]`` of statistic ``name`` lie outside the dataset's
-        5–95% range: (layer, head, value, low, high), furthest outside first (in units of the range)."""
-        low, high = self.low[name], self.high[name]
-        width = np.maximum(high - low, 1e-12)
-        beyond = np.maximum(low - values, values - high) / width  # [layers, heads], > 0 outside
-        heads = [(int(layer), int(head)) for layer, head in zip(*np.nonzero(beyond > 0))]
-        heads.sort(key=lambda pair: -beyond[pair])
+    def outside(self, name: str, values: torch.Tensor) -> list[tuple[int, int, float, float, float]]:
+        """The heads whose ``values`` ``[layers, heads]`` (an analysis's, ``maps.ranking_values``) of statistic ``name``
+        lie outside the dataset's 5–95% range: (layer, head, value, low, high), furthest outside first (in units of
+        the range)."""
+        # the dataset's figures come from its files as numpy; the comparison is in the analysis's torch
+        low, high = torch.from_numpy(self.low[name]), torch.from_numpy(self.high[name])
+        values = values.double()
+        beyond = torch.maximum(low - values, values - high) / (high - low).clamp_min(1e-12)  # [layers, heads], > 0 outside
+        heads = [(layer, head) for layer, head in (beyond > 0).nonzero().tolist()]
+        heads.sort(key=lambda pair: -float(beyond[pair]))
         return [(layer, head, float(values[layer, head]), float(low[layer, head]), float(high[layer, head])) for layer, head in heads]
 
 

@@ -21,28 +21,25 @@ from .models.base import LoadedModel
 from .shapes import Sample, generate_set
 
 
-def patch_mask(mask: np.ndarray, grid_hw: tuple[int, int], dilate: int = 1) -> np.ndarray:
-    """Pixel mask ``[H, W]`` → patches touching the object ``[grid_h, grid_w]``, grown by ``dilate`` patches."""
+def patch_mask(mask: np.ndarray, grid_hw: tuple[int, int], dilate: int = 1) -> torch.Tensor:
+    """Pixel mask ``[H, W]`` bool (a picture, like the image) → patches touching the object ``[grid_h, grid_w]``
+    bool, grown by ``dilate`` patches."""
     rows, cols = grid_hw
-    touched = mask.reshape(rows, mask.shape[0] // rows, cols, mask.shape[1] // cols).any(axis=(1, 3))
-    grown = touched.copy()
-    for dy in range(-dilate, dilate + 1):
-        for dx in range(-dilate, dilate + 1):
-            shifted = np.zeros_like(touched)
-            shifted[max(dy, 0) : rows + min(dy, 0), max(dx, 0) : cols + min(dx, 0)] = touched[max(-dy, 0) : rows - max(dy, 0), max(-dx, 0) : cols - max(dx, 0)]
-            grown |= shifted
-    return grown
+    touched = torch.from_numpy(mask).reshape(rows, mask.shape[0] // rows, cols, mask.shape[1] // cols).any(dim=3).any(dim=1)
+    # a max over each (2·dilate + 1)² neighbourhood, padded with -inf: the border clips, it does not wrap round
+    grown = torch.nn.functional.max_pool2d(touched[None, None].float(), 2 * dilate + 1, stride=1, padding=dilate)
+    return grown[0, 0] > 0
 
 
-def pointing_hit(grid_map: np.ndarray, target: np.ndarray) -> bool:
+def pointing_hit(grid_map: torch.Tensor, target: torch.Tensor) -> bool:
     """Whether the map's maximum ``[grid_h, grid_w]`` falls on a target patch."""
-    return bool(target.flat[int(np.argmax(grid_map))])
+    return bool(target.flatten()[grid_map.argmax()])
 
 
-def energy(grid_map: np.ndarray, target: np.ndarray) -> float:
+def energy(grid_map: torch.Tensor, target: torch.Tensor) -> float:
     """Share of the map's (non-negative) mass on the target patches."""
-    mass = np.clip(grid_map, 0, None)
-    return float(mass[target].sum() / max(mass.sum(), 1e-12))
+    mass = grid_map.clamp_min(0)
+    return float(mass[target].sum() / max(float(mass.sum()), 1e-12))
 
 
 @dataclass(frozen=True)
@@ -97,7 +94,7 @@ def sample_analyses(model: LoadedModel, samples: list[Labelled] | list[Sample], 
                            reduce_gradients=relevance.layer_evidence)
         targets = captured.targets
         for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):
-            analysis = Analysis(image=sample.image, attentions=maps.numpy(), logits=sample_logits.numpy(), layout=model.layout,
+            analysis = Analysis(image=sample.image, attentions=maps, logits=sample_logits, layout=model.layout,
                                 labels=model.labels, model_name=model.name)
             yield sample, analysis, None if targets is None else ClassEvidence.from_layers(int(targets[index]), captured.gradients, image=index)
 
@@ -105,17 +102,17 @@ def sample_analyses(model: LoadedModel, samples: list[Labelled] | list[Sample], 
 def evaluate_on_shapes(model: LoadedModel, samples: list[Sample], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
     """Accuracy, and pointing game and energy of every map method (default rollout options) and of a
     uniform random map, against each object's mask dilated by one patch."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # numpy's generator: a seed gives the random maps of the published figures
     correct, hits, energies, shares = 0, {name: 0 for name in (*CLASS_METHODS, "random")}, {name: [] for name in CLASS_METHODS}, []
     for sample, analysis, evidence in sample_analyses(model, samples, batch_size):
-        correct += int(np.argmax(analysis.logits) == sample.label)
+        correct += int(analysis.logits.argmax() == sample.label)
         target = patch_mask(sample.mask, model.layout.grid_hw)
-        hits["random"] += pointing_hit(rng.random(model.layout.grid_hw), target)
+        hits["random"] += pointing_hit(torch.from_numpy(rng.random(model.layout.grid_hw)), target)
         for method in CLASS_METHODS:
             grid_map = class_map(analysis, method, evidence, RolloutOptions())
             hits[method] += pointing_hit(grid_map, target)
             energies[method].append(energy(grid_map, target))
-        shares.append(float(target.mean()))
+        shares.append(float(target.float().mean()))
     count = len(samples)
     return GroundTruthFigures(
         images=count,
@@ -176,7 +173,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
     def flush() -> None:
         nonlocal index
         for sample, analysis, evidence in sample_analyses(model, batch, batch_size):
-            scores["correct"].append(np.nan if sample.label < 0 else float(int(np.argmax(analysis.logits)) == sample.label))
+            scores["correct"].append(np.nan if sample.label < 0 else float(int(analysis.logits.argmax()) == sample.label))
             target = None if sample.mask is None else patch_mask(sample.mask, model.layout.grid_hw)
             for method in methods:
                 grid_map = class_map(analysis, method, evidence, RolloutOptions())
@@ -191,7 +188,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
             scores["random/deletion"].append(aucs["random_deletion"])
             scores["random/insertion"].append(aucs["random_insertion"])
             scores["random/perturbation"].append(area_under(curves.fractions, curves.random_deletion_top1))
-            random_map = np.random.default_rng(seed + index).random(model.layout.grid_hw)
+            random_map = torch.from_numpy(np.random.default_rng(seed + index).random(model.layout.grid_hw))
             scores["random/pointing"].append(np.nan if target is None else float(pointing_hit(random_map, target)))
             scores["random/energy"].append(np.nan if target is None else energy(random_map, target))
             index += 1

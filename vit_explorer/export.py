@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from . import charts, maps, norms, pictures, render
 from .ablation import HeadAblation
@@ -25,22 +26,23 @@ def write_npz(analysis: Analysis, path: Path) -> None:
         "num_prefix_tokens": np.array(analysis.num_prefix_tokens),
         "prefix_names": np.array(analysis.layout.prefix_names, dtype=str),
         "image": analysis.image,
-        "logits": analysis.logits,
-        "probs": analysis.probs,
+        "logits": render.to_numpy(analysis.logits),
+        "probs": render.to_numpy(analysis.probs),
         "model": np.array(analysis.model_name),
         "weights": np.array("random" if analysis.random_weights else "trained"),
     }
     if analysis.ood is not None:
         arrays.update(ood_score=np.array(analysis.ood.score), ood_threshold=np.array(analysis.ood.threshold))
     if analysis.attentions is not None:
-        arrays["attentions"] = analysis.attentions
+        arrays["attentions"] = render.to_numpy(analysis.attentions)
     else:  # compact analysis: what was kept instead of the full stack
-        arrays.update({key: value for key, value in analysis.compact.items() if isinstance(value, np.ndarray)})
-        arrays.update({f"statistic_{name.replace(' ', '_')}": value for name, value in analysis.compact["statistics"].items()})
+        arrays.update({key: render.to_numpy(value) for key, value in analysis.compact.items() if isinstance(value, torch.Tensor)})
+        arrays.update({f"statistic_{name.replace(' ', '_')}": render.to_numpy(value)
+                       for name, value in analysis.compact["statistics"].items()})
     if analysis.labels is not None:
         arrays["labels"] = np.array(analysis.labels, dtype=str)
     if analysis.token_norms is not None:
-        arrays["token_norms"] = analysis.token_norms
+        arrays["token_norms"] = render.to_numpy(analysis.token_norms)
     np.savez_compressed(path, **arrays)
 
 
@@ -105,7 +107,7 @@ def write_norms(analysis: Analysis, out_dir: Path, k: float = norms.K, cmap: str
     return written
 
 
-def write_ablation(analysis: Analysis, ablation: HeadAblation, importance: np.ndarray, out_dir: Path) -> list[Path]:
+def write_ablation(analysis: Analysis, ablation: HeadAblation, importance: torch.Tensor, out_dir: Path) -> list[Path]:
     """``ablation.json`` (``HeadAblation.as_dict`` with the Spearman correlation of |Δ probability| with the gradient
     ``importance`` ``[layers, heads]``) and ``ablation.png`` (the layers × heads heat map) in ``out_dir``."""
     record = {"model": analysis.model_name, "target_label": analysis.label(ablation.target), **ablation.as_dict(importance)}

@@ -79,28 +79,29 @@ class FaithfulnessCurves:
                    for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
 
 
-def importance_order(grid_map: np.ndarray) -> np.ndarray:
+def importance_order(grid_map: torch.Tensor) -> torch.Tensor:
     """Patch indices (row-major) from the most to the least important ``[patches]``; ties keep grid order."""
-    return np.argsort(-np.asarray(grid_map, dtype=np.float64).ravel(), kind="stable")
+    return (-grid_map.double().flatten()).argsort(stable=True)
 
 
-def step_masks(order: np.ndarray, steps: int) -> np.ndarray:
-    """``[steps + 1, patches]`` bool: at step s, the first round(s/steps · patches) patches of ``order``."""
-    patches = order.size
-    counts = np.round(np.linspace(0, patches, steps + 1)).astype(int)
-    rank = np.empty(patches, dtype=int)
-    rank[order] = np.arange(patches)
+def step_masks(order: torch.Tensor, steps: int) -> torch.Tensor:
+    """``[steps + 1, patches]`` bool: at step s, the first round(s/steps · patches) patches of ``order`` (halves
+    rounded to even)."""
+    patches = order.numel()
+    counts = (torch.arange(steps + 1, dtype=torch.float64) * (patches / steps)).round()  # [steps + 1]
+    rank = torch.empty(patches, dtype=torch.long)
+    rank[order] = torch.arange(patches)
     return rank[None, :] < counts[:, None]
 
 
-def pixel_masks(masks: np.ndarray, layout: TokenLayout, input_hw: tuple[int, int]) -> torch.Tensor:
-    """Patch masks ``[k, patches]`` → pixel masks ``[k, 1, H, W]`` float (1 where the patch is changed)."""
+def pixel_masks(masks: torch.Tensor, layout: TokenLayout, input_hw: tuple[int, int]) -> torch.Tensor:
+    """Patch masks ``[k, patches]`` bool → pixel masks ``[k, 1, H, W]`` float (1 where the patch is changed)."""
     rows, cols = layout.grid_hw
     height, width = input_hw
-    pixel_rows = np.arange(height) * rows // height  # the patch row of every pixel row
-    pixel_cols = np.arange(width) * cols // width
+    pixel_rows = torch.arange(height) * rows // height  # the patch row of every pixel row
+    pixel_cols = torch.arange(width) * cols // width
     patch_index = pixel_rows[:, None] * cols + pixel_cols[None, :]  # [H, W]
-    return torch.from_numpy(masks[:, patch_index].astype(np.float32))[:, None]
+    return masks[:, patch_index].float()[:, None]
 
 
 def baseline_view(view: np.ndarray, layout: TokenLayout, kind: str = "blur") -> np.ndarray:
@@ -125,7 +126,7 @@ def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) 
 def deletion_insertion(
     model: LoadedModel,
     view: np.ndarray,
-    grid_map: np.ndarray,
+    grid_map: torch.Tensor,
     target: int,
     *,
     steps: int = DEFAULT_STEPS,
@@ -140,13 +141,14 @@ def deletion_insertion(
     Costs ``forward_passes(steps, random_orders)`` images through the model, in batches of ``batch_size``.
     """
     layout = model.layout
-    if tuple(np.shape(grid_map)) != layout.grid_hw:
-        raise VitExplorerError(f"map of shape {np.shape(grid_map)} does not match the {layout.grid_hw} patch grid")
+    if tuple(grid_map.shape) != layout.grid_hw:
+        raise VitExplorerError(f"map of shape {tuple(grid_map.shape)} does not match the {layout.grid_hw} patch grid")
     if steps < 1 or random_orders < 1:
         raise VitExplorerError("faithfulness needs at least one step and one random order")
+    # numpy's generator draws the random orders: a seed gives the orders the published figures were scored with
     rng = np.random.default_rng(seed)
-    orders = [importance_order(grid_map)] + [rng.permutation(layout.num_patches) for _ in range(random_orders)]
-    masks = np.concatenate([step_masks(order, steps) for order in orders])  # [orders · (steps + 1), patches]
+    orders = [importance_order(grid_map)] + [torch.from_numpy(rng.permutation(layout.num_patches)) for _ in range(random_orders)]
+    masks = torch.cat([step_masks(order, steps) for order in orders])  # [orders · (steps + 1), patches]
     image = to_pixels(view, model.preprocess)[0]
     blank = to_pixels(baseline_view(view, layout, baseline), model.preprocess)[0]
     probs, tops = [], []

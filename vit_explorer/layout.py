@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+import torch
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class TokenLayout:
             return self.prefix_names[token]
         return f"patch at row {patch[0]}, col {patch[1]}"
 
-    def patch_map(self, row: np.ndarray) -> np.ndarray:
+    def patch_map(self, row: torch.Tensor) -> torch.Tensor:
         """``[..., n]`` token weights → ``[..., grid_h, grid_w]`` weights on the patches."""
         if row.shape[-1] != self.num_tokens:
             raise ValueError(

@@ -1,16 +1,15 @@
 """The maps every view shows, computed from one cached ``Analysis``, never from the model.
 
-Pure math over the analysis's arrays (no pictures, no UI): the rows a query sends to every layer and
-head, rollout and the class-specific maps over the patch grid, head statistics and rankings. Derived
-arrays that several views reuse (rollout factors, query rows, statistics) are memoised on the
-analysis, bounded.
+Pure torch math over the analysis's CPU tensors (no pictures, no UI): the rows a query sends to every
+layer and head, rollout and the class-specific maps over the patch grid, head statistics and rankings.
+Every map comes back as a tensor; the render layer turns it into pixels. Derived tensors that several
+views reuse (rollout factors, query rows, statistics) are memoised on the analysis, bounded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import stats
@@ -51,10 +50,10 @@ def query_name(analysis: Analysis, query: int | None) -> str:
     return "mean of patch queries" if query is None else analysis.layout.token_name(query)
 
 
-def query_vector(analysis: Analysis, query: int | None) -> np.ndarray:
+def query_vector(analysis: Analysis, query: int | None) -> torch.Tensor:
     """Weights over query tokens ``[n]``: one-hot, or uniform over patches for None."""
     layout = analysis.layout
-    vector = np.zeros(layout.num_tokens, dtype=np.float32)
+    vector = torch.zeros(layout.num_tokens)
     if query is None:
         vector[layout.num_prefix_tokens :] = 1.0 / layout.num_patches
     else:
@@ -68,29 +67,29 @@ def check_query(analysis: Analysis, query: int) -> int:
     return query
 
 
-def query_rows(analysis: Analysis, query: int | None) -> np.ndarray:
-    """Where the query looks in every layer and head ``[layers, heads, n]`` (for a compact analysis and a
+def query_rows(analysis: Analysis, query: int | None) -> torch.Tensor:
+    """Where the query looks in every layer and head ``[layers, heads, n]`` float32 (for a compact analysis and a
     patch query, the rows ``analysis.recompute_query_rows`` put there)."""
 
-    def compute() -> np.ndarray:
+    def compute() -> torch.Tensor:
         token = None if query is None else check_query(analysis, query)
         if analysis.attentions is None:  # compact: reduced at capture, or recomputed with the model beforehand
             if token is None:
-                return analysis.compact["patch_mean_rows"].astype(np.float32)
+                return analysis.compact["patch_mean_rows"].float()
             if token < analysis.num_prefix_tokens:
-                return analysis.compact["prefix_rows"][:, :, token, :].astype(np.float32)
+                return analysis.compact["prefix_rows"][:, :, token, :].float()
             raise VitExplorerError(
                 f"this analysis kept its maps compactly, so the rows of patch query {token} must be recomputed with the model "
                 "first: analysis.recompute_query_rows(model, analysis, query)"
             )
         if token is None:
-            return analysis.attentions[:, :, analysis.num_prefix_tokens :, :].mean(axis=2, dtype=np.float32)
-        return np.ascontiguousarray(analysis.attentions[:, :, token, :], dtype=np.float32)
+            return analysis.attentions[:, :, analysis.num_prefix_tokens :, :].mean(dim=2, dtype=torch.float32)
+        return analysis.attentions[:, :, token, :].float().contiguous()
 
     return memo(analysis, ("query_rows", query), compute)
 
 
-def head_statistic(analysis: Analysis, name: str) -> np.ndarray:
+def head_statistic(analysis: Analysis, name: str) -> torch.Tensor:
     """One of ``stats.HEAD_STATISTICS`` for this analysis ``[layers, heads]``."""
     if name not in stats.HEAD_STATISTICS:
         raise VitExplorerError(f"unknown head statistic {name!r}; use one of {', '.join(stats.HEAD_STATISTICS)}")
@@ -99,7 +98,7 @@ def head_statistic(analysis: Analysis, name: str) -> np.ndarray:
     return memo(analysis, ("statistic", name), lambda: stats.HEAD_STATISTICS[name](analysis.attentions, analysis.layout))
 
 
-def ranking_values(analysis: Analysis, name: str, evidence: ClassEvidence | None = None) -> np.ndarray:
+def ranking_values(analysis: Analysis, name: str, evidence: ClassEvidence | None = None) -> torch.Tensor:
     """The value heads are ranked by ``[layers, heads]``: a head statistic, or the gradient importance
     for ``evidence``'s target class."""
     if name == GRADIENT_IMPORTANCE:
@@ -109,7 +108,7 @@ def ranking_values(analysis: Analysis, name: str, evidence: ClassEvidence | None
     return head_statistic(analysis, name)
 
 
-def ranking_keys(analysis: Analysis, name: str, evidence: ClassEvidence | None) -> np.ndarray:
+def ranking_keys(analysis: Analysis, name: str, evidence: ClassEvidence | None) -> torch.Tensor:
     """Values whose ascending order is the ranking's order ``[layers, heads]``."""
     if name not in RANKINGS:
         raise VitExplorerError(f"unknown head ranking {name!r}; use one of {', '.join(RANKINGS)}")
@@ -117,12 +116,12 @@ def ranking_keys(analysis: Analysis, name: str, evidence: ClassEvidence | None) 
     return values if RANKINGS[name] != "highest first" else -values
 
 
-def head_order(analysis: Analysis, order_by: str, evidence: ClassEvidence | None = None) -> np.ndarray:
-    """Per layer, the heads in display order ``[layers, heads]`` (by ``RANKINGS``, or as they are)."""
+def head_order(analysis: Analysis, order_by: str, evidence: ClassEvidence | None = None) -> torch.Tensor:
+    """Per layer, the heads in display order ``[layers, heads]`` int64 (by ``RANKINGS``, or as they are)."""
     layers, heads = analysis.map_shape
     if order_by == "none":
-        return np.tile(np.arange(heads), (layers, 1))
-    return np.argsort(ranking_keys(analysis, order_by, evidence), axis=1, kind="stable")
+        return torch.arange(heads).repeat(layers, 1)
+    return ranking_keys(analysis, order_by, evidence).argsort(dim=1, stable=True)
 
 
 def top_heads(analysis: Analysis, evidence: ClassEvidence | None, k: int = 5) -> dict[str, list[tuple[int, int, float]]]:
@@ -133,12 +132,13 @@ def top_heads(analysis: Analysis, evidence: ClassEvidence | None, k: int = 5) ->
         if name == GRADIENT_IMPORTANCE and evidence is None:
             continue
         values = ranking_values(analysis, name, evidence)
-        flat = np.argsort(ranking_keys(analysis, name, evidence), axis=None, kind="stable")[:k]
-        tops[name] = [(int(layer), int(head), float(values[layer, head])) for layer, head in zip(*np.unravel_index(flat, values.shape))]
+        flat = ranking_keys(analysis, name, evidence).flatten().argsort(stable=True)[:k].tolist()
+        heads = (divmod(index, values.shape[1]) for index in flat)
+        tops[name] = [(layer, head, float(values[layer, head])) for layer, head in heads]
     return tops
 
 
-def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) -> np.ndarray:
+def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) -> torch.Tensor:
     """The query's rollout over the patches ``[grid_h, grid_w]``."""
     attentions = analysis.attentions
     if attentions is None:  # compact: only the head means were kept, as one "head"
@@ -159,13 +159,13 @@ def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) 
     return factors_map(analysis, factors, query, options.start_layer)
 
 
-def factors_map(analysis: Analysis, factors: torch.Tensor, query: int | None, start_layer: int) -> np.ndarray:
+def factors_map(analysis: Analysis, factors: torch.Tensor, query: int | None, start_layer: int) -> torch.Tensor:
     """The query's row of a chain of per-layer factors ``[layers, n, n]``, over the patches ``[grid_h, grid_w]``."""
-    row = rollout_rows(factors, torch.from_numpy(query_vector(analysis, query))[None], start_layer)[0]
-    return analysis.layout.patch_map(row.numpy())
+    row = rollout_rows(factors, query_vector(analysis, query)[None], start_layer)[0]
+    return analysis.layout.patch_map(row)
 
 
-def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions) -> np.ndarray:
+def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions) -> torch.Tensor:
     """The map of ``method`` (``CLASS_METHODS``) for the default query (class token) ``[grid_h, grid_w]``.
 
     ``relevance`` and ``grad-rollout`` are for ``evidence``'s target class; ``rollout`` and ``cls``
@@ -180,7 +180,7 @@ def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, o
         raise VitExplorerError(f"unknown map method {method!r}; use one of {', '.join(CLASS_METHODS)}")
     if evidence is None:  # method is one of CLASS_SPECIFIC
         raise VitExplorerError(f"{CLASS_METHODS[method]} explains a class score, and this model has no classifier head")
-    weighted = torch.from_numpy(evidence.weighted)
+    weighted = evidence.weighted
     if method == "relevance":
         factors = memo(analysis, ("relevance_factors", evidence.target), lambda: relevance_factors(weighted))
     else:
@@ -193,7 +193,7 @@ def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, o
     return factors_map(analysis, factors, query, options.start_layer)
 
 
-def attention_map(analysis: Analysis, query: int | None, layer: int, head: int | None) -> np.ndarray:
+def attention_map(analysis: Analysis, query: int | None, layer: int, head: int | None) -> torch.Tensor:
     """Where the query looks in one layer, one head or the mean of heads ``[grid_h, grid_w]``."""
     rows = query_rows(analysis, query)[layer]  # [heads, n]
-    return analysis.layout.patch_map(rows.mean(axis=0) if head is None else rows[head])
+    return analysis.layout.patch_map(rows.mean(dim=0) if head is None else rows[head])

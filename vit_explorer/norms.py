@@ -29,6 +29,8 @@ attention landing on it, so the shares of all tokens of a layer sum to 1. The sh
 tokens in layer l uses the tokens flagged at layer l's output: once an artefact token appears it stays
 high-norm in the layers above, so this pairing differs from the layer's input only at the layer
 where a token first turns into an outlier.
+
+Everything here is torch, like the norms and maps it reads (``Analysis.token_norms``, ``Analysis.attentions``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import numpy as np
+import torch
 
 from .analysis import Analysis, memo
 from .errors import VitExplorerError
@@ -49,19 +51,27 @@ RULE = "norm > median + k · max(1.4826 · MAD, 0.01 · median) over the layer's
 SHARE = "mean over heads and queries of the layer's attention landing on the token(s); a layer's tokens sum to 1"
 
 
-def outlier_thresholds(patch_norms: np.ndarray, k: float = K) -> tuple[np.ndarray, np.ndarray]:
+def median(values: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The median along ``dim``: for an even count the mean of the two middle values, as the rule (module doc)
+    means it (``torch.median`` returns the lower one)."""
+    ordered = values.sort(dim=dim).values
+    count = values.shape[dim]
+    return (ordered.select(dim, (count - 1) // 2) + ordered.select(dim, count // 2)) / 2
+
+
+def outlier_thresholds(patch_norms: torch.Tensor, k: float = K) -> tuple[torch.Tensor, torch.Tensor]:
     """The median and the outlier threshold of each layer ``[layers]`` from patch norms ``[layers, patches]``."""
-    median = np.median(patch_norms, axis=1)  # [layers]
-    mad = np.median(np.abs(patch_norms - median[:, None]), axis=1)  # [layers]
-    spread = np.maximum(MAD_SCALE * mad, SPREAD_FLOOR * median)
-    return median, median + k * spread
+    middle = median(patch_norms, dim=1)  # [layers]
+    mad = median((patch_norms - middle[:, None]).abs(), dim=1)  # [layers]
+    spread = torch.maximum(MAD_SCALE * mad, SPREAD_FLOOR * middle)
+    return middle, middle + k * spread
 
 
-def received_attention(attentions: np.ndarray) -> np.ndarray:
-    """Mean attention each token receives ``[layers, n]`` (over heads and queries), from maps
+def received_attention(attentions: torch.Tensor) -> torch.Tensor:
+    """Mean attention each token receives ``[layers, n]`` float32 (over heads and queries), from maps
     ``[layers, heads, n, n]`` or head means ``[layers, n, n]``."""
-    axes = (1, 2) if attentions.ndim == 4 else (1,)
-    return attentions.mean(axis=axes, dtype=np.float32)
+    dims = (1, 2) if attentions.ndim == 4 else (1,)
+    return attentions.mean(dim=dims, dtype=torch.float32)
 
 
 @dataclass(frozen=True)
@@ -82,46 +92,47 @@ class TokenNorms:
     """
 
     layout: TokenLayout
-    norms: np.ndarray
-    flagged: np.ndarray
+    norms: torch.Tensor
+    flagged: torch.Tensor
     k: float
-    threshold: np.ndarray
-    patch_median: np.ndarray
-    received: np.ndarray
-    flagged_attention_share: np.ndarray
-    patch_median_share: np.ndarray
-    prefix: dict[str, dict[str, np.ndarray]]
+    threshold: torch.Tensor
+    patch_median: torch.Tensor
+    received: torch.Tensor
+    flagged_attention_share: torch.Tensor
+    patch_median_share: torch.Tensor
+    prefix: dict[str, dict[str, torch.Tensor]]
 
     @property
     def num_layers(self) -> int:
         return self.norms.shape[0]
 
-    def flagged_tokens(self, layer: int) -> np.ndarray:
+    def flagged_tokens(self, layer: int) -> torch.Tensor:
         """Sequence indices of the patches flagged in ``layer`` ``[flagged]``."""
-        return np.flatnonzero(self.flagged[layer])
+        return self.flagged[layer].nonzero().flatten()
 
     @property
     def peak_layer(self) -> int:
         """The layer with the most flagged patches (the last of them on a tie; the last layer when none is flagged)."""
-        counts = self.flagged.sum(axis=1)
-        return int(self.num_layers - 1 - np.argmax(counts[::-1]))
+        counts = self.flagged.sum(dim=1)
+        return self.num_layers - 1 - int(counts.flip(0).argmax())
 
     @property
-    def relative(self) -> np.ndarray:
+    def relative(self) -> torch.Tensor:
         """Each token's norm over its layer's median patch norm ``[layers, n]``."""
-        return self.norms / np.maximum(self.patch_median, np.finfo(np.float32).tiny)[:, None]
+        return self.norms / self.patch_median.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
 
     def summary(self) -> str:
         """One line: how many patches are flagged, where, and the attention they draw."""
-        counts = self.flagged.sum(axis=1)
+        counts = self.flagged.sum(dim=1)
         if not counts.any():
             return f"no high-norm patch tokens in any layer (k = {self.k:g})"
-        layers = np.flatnonzero(counts)
-        peak = int(np.argmax(self.flagged_attention_share))
-        ratio = self.relative[self.flagged].max()
+        layers = counts.nonzero().flatten().tolist()
+        peak = int(self.flagged_attention_share.argmax())
+        ratio = float(self.relative[self.flagged].max())
         return (f"high-norm patch tokens (k = {self.k:g}) in layers {', '.join(str(layer) for layer in layers)}: "
-                f"up to {counts.max()} per layer, {np.any(self.flagged, axis=0).sum()} distinct, up to {ratio:.1f}× the median norm; "
-                f"they draw at most {self.flagged_attention_share[peak]:.1%} of the attention (layer {peak})")
+                f"up to {int(counts.max())} per layer, {int(self.flagged.any(dim=0).sum())} distinct, "
+                f"up to {ratio:.1f}× the median norm; "
+                f"they draw at most {float(self.flagged_attention_share[peak]):.1%} of the attention (layer {peak})")
 
     def as_dict(self) -> dict:
         """Everything but the full ``[layers, n]`` arrays, as JSON-ready numbers (norms and shares per layer)."""
@@ -147,14 +158,14 @@ class TokenNorms:
             "grid": list(self.layout.grid_hw), "prefix_names": list(self.layout.prefix_names), "num_tokens": self.layout.num_tokens,
             "summary": self.summary(),
             "layers": layers,
-            "prefix": {name: {key: [float(value) for value in values] for key, values in token.items()} for name, token in self.prefix.items()},
+            "prefix": {name: {key: values.tolist() for key, values in token.items()} for name, token in self.prefix.items()},
         }
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n"
 
 
-def token_norms(norms: np.ndarray, received: np.ndarray, layout: TokenLayout, k: float = K) -> TokenNorms:
+def token_norms(norms: torch.Tensor, received: torch.Tensor, layout: TokenLayout, k: float = K) -> TokenNorms:
     """Flag the high-norm patches of every layer and measure their attention.
 
     ``norms`` ``[layers, n]`` are token norms after each layer, ``received`` ``[layers, n]`` the attention
@@ -164,16 +175,16 @@ def token_norms(norms: np.ndarray, received: np.ndarray, layout: TokenLayout, k:
         raise ValueError(f"norms {norms.shape} and attention shares {received.shape} must both be [layers, {layout.num_tokens}]")
     if not k > 0:
         raise VitExplorerError(f"k must be positive, not {k}")
-    norms = np.asarray(norms, dtype=np.float32)
+    norms = norms.float()
     prefix = layout.num_prefix_tokens
     patches = norms[:, prefix:]  # [layers, patches]
-    median, threshold = outlier_thresholds(patches, k)
-    flagged = np.zeros(norms.shape, dtype=bool)  # [layers, n]
+    middle, threshold = outlier_thresholds(patches, k)
+    flagged = torch.zeros(norms.shape, dtype=torch.bool)  # [layers, n]
     flagged[:, prefix:] = patches > threshold[:, None]
     return TokenNorms(
-        layout=layout, norms=norms, flagged=flagged, k=float(k), threshold=threshold, patch_median=median, received=received,
-        flagged_attention_share=np.where(flagged, received, 0.0).sum(axis=1),
-        patch_median_share=np.median(received[:, prefix:], axis=1),
+        layout=layout, norms=norms, flagged=flagged, k=float(k), threshold=threshold, patch_median=middle, received=received,
+        flagged_attention_share=torch.where(flagged, received, 0.0).sum(dim=1),
+        patch_median_share=median(received[:, prefix:], dim=1),
         prefix={name: {"norm": norms[:, token], "attention_share": received[:, token]} for token, name in enumerate(layout.prefix_names)},
     )
 
@@ -183,7 +194,7 @@ def for_analysis(analysis: Analysis, k: float = K) -> TokenNorms:
     if analysis.token_norms is None:
         raise VitExplorerError("this analysis was made without token norms; analyse the image again")
 
-    def received() -> np.ndarray:
+    def received() -> torch.Tensor:
         maps = analysis.attentions if analysis.attentions is not None else analysis.compact["head_mean"]
         return received_attention(maps)
 

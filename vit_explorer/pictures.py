@@ -1,9 +1,11 @@
 """Pictures of an analysis for the app and the CLI: large map views with colour bars, the image with the
-query patch outlined, the layers × heads grid. Numbers come from ``maps``; pixels from ``render``."""
+query patch outlined, the layers × heads grid. Numbers come from ``maps`` as tensors; pixels from ``render``,
+which turns them into numpy."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from . import render
 from .ablation import HeadAblation
@@ -46,8 +48,8 @@ def token_at(analysis: Analysis, x: float, y: float, picture_hw: tuple[int, int]
     return analysis.layout.patch_token(row, col)
 
 
-def map_picture(analysis: Analysis, grid_map: np.ndarray, *, cmap: str, overlay: bool, query: int | None, unit: str,
-                scale: str = "linear") -> np.ndarray:
+def map_picture(analysis: Analysis, grid_map: torch.Tensor | np.ndarray, *, cmap: str, overlay: bool, query: int | None,
+                unit: str, scale: str = "linear") -> np.ndarray:
     """A large view of one ``[grid_h, grid_w]`` map on the colour ``scale`` (``render.COLOUR_SCALES``), query
     patch outlined, with a colour bar of what the colour measures (``unit``)."""
     size = view_hw(analysis)
@@ -79,7 +81,7 @@ def grid_picture(
     selected: tuple[int, int | None] | None = None,
     tile_px: int | None = None,
     scale: str = "linear",
-) -> tuple[np.ndarray, render.GridGeometry, np.ndarray]:
+) -> tuple[np.ndarray, render.GridGeometry, torch.Tensor]:
     """The layers × heads grid of the query's attention: picture, geometry, head order ``[layers, heads]``.
 
     ``evidence`` is the target class's, for ordering by gradient importance. ``selected`` is
@@ -90,19 +92,19 @@ def grid_picture(
     tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
     order = head_order(analysis, order_by, evidence)
     maps = analysis.layout.patch_map(query_rows(analysis, query))  # [layers, heads, gh, gw]
-    maps = np.take_along_axis(maps, order[:, :, None, None], axis=1)
+    maps = maps.take_along_dim(order[:, :, None, None], dim=1)
     tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared, scale=scale)
     highlight = None
     if selected is not None:
         layer, head = selected
-        highlight = (layer, None if head is None else int(np.nonzero(order[layer] == head)[0][0]))
+        highlight = (layer, None if head is None else order[layer].tolist().index(head))
     ordered = order_by != "none"
     picture, geometry = render.tile_grid(
         tiles,
         row_labels=[f"L{layer}" for layer in range(layers)],
         col_labels=[f"#{rank + 1}" if ordered else f"h{rank}" for rank in range(heads)],
         axis_names=("layer", f"head by {order_by}" if ordered else "head"),
-        tile_notes=[[f"h{head}" for head in order[layer]] for layer in range(layers)] if ordered else None,
+        tile_notes=[[f"h{head}" for head in order[layer].tolist()] for layer in range(layers)] if ordered else None,
         highlight=highlight,
     )
     return picture, geometry, order
@@ -125,10 +127,10 @@ def centred_on_zero(values: np.ndarray) -> tuple[np.ndarray, float]:
     return (0.5 + values / (2 * bound) if bound > 0 else np.full(values.shape, 0.5)), bound
 
 
-def difference_picture(analysis: Analysis, difference: np.ndarray, unit: str) -> np.ndarray:
+def difference_picture(analysis: Analysis, difference: torch.Tensor | np.ndarray, unit: str) -> np.ndarray:
     """A large view of a signed ``[grid_h, grid_w]`` difference of two maps on a scale symmetric about 0 (white),
     at the size of ``analysis``'s views, with a colour bar from −max|difference| to +max|difference| of ``unit``."""
-    centred, bound = centred_on_zero(difference)
+    centred, bound = centred_on_zero(render.to_numpy(difference, np.float32))
     picture = render.colorize(render.upsample(centred, view_hw(analysis)), DIFFERENCE_CMAP)
     return render.with_colorbar(picture, DIFFERENCE_CMAP, -bound, bound, unit)
 
@@ -151,7 +153,7 @@ def norm_map_picture(result: TokenNorms, cmap: str = "inferno", width: int = GRI
         title=f"{render.axis_title(('layer', 'token'))}   ▲ high-norm patch (k = {result.k:g})",
         row_labels=[f"L{layer}" for layer in range(layers)],
         column_labels=(prefix, f"{layout.grid_hw[0]}×{layout.grid_hw[1]} patches, row by row →"),
-        lead=layout.num_prefix_tokens, marks=result.flagged.any(axis=0),
+        lead=layout.num_prefix_tokens, marks=result.flagged.any(dim=0),
     )
     return render.with_colorbar(picture, cmap, low.item(), high.item(), NORM_RATIO)
 
@@ -165,8 +167,8 @@ def outlier_picture(analysis: Analysis, result: TokenNorms, layer: int | None = 
     grid_map = analysis.layout.patch_map(result.relative[layer])  # [grid_h, grid_w]
     size = view_hw(analysis)
     picture = render.heat(grid_map, size, cmap, image=analysis.image)
-    for token in result.flagged_tokens(layer):
-        picture = render.outline(picture, patch_box(analysis, int(token), size))
+    for token in result.flagged_tokens(layer).tolist():
+        picture = render.outline(picture, patch_box(analysis, token, size))
     low, high = render.value_range(grid_map)
     count = len(result.flagged_tokens(layer))
     unit = f"L{layer} norm ÷ median patch norm · {count} outlier{'' if count == 1 else 's'} outlined"
@@ -182,7 +184,7 @@ def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None
     """The layers × heads heat map of how the target probability changes when each head alone is removed, in
     percentage points on a scale symmetric about 0, each tile labelled with its value, a colour bar below;
     and its geometry, which maps a click to (layer, head). ``selected`` (layer, head) is outlined."""
-    points = ablation.delta_probability * 100.0  # [layers, heads]
+    points = render.to_numpy(ablation.delta_probability, np.float32) * 100.0  # [layers, heads]
     layers, heads = points.shape
     tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
     centred, bound = centred_on_zero(points)

@@ -1,13 +1,15 @@
 """The data of the app's interactive plots: tidy tables, one row per point, that Gradio's native plots draw
-in the browser (values on hover, axes fitted to the data). Numbers come from ``maps`` and
-``faithfulness``; no Gradio here, and no pictures (``charts`` draws those)."""
+in the browser (values on hover, axes fitted to the data). Numbers come from ``maps`` (tensors, turned into
+numpy here by ``render.to_numpy``) and ``faithfulness``; no Gradio here, and no pictures (``charts`` draws those)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import torch
 
 from .faithfulness import FaithfulnessCurves
+from .render import to_numpy
 
 VALUE = "value"
 
@@ -17,28 +19,28 @@ def layer_names(layers: int) -> list[str]:
     return [f"L{layer}" for layer in range(layers)]
 
 
-def head_table(values: np.ndarray) -> pd.DataFrame:
+def head_table(values: torch.Tensor) -> pd.DataFrame:
     """One row per head of a ``[layers, heads]`` statistic: ``layer`` ("L0", …), ``head`` ("h0", …) and
     ``value``, head by head, so that a plot's colour legend lists the heads in order."""
     layers, heads = values.shape
     return pd.DataFrame({
         "layer": np.tile(layer_names(layers), heads),
         "head": np.repeat([f"h{head}" for head in range(heads)], layers),
-        VALUE: np.asarray(values, dtype=np.float64).T.reshape(-1),
+        VALUE: to_numpy(values, np.float64).T.reshape(-1),
     })
 
 
 SIDE_COLOURS = ("#1f77b4", "#d62728")  # the Compare tab's sides A and B
 
 
-def sides_table(values: dict[str, np.ndarray], depths: dict[str, np.ndarray]) -> pd.DataFrame:
+def sides_table(values: dict[str, torch.Tensor], depths: dict[str, torch.Tensor]) -> pd.DataFrame:
     """Both sides' statistic of every head in one table: ``head_table`` of each side's ``[layers, heads]``
     values, with its ``side`` and each layer's relative ``depth`` (``depths[side]`` ``[layers]``), so that
     models of different depths share one axis."""
     frames = []
     for side, side_values in values.items():
         table = head_table(side_values)
-        table["depth"] = np.tile(np.asarray(depths[side], dtype=np.float64), side_values.shape[1])
+        table["depth"] = np.tile(to_numpy(depths[side], np.float64), side_values.shape[1])
         table["side"] = side
         frames.append(table)
     return pd.concat(frames, ignore_index=True)

@@ -1,6 +1,9 @@
 """Maps → pictures with numpy: colour lookup tables, colour scales, bilinear upsampling, overlays, colour
 bars, labelled grids.
 
+This is the render boundary: the analysis layer hands over CPU torch tensors, and ``to_numpy`` turns them
+into numpy arrays once, where a picture, a chart or a file takes them.
+
 No matplotlib figure is made here (matplotlib only provides the colormap tables, the font and the tick
 positions); a whole layers × heads grid is filled into one preallocated array. Text is drawn at
 ``LABEL_PX`` pixels: the app shows pictures at their natural size (it never scales them up, and lays
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from .errors import VitExplorerError
@@ -27,6 +31,14 @@ NOTE_PX = 11  # the head names written on tiles of an ordered grid
 # keeps a few extreme patches of a heavy-tailed map (relevance) from washing out the rest
 COLOUR_SCALES = {"linear": "min to max", "percentile": "1st to 99th percentile"}
 PERCENTILES = (1.0, 99.0)
+
+
+def to_numpy(values: torch.Tensor | np.ndarray, dtype: np.dtype | type | None = None) -> np.ndarray:
+    """Values from the analysis layer (a CPU tensor) or already numpy, as a numpy array (of ``dtype`` where given):
+    the one conversion from torch, where pictures, charts and files take a map."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=dtype)
 
 
 @lru_cache(maxsize=16)
@@ -57,10 +69,10 @@ def check_scale(scale: str) -> str:
     return scale
 
 
-def value_range(maps: np.ndarray, shared: bool = False, scale: str = "linear") -> tuple[np.ndarray, np.ndarray]:
+def value_range(maps: torch.Tensor | np.ndarray, shared: bool = False, scale: str = "linear") -> tuple[np.ndarray, np.ndarray]:
     """The values of ``[..., h, w]`` maps that the colormap's ends stand for, per map or shared (keepdims):
     min and max for ``"linear"``, the ``PERCENTILES`` for ``"percentile"``."""
-    maps = np.asarray(maps, dtype=np.float32)
+    maps = to_numpy(maps, np.float32)
     axes = tuple(range(maps.ndim)) if shared else (-2, -1)
     if check_scale(scale) == "percentile":
         low, high = np.percentile(maps, PERCENTILES, axis=axes, keepdims=True)
@@ -68,10 +80,10 @@ def value_range(maps: np.ndarray, shared: bool = False, scale: str = "linear") -
     return maps.min(axis=axes, keepdims=True), maps.max(axis=axes, keepdims=True)
 
 
-def normalize(maps: np.ndarray, shared: bool = False, scale: str = "linear") -> np.ndarray:
+def normalize(maps: torch.Tensor | np.ndarray, shared: bool = False, scale: str = "linear") -> np.ndarray:
     """Scale ``[..., h, w]`` maps to [0, 1]: each map on its own, or all on one shared scale; values
     outside the scale's range (``value_range``) are clipped to its ends."""
-    maps = np.asarray(maps, dtype=np.float32)
+    maps = to_numpy(maps, np.float32)
     low, high = value_range(maps, shared, scale)
     span = high - low
     return np.clip((maps - low) / np.where(span > 0, span, 1.0), 0.0, 1.0)
@@ -92,9 +104,9 @@ def interpolation_matrix(size_in: int, size_out: int) -> np.ndarray:
     return matrix
 
 
-def upsample(maps: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+def upsample(maps: torch.Tensor | np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
     """Bilinear upsampling of ``[..., h, w]`` maps to ``[..., H, W]``, as two small matrix products."""
-    maps = np.asarray(maps, dtype=np.float32)
+    maps = to_numpy(maps, np.float32)
     rows = interpolation_matrix(maps.shape[-2], out_hw[0])
     cols = interpolation_matrix(maps.shape[-1], out_hw[1])
     return rows @ maps @ cols.T
@@ -112,8 +124,8 @@ def resize_image(image: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
     return np.asarray(Image.fromarray(image).resize((out_hw[1], out_hw[0]), Image.Resampling.BILINEAR))
 
 
-def heat(maps: np.ndarray, out_hw: tuple[int, int], cmap: str = "inferno", image: np.ndarray | None = None, alpha: float = 0.6,
-         shared: bool = False, scale: str = "linear") -> np.ndarray:
+def heat(maps: torch.Tensor | np.ndarray, out_hw: tuple[int, int], cmap: str = "inferno", image: np.ndarray | None = None,
+         alpha: float = 0.6, shared: bool = False, scale: str = "linear") -> np.ndarray:
     """Maps ``[..., h, w]`` → coloured pictures ``[..., H, W, 3]`` on the colour ``scale``, blended over ``image`` when given."""
     coloured = colorize(upsample(normalize(maps, shared, scale), out_hw), cmap).astype(np.float32)
     if image is None:
@@ -277,8 +289,9 @@ def grid_tile_px(cols: int, width: int, low: int = 24, high: int = 96) -> int:
     return int(np.clip((width - GRID_LEFT) // max(cols, 1) - GRID_GAP, low, high))
 
 
-def row_map(values: np.ndarray, width: int, row_px: int, cmap: str, *, title: str, row_labels: list[str],
-            column_labels: tuple[str, str] = ("", ""), lead: int = 0, marks: np.ndarray | None = None) -> np.ndarray:
+def row_map(values: torch.Tensor | np.ndarray, width: int, row_px: int, cmap: str, *, title: str, row_labels: list[str],
+            column_labels: tuple[str, str] = ("", ""), lead: int = 0,
+            marks: torch.Tensor | np.ndarray | None = None) -> np.ndarray:
     """Values ``[rows, cols]`` in [0, 1] → a labelled picture with one band of ``row_px`` pixels per row.
 
     The first ``lead`` columns (prefix tokens) get ``LEAD_PX`` pixels each and a white gap after them, so a single
@@ -295,7 +308,7 @@ def row_map(values: np.ndarray, width: int, row_px: int, cmap: str, *, title: st
     starts = np.concatenate([np.arange(lead_px) * lead // max(lead_px, 1), np.full(gap_x, max(lead - 1, 0)),
                              lead + (np.arange(rest) * (cols - lead)) // rest])
     # reduceat gives the max of each run of columns, or the single column where runs repeat (fewer columns than pixels)
-    pixels = np.maximum.reduceat(np.asarray(values, dtype=np.float32), starts, axis=1)  # [rows, width]
+    pixels = np.maximum.reduceat(to_numpy(values, np.float32), starts, axis=1)  # [rows, width]
     gap = 1 if row_px >= 6 else 0  # a white line between rows keeps neighbouring layers apart
     band = np.repeat(colorize(pixels, cmap), row_px, axis=0).reshape(rows, row_px, width, 3)
     band[:, row_px - gap:] = BACKGROUND
@@ -317,7 +330,7 @@ def row_map(values: np.ndarray, width: int, row_px: int, cmap: str, *, title: st
     for row in range(0, rows, every):
         draw.text((left - 6, top + row * row_px + (row_px - gap) / 2), row_labels[row], fill=TEXT, font=label_font, anchor="rm")
     bottom = top + rows * row_px
-    for col in np.flatnonzero(marks) if marks is not None else ():
+    for col in np.flatnonzero(to_numpy(marks)) if marks is not None else ():
         x = left + centre(int(col))
         draw.polygon([(x, bottom + 1), (x - 4, bottom + mark_h), (x + 4, bottom + mark_h)], fill=HIGHLIGHT, outline=TEXT)
     draw.text((left, bottom + mark_h + 3), column_labels[0], fill=TEXT, font=label_font, anchor="lt")

@@ -24,7 +24,6 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -37,7 +36,7 @@ from .maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions, class_map
 from .models.base import LoadedModel
 
 # a map computed from one analysis (and the target's evidence, None for a backbone) ``[grid_h, grid_w]``
-MapFunction = Callable[[Analysis, ClassEvidence | None], np.ndarray]
+MapFunction = Callable[[Analysis, ClassEvidence | None], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | Non
         copied = dataclasses.replace(model, module=copy.deepcopy(model.module))
     sample = Labelled(image=analysis.image, label=-1 if index is None else index)
 
-    def current_maps() -> dict[str, np.ndarray]:
+    def current_maps() -> dict[str, torch.Tensor]:
         _, randomised, evidence = next(sample_analyses(copied, [sample]))
         return {name: function(randomised, evidence) for name, function in functions.items()}
 

@@ -12,7 +12,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import numpy as np
+import torch
 
 from . import maps, render
 from .analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, Prediction
@@ -96,7 +96,7 @@ class Screen:
 
     shown: dict[str, Hashable] = field(default_factory=dict)  # per app tab: what its views were last drawn from
     geometry: render.GridGeometry | None = None  # the layers × heads grid as drawn, for tile clicks
-    order: np.ndarray | None = None  # its head order [layers, heads]
+    order: torch.Tensor | None = None  # its head order [layers, heads]
     score: tuple[Hashable, FaithfulnessCurves] | None = None  # the last faithfulness score, and which map it scored
     sanity: tuple[Hashable, SanityCurves] | None = None  # the last sanity check, and the (target, rollout options) it ran for
     ablation_geometry: render.GridGeometry | None = None  # the ablation heat map as drawn, for tile clicks

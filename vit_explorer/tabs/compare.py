@@ -11,6 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 import numpy as np
+import torch
 
 from .. import maps, pictures, plots
 from ..analysis import analyze, class_evidence
@@ -95,7 +96,7 @@ def side_options(side: Side, controls: Controls) -> maps.RolloutOptions:
     return replace(controls.rollout, start_layer=side.start_layer)
 
 
-def side_map(side: Side, view: str, controls: Controls) -> np.ndarray | None:
+def side_map(side: Side, view: str, controls: Controls) -> torch.Tensor | None:
     """One side's ``[grid_h, grid_w]`` map of ``view``, or None where it has no such map (a class-specific map
     without that class's evidence)."""
     if view == "rollout":
@@ -112,7 +113,7 @@ def unit(view: str, method: str) -> str:
     return {"rollout": pictures.ROLLOUT, "layer and head": pictures.ATTENTION}.get(view) or pictures.UNITS[method]
 
 
-def side_picture(side: Side, view: str, controls: Controls, grid_map: np.ndarray | None) -> np.ndarray | None:
+def side_picture(side: Side, view: str, controls: Controls, grid_map: torch.Tensor | None) -> np.ndarray | None:
     """One side's picture of its map, drawn by the functions every other tab draws that view with."""
     if grid_map is None:
         return None
