@@ -62,3 +62,23 @@ def test_entropy_matches_scipy_on_rows_with_exact_zeros_in_numpy_and_torch():
     from_tensor = attention_entropy(torch.from_numpy(rows))
     assert isinstance(from_tensor, torch.Tensor) and not torch.isnan(from_tensor).any()
     np.testing.assert_allclose(from_tensor.numpy(), expected, rtol=1e-5)
+
+
+def test_head_statistics_in_groups_match_each_statistic_over_the_whole_batch(monkeypatch):
+    from vit_explorer import stats
+
+    layout = TokenLayout(("cls", "reg1"), (4, 5), (16, 16))
+    maps = torch.softmax(torch.randn(3, 2, 4, layout.num_tokens, layout.num_tokens) * 2, dim=-1)  # [b, layers, heads, n, n]
+    expected = {
+        "entropy": torch.special.entr(maps).sum(-1).mean(-1),  # the textbook form, not the grouped one
+        "distance": mean_attention_distance(maps, layout),
+        "prefix share": maps[..., 2:, :2].sum(-1).mean(-1),
+    }
+    monkeypatch.setattr(stats, "GROUP_BYTES", 3 * layout.num_tokens**2 * 4)  # groups of 3 maps: 24 maps in 8 groups
+    together = stats.head_statistics(maps, layout)
+    assert list(together) == list(stats.HEAD_STATISTICS)
+    for name, values in together.items():
+        assert values.shape == (3, 2, 4)
+        torch.testing.assert_close(values, expected[name], rtol=1e-5, atol=1e-6)
+    as_numpy = stats.head_statistics(maps.numpy(), layout)
+    assert all(isinstance(values, np.ndarray) for values in as_numpy.values())

@@ -244,7 +244,7 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
     pixels = to_pixels(view, model.preprocess).to(model.device)
     layers, _ = model.adapter.map_shape(model.module)
     storage = choose_storage(map_bytes(model.layout, *model.adapter.map_shape(model.module)), memory_budget)
-    sink = (CompactSink(model.layout, stats.HEAD_STATISTICS) if storage == "compact"
+    sink = (CompactSink(model.layout, stats.head_statistics) if storage == "compact"
             else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
     captured = capture(model, pixels, sink, target=TOP if explain else None, reduce_gradients=relevance.layer_evidence,
                        features=model.ood is not None, norms=True)

@@ -130,9 +130,9 @@ class StackingSink(LayerSink):
 class CompactSink(LayerSink):
     """Reduces image 0's map of each layer to what the views need, then drops it: the head-mean matrix
     (for rollout), every head's rows of the prefix tokens and of the mean patch query, and per-head
-    ``statistics`` (name → function of ``[1, heads, n, n]`` and the layout, giving ``[1, heads]``)."""
+    ``statistics`` (a function of ``[1, heads, n, n]`` and the layout giving ``{name: [1, heads]}``)."""
 
-    def __init__(self, layout: TokenLayout, statistics: Mapping[str, Callable[[torch.Tensor, TokenLayout], torch.Tensor]]) -> None:
+    def __init__(self, layout: TokenLayout, statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> None:
         super().__init__()
         self.layout = layout
         self.statistics = statistics
@@ -144,7 +144,7 @@ class CompactSink(LayerSink):
             "head_mean": maps.mean(dim=0).half(),
             "prefix_rows": maps[:, :prefix, :].half(),
             "patch_mean_rows": maps[:, prefix:, :].mean(dim=1).half(),
-            "statistics": {name: compute(maps[None], self.layout)[0] for name, compute in self.statistics.items()},
+            "statistics": {name: values[0] for name, values in self.statistics(maps[None], self.layout).items()},
         }
 
     def result(self) -> dict[str, Any]:
@@ -155,28 +155,28 @@ class CompactSink(LayerSink):
             "head_mean": torch.stack([layer["head_mean"] for layer in layers]),
             "prefix_rows": torch.stack([layer["prefix_rows"] for layer in layers]),
             "patch_mean_rows": torch.stack([layer["patch_mean_rows"] for layer in layers]),
-            "statistics": {name: torch.stack([layer["statistics"][name] for layer in layers]) for name in self.statistics},
+            "statistics": {name: torch.stack([layer["statistics"][name] for layer in layers]) for name in layers[0]["statistics"]},
         }
 
 
 class StatisticsSink(LayerSink):
-    """Reduces every image's map of each layer to per-head ``statistics`` (name → function of
-    ``[b, heads, n, n]`` and the layout, giving ``[b, heads]``) and drops it: a batch of a dataset never
-    holds more than one layer's maps."""
+    """Reduces every image's map of each layer to per-head ``statistics`` (a function of ``[b, heads, n, n]``
+    and the layout giving ``{name: [b, heads]}``) and drops it: a batch of a dataset never holds more than
+    one layer's maps."""
 
-    def __init__(self, layout: TokenLayout, statistics: Mapping[str, Callable[[torch.Tensor, TokenLayout], torch.Tensor]]) -> None:
+    def __init__(self, layout: TokenLayout, statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> None:
         super().__init__()
         self.layout = layout
         self.statistics = statistics
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
         maps = attention.detach()  # [b, heads, n, n], this layer only, reduced where it is (CPU or GPU)
-        self.layers[layer] = {name: compute(maps, self.layout).float().cpu().numpy() for name, compute in self.statistics.items()}
+        self.layers[layer] = {name: values.float().cpu().numpy() for name, values in self.statistics(maps, self.layout).items()}
 
     def result(self) -> dict[str, np.ndarray]:
         """``{name: [b, layers, heads]}``."""
         layers = self.in_layer_order()
-        return {name: np.stack([layer[name] for layer in layers], axis=1) for name in self.statistics}
+        return {name: np.stack([layer[name] for layer in layers], axis=1) for name in layers[0]}
 
 
 class RowSink(LayerSink):

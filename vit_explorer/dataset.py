@@ -40,7 +40,7 @@ from .evaluation import Labelled
 from .images import load_image, model_view, to_pixels
 from .layout import TokenLayout
 from .models.base import LoadedModel, Preprocess
-from .stats import HEAD_STATISTICS, patch_distances
+from .stats import HEAD_STATISTICS, head_statistics, patch_distances
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 HISTOGRAM_BINS = 512
@@ -319,7 +319,7 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
         good = np.array([error == "" for error in errors])
         shard_totals.skipped += [{"path": str(images.paths[int(index)]), "reason": error} for index, error in zip(indices, errors) if error]
         if good.any():
-            captured = capture(model, pixels[torch.from_numpy(good)].to(model.device), StatisticsSink(model.layout, HEAD_STATISTICS))
+            captured = capture(model, pixels[torch.from_numpy(good)].to(model.device), StatisticsSink(model.layout, head_statistics))
             predictions = None if folder_of_class is None else folder_of_class[captured.logits.argmax(-1).cpu().numpy()]
             shard_totals.add(captured.kept, ranges, labels.numpy()[good], predictions)
         bar.update(len(indices))
