@@ -45,28 +45,27 @@ def test_shipped_model_loads_with_its_layout_and_labels(shapes_model):
     assert shapes_model.preprocess.input_hw == (256, 256)
 
 
-# The floors below are the shipped model's measured figures less a margin, not issue 12's targets
-# (0.95 and 0.90 accuracy, 0.9 pointing): the model trained in this session's 67 minutes reaches about half
-# of that accuracy, and the README says so. Chance is 1/6.
+# The floors below are the shipped model's measured figures less a margin (issue 12's targets are 0.95 and
+# 0.90 accuracy and 0.9 pointing; the held-out accuracy is below its target, and the README says so). Chance is 1/6.
 
 
 def test_classifies_held_out_shapes(figures):
-    assert figures.accuracy >= 0.40  # measured 0.48 on these 200, 0.51 on 300
+    assert figures.accuracy >= 0.88  # measured 0.93 on these 200, 0.893 on 1000 (below the 0.95 target)
 
 
 def test_classifies_shapes_drawn_by_independent_code(independent_figures):
-    assert independent_figures.accuracy >= 0.45  # measured 0.55 on these 200, 0.53 on 300
+    assert independent_figures.accuracy >= 0.90  # measured 0.965 on these 200
 
 
-@pytest.mark.parametrize("method,held_out_floor,independent_floor", [("rollout", 0.70, 0.88), ("relevance", 0.80, 0.88)])
+@pytest.mark.parametrize("method,held_out_floor,independent_floor", [("rollout", 0.87, 0.95), ("relevance", 0.92, 0.95)])
 def test_maps_point_at_the_object_on_both_sets(figures, independent_figures, method, held_out_floor, independent_floor):
-    assert figures.pointing[method] >= held_out_floor  # measured 0.76 (rollout), 0.855 (relevance)
-    assert independent_figures.pointing[method] >= independent_floor  # measured 0.94, 0.93
+    assert figures.pointing[method] >= held_out_floor  # measured 0.91 (rollout), 0.96 (relevance)
+    assert independent_figures.pointing[method] >= independent_floor  # measured 1.0, 0.995
     assert independent_figures.pointing[method] > independent_figures.pointing["random"] + 0.5
 
 
 def test_class_token_rollout_points_at_the_object(figures):
-    assert figures.pointing["rollout"] >= 0.70
+    assert figures.pointing["rollout"] >= 0.87
     assert figures.pointing["rollout"] > figures.pointing["random"] + 0.5
 
 
@@ -77,17 +76,17 @@ def test_class_specific_maps_point_at_least_as_well_as_rollout(figures):
 
 def test_attention_mass_concentrates_on_the_object(figures):
     # rollout mixes in the identity at every layer, so it spreads more than one layer's attention does
-    assert figures.energy["rollout"] >= 1.3 * figures.target_share  # measured 1.42×
-    assert figures.energy["cls"] >= 2.5 * figures.target_share  # measured 2.95×
+    assert figures.energy["rollout"] >= 1.8 * figures.target_share  # measured 2.09×
+    assert figures.energy["cls"] >= 3.3 * figures.target_share  # measured 3.83×
     for method in ("relevance", "grad-rollout"):
-        assert figures.energy[method] >= 2.5 * figures.target_share, method  # measured 3.0×
+        assert figures.energy[method] >= 3.0 * figures.target_share, method  # measured 3.47× and 3.42×
 
 
 def test_relevance_beats_random_orders_at_deletion_and_insertion(shapes_model):
     figures = heldout_faithfulness(shapes_model, count=40, methods=("relevance",))
     relevance, chance = figures.auc["relevance"], figures.auc["random"]
-    assert relevance["deletion"] < chance["deletion"] - 0.04  # measured 0.187 against 0.260
-    assert relevance["insertion"] > chance["insertion"] + 0.06  # measured 0.372 against 0.260
+    assert relevance["deletion"] < chance["deletion"] - 0.2  # measured 0.185 against 0.520
+    assert relevance["insertion"] > chance["insertion"] + 0.15  # measured 0.817 against 0.544
 
 
 def two_shapes() -> Image.Image:
@@ -108,22 +107,22 @@ def test_the_target_class_moves_the_map_to_its_object(shapes_model):
         for target in ("square", "circle"):
             grid_map = maps.class_map(analysis, method, class_evidence(shapes_model, analysis, target), maps.RolloutOptions())
             left_share[target] = grid_map[:, :8].sum() / grid_map.sum()
-        assert left_share["square"] > left_share["circle"] + 0.15, (method, left_share)  # measured 0.38 and 0.13
+        assert left_share["square"] > left_share["circle"] + 0.2, (method, left_share)  # measured 0.46 and 0.17
 
 
 def test_examples_are_analysed_and_mostly_predicted_right(shapes_model):
     """The examples are the generator's first image of each class (seed 2026), not picked for the model:
-    measured 5 of 6 right, the triangle read as a star at 24%."""
+    measured 6 of 6 right, each at 0.88-0.92."""
     from vit_explorer.models.builtin import EXAMPLES
 
     examples = sorted(EXAMPLES.glob("*.png"))
     assert len(examples) == 6
     right = [analyze(shapes_model, path).top_k(1)[0].label == path.stem.split("-", 1)[1] for path in examples]
-    assert sum(right) >= 4, right
+    assert sum(right) >= 5, right
 
 
 @pytest.mark.xfail(strict=True, reason="issue 12 open: the Mahalanobis distance of this model's class-token feature does not "
-                   "separate photos from hard shapes (photo scores 37-70, threshold 237)")
+                   "separate photos from shapes (astronaut 254, chelsea 142, coffee 53; threshold 404)")
 def test_photos_are_flagged_as_outside_what_the_model_knows(shapes_model):
     data = pytest.importorskip("skimage.data")
     for name in ("astronaut", "chelsea", "coffee"):
