@@ -61,12 +61,8 @@ def test_classifies_shapes_drawn_by_independent_code(independent_figures):
 def test_maps_point_at_the_object_on_both_sets(figures, independent_figures, method, held_out_floor, independent_floor):
     assert figures.pointing[method] >= held_out_floor  # measured 0.91 (rollout), 0.96 (relevance)
     assert independent_figures.pointing[method] >= independent_floor  # measured 1.0, 0.995
-    assert independent_figures.pointing[method] > independent_figures.pointing["random"] + 0.5
-
-
-def test_class_token_rollout_points_at_the_object(figures):
-    assert figures.pointing["rollout"] >= 0.87
-    assert figures.pointing["rollout"] > figures.pointing["random"] + 0.5
+    for measured in (figures, independent_figures):
+        assert measured.pointing[method] > measured.pointing["random"] + 0.5
 
 
 def test_class_specific_maps_point_at_least_as_well_as_rollout(figures):
