@@ -1,7 +1,7 @@
 import numpy as np
 from scipy import ndimage
 
-from vit_explorer.shapes import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZE, generate, generate_set, visible_contrast
+from vit_explorer.shapes import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZE, generate_set, visible_contrast
 
 
 def test_generator_is_deterministic_from_its_seed():
@@ -30,15 +30,6 @@ def test_samples_have_one_object_whose_mask_and_box_agree():
 def test_sizes_span_one_and_a_half_to_eight_patches():
     widths = [max(s.bbox[2] - s.bbox[0], s.bbox[3] - s.bbox[1]) for s in generate_set(12, 150)]
     assert min(widths) < 2.5 * 16 and max(widths) > 6.5 * 16
-
-
-def test_size_exponent_draws_small_objects_more_often():
-    def widths(exponent: float) -> np.ndarray:
-        rng = np.random.default_rng(16)
-        return np.array([max(s.bbox[2] - s.bbox[0], s.bbox[3] - s.bbox[1]) for s in (generate(rng, size_exponent=exponent) for _ in range(120))])
-
-    uniform, skewed = widths(1.0), widths(1.5)
-    assert np.mean(skewed < 3.5 * 16) > np.mean(uniform < 3.5 * 16) + 0.08
 
 
 def band_and_edge(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

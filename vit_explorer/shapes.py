@@ -249,21 +249,19 @@ def visible_contrast(image: np.ndarray, mask: np.ndarray) -> float:
 
 
 def generate(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float = MIN_SIZE, max_size: float = MAX_SIZE,
-             easy: bool = False, size_exponent: float = 1.0) -> Sample:
+             easy: bool = False) -> Sample:
     """One labelled image drawn with ``rng``; ``min_size``/``max_size`` bound the object's diameter in pixels.
 
     ``easy`` draws the start of a training curriculum: a filled shape at high contrast on a plain
     background, with no distractors, blur or compression (any rotation, either polarity still).
-    The diameter is ``min_size + (max_size - min_size) · u ** size_exponent`` for a uniform ``u``: 1 draws
-    sizes uniformly, more draws small objects more often.
     """
     while True:
-        sample = _draw(rng, size, min_size, max_size, easy, size_exponent)
+        sample = _draw(rng, size, min_size, max_size, easy)
         if visible_contrast(sample.image, sample.mask) >= MIN_VISIBLE:
             return sample
 
 
-def _draw(rng: np.random.Generator, size: int, min_size: float, max_size: float, easy: bool, size_exponent: float) -> Sample:
+def _draw(rng: np.random.Generator, size: int, min_size: float, max_size: float, easy: bool) -> Sample:
     label = int(rng.integers(len(CLASSES)))
     kind = CLASSES[label]
     families = EASY_BACKGROUNDS if easy else BACKGROUNDS
@@ -271,7 +269,7 @@ def _draw(rng: np.random.Generator, size: int, min_size: float, max_size: float,
     canvas = Image.fromarray(background.clip(0, 255).astype(np.uint8))
     if not easy:
         _distractors(rng, canvas)
-    radius = (min_size + (max_size - min_size) * rng.random() ** size_exponent) / 2
+    radius = rng.uniform(min_size, max_size) / 2
     cx, cy = rng.uniform(radius + 2, size - radius - 2, 2)
     styles = CIRCLE_STYLES if kind in ("circle", "ring") else STYLES
     style = "filled" if easy else styles[int(rng.integers(len(styles)))]

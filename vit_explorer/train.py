@@ -52,9 +52,6 @@ PATCH_LOSS_WEIGHT = 0.5
 # most patches are background: weigh them less, so that the object's few patches drive the dense loss
 PATCH_CLASS_WEIGHTS = torch.tensor([0.2] + [1.0] * len(CLASSES))
 KNOWN = "six synthetic shapes (" + ", ".join(CLASSES) + "), one per image"
-# training draws small objects more often than the held-out set (where sizes are uniform): below 3.5
-# patches the shapes are hardest to tell apart, and nearly half the training objects are that small, against a third
-TRAIN_SIZE_EXPONENT = 1.5
 CHUNK = 500  # images per generator seed, so that the pool is the same however many processes draw it
 
 
@@ -120,13 +117,13 @@ def _window_offset(rng: np.random.Generator, bbox: tuple[int, int, int, int], wi
     return corner[0], corner[1]
 
 
-def _draw_chunk(job: tuple[int, int, int, bool, float]) -> Pool:
-    seed, count, window, easy, size_exponent = job
+def _draw_chunk(job: tuple[int, int, int, bool]) -> Pool:
+    seed, count, window, easy = job
     rng = np.random.default_rng(seed)
     patch = SHAPES_VIT["patch_size"]
     images, labels, patch_classes, offsets = [], [], [], []
     for _ in range(count):
-        sample = generate(rng, IMAGE_SIZE, MIN_SIZE, MAX_SIZE, easy=easy, size_exponent=size_exponent)
+        sample = generate(rng, IMAGE_SIZE, MIN_SIZE, MAX_SIZE, easy=easy)
         top, left = _window_offset(rng, sample.bbox, window) if window < IMAGE_SIZE else (0, 0)
         mask = sample.mask[top : top + window, left : left + window]
         rows = window // patch
@@ -139,11 +136,9 @@ def _draw_chunk(job: tuple[int, int, int, bool, float]) -> Pool:
     return Pool(np.stack(images), np.array(labels), np.stack(patch_classes).astype(np.int64), np.array(offsets, dtype=np.int64))
 
 
-def draw_pool(seed: int, count: int, window: int, processes: int = 2, easy: bool = False, size_exponent: float = 1.0) -> Pool:
-    """``count`` generated ``window``-px windows of whole images (the same for the same seed, however many processes);
-    ``size_exponent`` as in ``shapes.generate``."""
-    jobs = [(seed * 1_000_000 + start // CHUNK, min(CHUNK, count - start), window, easy, size_exponent)
-            for start in range(0, count, CHUNK)]
+def draw_pool(seed: int, count: int, window: int, processes: int = 2, easy: bool = False) -> Pool:
+    """``count`` generated ``window``-px windows of whole images (the same for the same seed, however many processes)."""
+    jobs = [(seed * 1_000_000 + start // CHUNK, min(CHUNK, count - start), window, easy) for start in range(0, count, CHUNK)]
     with multiprocessing.get_context("spawn").Pool(processes) as workers:
         parts = workers.map(_draw_chunk, jobs)
     return Pool(*(np.concatenate([getattr(part, name) for part in parts]) for name in ("images", "labels", "patch_classes", "offsets")))
@@ -269,9 +264,8 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
             saved = None  # resumed at the end of a finished stage
             continue
         print(f"{stage.name}: drawing {stage.pool_size} {stage.window}-px windows…", file=sys.stderr)
-        pool = draw_pool(seed * 10 + index, stage.pool_size, stage.window, size_exponent=TRAIN_SIZE_EXPONENT)
-        easy = draw_pool(seed * 10 + 5 + index, stage.easy_pool_size, stage.window, easy=True,
-                         size_exponent=TRAIN_SIZE_EXPONENT) if stage.easy_pool_size else None
+        pool = draw_pool(seed * 10 + index, stage.pool_size, stage.window)
+        easy = draw_pool(seed * 10 + 5 + index, stage.easy_pool_size, stage.window, easy=True) if stage.easy_pool_size else None
         optimizer = torch.optim.AdamW([*model.parameters(), *patch_head.parameters()], lr=stage.lr, weight_decay=0.05)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(stage))
         rng = np.random.default_rng([seed, index])
