@@ -1,7 +1,7 @@
 import numpy as np
 from scipy import ndimage
 
-from vit_explorer.shapes import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZE, generate_set
+from vit_explorer.shapes import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZE, generate_set, visible_contrast
 
 
 def test_generator_is_deterministic_from_its_seed():
@@ -32,6 +32,29 @@ def test_sizes_span_one_and_a_half_to_eight_patches():
     assert min(widths) < 2.5 * 16 and max(widths) > 6.5 * 16
 
 
+def band_and_edge(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    band = ndimage.binary_dilation(mask, iterations=6) & ~ndimage.binary_dilation(mask, iterations=2)
+    return band, mask & ~ndimage.binary_erosion(mask, iterations=2)  # the edge is painted in every style
+
+
+def test_visible_contrast_is_the_distance_of_edge_and_surround():
+    mask = np.zeros((64, 64), dtype=bool)
+    mask[20:44, 20:44] = True
+    image = np.full((64, 64, 3), 100, dtype=np.uint8)
+    assert visible_contrast(image, mask) == 0.0
+    image[mask] = (130, 100, 60)
+    assert abs(visible_contrast(image, mask) - 50.0) < 1e-4
+
+
+def test_every_object_stays_visible_after_jitter_and_compression():
+    """A grey-scale jitter can erase a difference in hue: such draws are redrawn, not kept with a label
+    nobody could read off the picture. Measured here with other morphology than the generator's check."""
+    for sample in generate_set(15, 200):
+        band, edge = band_and_edge(sample.mask)
+        distance = np.linalg.norm(sample.image[edge].mean(0).astype(float) - sample.image[band].mean(0))
+        assert distance >= 18  # 20 by the generator's own check
+
+
 def luminance(pixels: np.ndarray) -> np.ndarray:
     return pixels.astype(float) @ np.array([0.299, 0.587, 0.114])
 
@@ -41,8 +64,7 @@ def test_objects_are_darker_or_brighter_than_their_surround_and_stand_out():
     from a band of background around it."""
     differences, distances = [], []
     for sample in generate_set(13, 150):
-        band = ndimage.binary_dilation(sample.mask, iterations=6) & ~ndimage.binary_dilation(sample.mask, iterations=2)
-        edge = sample.mask & ~ndimage.binary_erosion(sample.mask, iterations=2)  # painted in every style
+        band, edge = band_and_edge(sample.mask)
         differences.append(luminance(sample.image[edge]).mean() - luminance(sample.image[band]).mean())
         distances.append(np.linalg.norm(sample.image[edge].mean(0) - sample.image[band].mean(0)))
     differences = np.array(differences)
@@ -59,6 +81,17 @@ def test_rings_have_a_hole_and_circles_do_not():
             assert sample.mask[cy, cx]
 
 
+def test_circles_are_one_colour_to_their_edge():
+    """A circle with a border of another colour is a ring round a disc, so circles are only filled: the
+    middle of each circle is the colour of its edge, not of its surround."""
+    circles = [s for s in generate_set(17, 200) if s.class_name == "circle" and ndimage.binary_erosion(s.mask, iterations=4).sum() > 20]
+    assert len(circles) > 15
+    for sample in circles:
+        band, edge = band_and_edge(sample.mask)
+        core = sample.image[ndimage.binary_erosion(sample.mask, iterations=4)].mean(0).astype(float)
+        assert np.linalg.norm(core - sample.image[edge].mean(0)) < np.linalg.norm(core - sample.image[band].mean(0))
+
+
 def test_some_objects_are_hollow_or_outlined():
     """Outlined or hollow objects show the background through their silhouette: the middle of the mask
     looks like the band around it, not like the edge."""
@@ -68,8 +101,7 @@ def test_some_objects_are_hollow_or_outlined():
         core = ndimage.binary_erosion(sample.mask, iterations=5)
         if core.sum() < 20:
             continue
-        edge = sample.mask & ~ndimage.binary_erosion(sample.mask, iterations=2)
-        band = ndimage.binary_dilation(sample.mask, iterations=6) & ~ndimage.binary_dilation(sample.mask, iterations=2)
+        band, edge = band_and_edge(sample.mask)
         to_band = np.linalg.norm(sample.image[core].mean(0) - sample.image[band].mean(0))
         to_edge = np.linalg.norm(sample.image[core].mean(0) - sample.image[edge].mean(0))
         hollow += to_band < to_edge

@@ -24,12 +24,15 @@ IMAGE_SIZE = 256
 PATCH = 16
 MIN_SIZE, MAX_SIZE = 24, 128  # object diameter in pixels: 1.5 to 8 patches of 16
 STYLES = ("filled", "hollow", "outline", "bordered")
-# a hollow or outlined circle is a ring, so circles are only ever solid
-CIRCLE_STYLES = ("filled", "bordered")
+# a hollow or outlined circle is a ring, and a bordered one is a ring round a disc, so circles are only ever filled
+CIRCLE_STYLES = ("filled",)
 RING_INNER = (0.4, 0.7)  # inner / outer radius of a ring; thinner would pass for an outlined circle
 HOLLOW_INNER = (0.45, 0.75)  # inner / outer scale of a hollow polygon
 BACKGROUNDS = ("flat", "gradient", "waves", "checker", "smooth", "blotches", "clutter")
 MIN_CONTRAST = 45.0  # RGB distance of object and surround, before jitter: low, yet visible
+# after jitter (a grey-scale one can erase a difference in hue) and compression, the mean RGB distance of the
+# object's edge and the band around it; below it the object can be invisible, and the image is drawn again
+MIN_VISIBLE = 20.0
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ def _distractors(rng: np.random.Generator, canvas: Image.Image) -> None:
         x, y = rng.uniform(0, size, 2)
         kind = rng.integers(5)
         if kind == 0:
-            points = [(x, y)] + [tuple(float(v) for v in rng.uniform(0, size, 2)) for _ in range(rng.integers(1, 4))]
+            # an open path of one or two segments: three could close into a triangle
+            points = [(x, y)] + [tuple(float(v) for v in rng.uniform(0, size, 2)) for _ in range(rng.integers(1, 3))]
             draw.line(points, fill=colour, width=int(rng.integers(1, 5)))
         elif kind == 1:
             r, start = rng.uniform(10, 50), rng.uniform(0, 360)
@@ -226,6 +230,24 @@ def _degrade(rng: np.random.Generator, picture: Image.Image) -> Image.Image:
     return picture
 
 
+def _grown(mask: np.ndarray, pixels: int) -> np.ndarray:
+    """``mask`` dilated (``pixels`` > 0) or eroded (< 0) by a square of ``|pixels|``."""
+    spread = (ImageFilter.MaxFilter if pixels > 0 else ImageFilter.MinFilter)(2 * abs(pixels) + 1)
+    return np.asarray(Image.fromarray(mask.astype(np.uint8) * 255).filter(spread)) > 127
+
+
+def visible_contrast(image: np.ndarray, mask: np.ndarray) -> float:
+    """RGB distance of the mean colour of the object's edge (painted in every style) and of a band around it."""
+    # only the object's surroundings count: filtering there alone is several times faster than the whole image
+    ys, xs = np.nonzero(mask)
+    rows = slice(max(int(ys.min()) - 16, 0), int(ys.max()) + 17)
+    cols = slice(max(int(xs.min()) - 16, 0), int(xs.max()) + 17)
+    mask = mask[rows, cols]
+    edge, band = mask & ~_grown(mask, -2), _grown(mask, 6) & ~_grown(mask, 2)
+    pixels = image[rows, cols].astype(np.float32)
+    return float(np.linalg.norm(pixels[edge].mean(axis=0) - pixels[band].mean(axis=0)))
+
+
 def generate(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float = MIN_SIZE, max_size: float = MAX_SIZE,
              easy: bool = False) -> Sample:
     """One labelled image drawn with ``rng``; ``min_size``/``max_size`` bound the object's diameter in pixels.
@@ -233,6 +255,13 @@ def generate(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float =
     ``easy`` draws the start of a training curriculum: a filled shape at high contrast on a plain
     background, with no distractors, blur or compression (any rotation, either polarity still).
     """
+    while True:
+        sample = _draw(rng, size, min_size, max_size, easy)
+        if visible_contrast(sample.image, sample.mask) >= MIN_VISIBLE:
+            return sample
+
+
+def _draw(rng: np.random.Generator, size: int, min_size: float, max_size: float, easy: bool) -> Sample:
     label = int(rng.integers(len(CLASSES)))
     kind = CLASSES[label]
     families = EASY_BACKGROUNDS if easy else BACKGROUNDS
