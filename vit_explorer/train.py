@@ -85,7 +85,7 @@ def default_stages(scale: float = 1.0) -> tuple[Stage, ...]:
     return (
         Stage("windows", IMAGE_SIZE // 2, max(1, int(17000 * scale)), 64, 1e-3, max(CHUNK, int(56_000 * scale)),
               easy_pool_size=max(CHUNK, int(8_000 * scale)), easy_until=0.35),
-        Stage("whole", IMAGE_SIZE, max(1, int(1000 * scale)), 32, 3e-4, max(CHUNK, int(12_000 * scale))),
+        Stage("whole", IMAGE_SIZE, max(1, int(2000 * scale)), 32, 3e-4, max(CHUNK, int(16_000 * scale))),
     )
 
 
