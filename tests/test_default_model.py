@@ -50,17 +50,18 @@ def test_shipped_model_loads_with_its_layout_and_labels(shapes_model):
 
 
 def test_classifies_held_out_shapes(figures):
-    assert figures.accuracy >= 0.88  # measured 0.93 on these 200, 0.893 on 1000 (below the 0.95 target)
+    # measured 0.955 on these 200; 0.942 on generate_set's 1,000 and 0.925 on the training's own 1,000 (target 0.95)
+    assert figures.accuracy >= 0.91
 
 
 def test_classifies_shapes_drawn_by_independent_code(independent_figures):
-    assert independent_figures.accuracy >= 0.90  # measured 0.965 on these 200
+    assert independent_figures.accuracy >= 0.93  # measured 0.98 on these 200, 0.984 on 1,000
 
 
-@pytest.mark.parametrize("method,held_out_floor,independent_floor", [("rollout", 0.87, 0.95), ("relevance", 0.92, 0.95)])
+@pytest.mark.parametrize("method,held_out_floor,independent_floor", [("rollout", 0.90, 0.95), ("relevance", 0.92, 0.95)])
 def test_maps_point_at_the_object_on_both_sets(figures, independent_figures, method, held_out_floor, independent_floor):
-    assert figures.pointing[method] >= held_out_floor  # measured 0.91 (rollout), 0.96 (relevance)
-    assert independent_figures.pointing[method] >= independent_floor  # measured 1.0, 0.995
+    assert figures.pointing[method] >= held_out_floor  # measured 0.95 (rollout), 0.965 (relevance)
+    assert independent_figures.pointing[method] >= independent_floor  # measured 0.99, 0.995
     for measured in (figures, independent_figures):
         assert measured.pointing[method] > measured.pointing["random"] + 0.5
 
@@ -72,17 +73,17 @@ def test_class_specific_maps_point_at_least_as_well_as_rollout(figures):
 
 def test_attention_mass_concentrates_on_the_object(figures):
     # rollout mixes in the identity at every layer, so it spreads more than one layer's attention does
-    assert figures.energy["rollout"] >= 1.8 * figures.target_share  # measured 2.09×
-    assert figures.energy["cls"] >= 3.3 * figures.target_share  # measured 3.83×
+    assert figures.energy["rollout"] >= 1.8 * figures.target_share  # measured 2.17×
+    assert figures.energy["cls"] >= 3.3 * figures.target_share  # measured 3.94×
     for method in ("relevance", "grad-rollout"):
-        assert figures.energy[method] >= 3.0 * figures.target_share, method  # measured 3.47× and 3.42×
+        assert figures.energy[method] >= 3.0 * figures.target_share, method  # measured 3.46× and 3.41×
 
 
 def test_relevance_beats_random_orders_at_deletion_and_insertion(shapes_model):
     figures = heldout_faithfulness(shapes_model, count=40, methods=("relevance",))
     relevance, chance = figures.auc["relevance"], figures.auc["random"]
-    assert relevance["deletion"] < chance["deletion"] - 0.2  # measured 0.185 against 0.520
-    assert relevance["insertion"] > chance["insertion"] + 0.15  # measured 0.817 against 0.544
+    assert relevance["deletion"] < chance["deletion"] - 0.2  # measured 0.191 against 0.564
+    assert relevance["insertion"] > chance["insertion"] + 0.15  # measured 0.791 against 0.556
 
 
 def two_shapes() -> Image.Image:
@@ -103,12 +104,12 @@ def test_the_target_class_moves_the_map_to_its_object(shapes_model):
         for target in ("square", "circle"):
             grid_map = maps.class_map(analysis, method, class_evidence(shapes_model, analysis, target), maps.RolloutOptions())
             left_share[target] = grid_map[:, :8].sum() / grid_map.sum()
-        assert left_share["square"] > left_share["circle"] + 0.2, (method, left_share)  # measured 0.46 and 0.17
+        assert left_share["square"] > left_share["circle"] + 0.2, (method, left_share)  # measured 0.57 and 0.12
 
 
 def test_examples_are_analysed_and_mostly_predicted_right(shapes_model):
     """The examples are the generator's first image of each class (seed 2026), not picked for the model:
-    measured 6 of 6 right, each at 0.88-0.92."""
+    measured 5 of 6 right, five at 0.90-0.92; the star, small on a checkerboard, is called a cross (30%)."""
     from vit_explorer.models.builtin import EXAMPLES
 
     examples = sorted(EXAMPLES.glob("*.png"))
@@ -118,7 +119,7 @@ def test_examples_are_analysed_and_mostly_predicted_right(shapes_model):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 12 open: the Mahalanobis distance of this model's class-token feature does not "
-                   "separate photos from shapes (astronaut 254, chelsea 142, coffee 53; threshold 404)")
+                   "separate photos from shapes (astronaut 266, chelsea 289, coffee 87; threshold 613)")
 def test_photos_are_flagged_as_outside_what_the_model_knows(shapes_model):
     data = pytest.importorskip("skimage.data")
     for name in ("astronaut", "chelsea", "coffee"):
