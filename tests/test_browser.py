@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint, write_stats_folder
+from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint, write_stats_folder
 from serving import chromium_page, open_and_upload, running_app
 
 from vit_explorer import analyze, load_model, pictures
@@ -173,7 +173,7 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
 def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path):
     """The notice as a user sees it, on a model whose calibration flags every image (the shipped model's
     own calibration does not yet flag photos: issue 12)."""
-    checkpoint = write_checkpoint(tmp_path / "calibrated.safetensors", CLI_MODEL, ood=far_calibration(CLI_MODEL))
+    checkpoint = write_checkpoint(tmp_path / "calibrated.safetensors", CLI_MODEL, ood=flag_all_calibration())
     upload = tmp_path / "wide.png"
     photo((451, 300), seed=3).save(upload)
     OUTPUT.mkdir(parents=True, exist_ok=True)

@@ -1,58 +1,40 @@
-"""The out-of-distribution score: its math against scipy, its fit, and who sees a notice."""
+"""The out-of-distribution score: its math against scipy, its calibration, and who sees a notice."""
 
 import json
 
 import numpy as np
+import pytest
 import torch
-from conftest import CLI_MODEL, far_calibration, photo, write_checkpoint
-from scipy.spatial.distance import mahalanobis
+from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint
+from scipy.special import logsumexp
 
 from vit_explorer import analyze, load_model
 from vit_explorer.captions import model_summary
-from vit_explorer.ood import OodCalibration, fit_mahalanobis
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.ood import OodCalibration, calibrate, energy
 
 
-def test_scores_are_the_squared_distance_to_the_nearest_class_mean():
-    rng = np.random.default_rng(0)
-    means = rng.normal(0, 3, (3, 4))
-    root = rng.normal(0, 1, (4, 4))
-    precision = np.linalg.inv(root @ root.T + np.eye(4))
-    calibration = OodCalibration(means, precision, threshold=5.0, known="things")
-    features = rng.normal(0, 3, (6, 4))
-    expected = [min(mahalanobis(feature, mean, precision) ** 2 for mean in means) for feature in features]
-    np.testing.assert_allclose(calibration.scores(features), expected, rtol=1e-10)
-    verdict = calibration.verdict(means[1] + 1e-3)
-    assert not verdict.flagged and verdict.score < 1e-4
+def test_energy_is_minus_logsumexp_of_the_logits():
+    logits = np.random.default_rng(0).normal(0, 4, (5, 7))
+    np.testing.assert_allclose(energy(torch.from_numpy(logits).float()), -logsumexp(logits, axis=1), rtol=1e-6)
 
 
-def test_fit_finds_the_class_means_and_a_threshold_that_passes_most_held_out_images():
-    """A 'model' whose classifier input is the image's mean colour: three colour classes, then far colours."""
-
-    class MeanColour(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.head = torch.nn.Linear(3, 3)
-
-        def forward(self, pixels):
-            return self.head(pixels.mean(dim=(2, 3)))
-
+def test_calibration_passes_most_held_out_images_and_flags_unsure_logits():
+    """Known images: one class logit well above the rest; unfamiliar ones: flat logits, no class stands out."""
     rng = np.random.default_rng(1)
-    centres = np.array([[40, 40, 200], [200, 40, 40], [40, 200, 40]], dtype=float)
-    labels = rng.integers(0, 3, 600)
-    colours = centres[labels] + rng.normal(0, 12, (600, 3))
-    images = np.clip(colours[:, None, None, :] + np.zeros((1, 4, 4, 3)), 0, 255).astype(np.uint8)
-
-    def to_batch(batch):
-        return torch.from_numpy(batch).permute(0, 3, 1, 2).float()
-
-    model = MeanColour()
-    config = fit_mahalanobis(model, model.head, to_batch, images[:400], labels[:400], images[400:], known="three colours")
+    known = rng.normal(0, 1, (1000, 6))
+    known[np.arange(1000), rng.integers(0, 6, 1000)] += rng.normal(8, 1, 1000)
+    config = calibrate(torch.from_numpy(known[:500]), known="six things")
     calibration = OodCalibration.from_config(json.loads(json.dumps(config)))  # survives the trip through the checkpoint's JSON
-    np.testing.assert_allclose(np.sort(calibration.means, axis=0), np.sort(centres, axis=0), atol=5)
-    held_out = calibration.scores(colours[400:])
-    assert np.mean(held_out > calibration.threshold) <= 0.02
-    far = np.array([[128, 128, 128], [255, 255, 255], [0, 0, 0]], dtype=float)
-    assert calibration.scores(far).min() > 10 * calibration.threshold
+    assert calibration.threshold == pytest.approx(np.quantile(-logsumexp(known[:500], axis=1), 0.99))
+    assert np.mean([calibration.verdict(torch.from_numpy(row)).flagged for row in known[500:]]) <= 0.03
+    flat = rng.normal(0, 0.3, (50, 6))
+    assert all(calibration.verdict(torch.from_numpy(row)).flagged for row in flat)
+
+
+def test_a_calibration_of_another_kind_is_refused():
+    with pytest.raises(VitExplorerError, match="energy"):
+        OodCalibration.from_config({"method": "mahalanobis", "means": [[0.0]], "precision": [[1.0]], "threshold": 3.0})
 
 
 def test_a_model_without_calibration_shows_no_notice(tmp_path):
@@ -62,9 +44,17 @@ def test_a_model_without_calibration_shows_no_notice(tmp_path):
     assert "Outside what this model knows" not in model_summary(analysis)
 
 
-def test_a_calibrated_model_flags_what_lies_far_from_its_classes(tmp_path):
-    model = load_model(str(write_checkpoint(tmp_path / "calibrated.safetensors", CLI_MODEL, ood=far_calibration(CLI_MODEL))))
+def test_a_checkpoint_with_an_older_calibration_loads_unflagged_and_says_why(tmp_path):
+    older = {"method": "mahalanobis (Lee et al. 2018)", "means": [[0.0]], "precision": [[1.0]], "threshold": 3.0, "known": "x"}
+    model = load_model(str(write_checkpoint(tmp_path / "older.safetensors", CLI_MODEL, ood=older)))
+    assert model.ood is None and analyze(model, photo((256, 256))).ood is None
+    assert any("mahalanobis" in note and "train-default" in note for note in model.notes), model.notes
+
+
+def test_a_calibrated_model_flags_what_it_is_unsure_of(tmp_path):
+    model = load_model(str(write_checkpoint(tmp_path / "calibrated.safetensors", CLI_MODEL, ood=flag_all_calibration())))
     analysis = analyze(model, photo((256, 256)))
-    assert analysis.ood.flagged and analysis.ood.score > 1000  # a normalised feature lies far from 50 in every dimension
+    assert analysis.ood.flagged
+    assert analysis.ood.score == pytest.approx(-torch.logsumexp(analysis.logits.double(), 0).item())
     summary = model_summary(analysis)
     assert summary.startswith("> ⚠️ **Outside what this model knows.**") and "nothing real" in summary and "timm:" in summary

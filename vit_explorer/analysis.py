@@ -247,10 +247,10 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
     sink = (CompactSink(model.layout, stats.head_statistics) if storage == "compact"
             else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
     captured = capture(model, pixels, sink, target=TOP if explain else None, reduce_gradients=relevance.layer_evidence,
-                       features=model.ood is not None, norms=True)
+                       norms=True)
     result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu(), layout=model.layout,
                       labels=model.labels, model_name=model.name,
-                      ood=model.ood.verdict(captured.features[0].numpy()) if model.ood is not None else None,
+                      ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,
                       view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), random_weights=model.random_weights,
                       token_norms=captured.token_norms[0])
     if storage == "compact":

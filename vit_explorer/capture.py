@@ -198,21 +198,6 @@ class RowSink(LayerSink):
 
 
 @contextmanager
-def recording_inputs(module: nn.Module | None) -> Iterator[list[torch.Tensor]]:
-    """While active, the input of ``module`` in each forward pass is appended to the yielded list
-    (detached, float32, on the CPU); with no module, nothing is recorded."""
-    seen: list[torch.Tensor] = []
-    if module is None:
-        yield seen
-        return
-    handle = module.register_forward_pre_hook(lambda _module, inputs: seen.append(inputs[0].detach().float().cpu()))
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
-@contextmanager
 def recording_norms(module: nn.Module, adapter: CaptureAdapter, active: bool) -> Iterator[dict[int, torch.Tensor]]:
     """While active, the L2 norm of every token of the residual stream after each layer ``[b, n]`` (float32,
     detached) lands in the yielded dict by layer. Only the norms are kept: a hidden state is never held
@@ -240,7 +225,6 @@ class Captured:
         gradients: per layer, what ``reduce_gradients`` made of (map, ∂ logit[target] / ∂ map), or the
             gradients stacked ``[b, layers, heads, n, n]`` without a reducer; None when not asked for
             (or when a backbone has no class for a ``TOP`` target).
-        features: the classifier's input ``[b, dim]`` when asked for, else None.
         token_norms: the L2 norm of every token of the residual stream after each layer ``[b, layers, n]``
             (float32, on the CPU) when asked for, else None.
     """
@@ -249,7 +233,6 @@ class Captured:
     kept: Any
     targets: torch.Tensor | None = None
     gradients: Any = None
-    features: torch.Tensor | None = None
     token_norms: torch.Tensor | None = None
 
 
@@ -260,7 +243,6 @@ def capture(
     *,
     target: str | int | torch.Tensor | None = None,
     reduce_gradients: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
-    features: bool = False,
     norms: bool = False,
 ) -> Captured:
     """Run ``model`` once on ``images`` ``[b, 3, H, W]`` with every layer's softmax(q·kᵀ/√d) going to ``sink``.
@@ -268,16 +250,14 @@ def capture(
     Without ``target`` the pass runs under ``torch.inference_mode``. With one (``TOP``, a class index,
     or indices ``[b]``), one backward pass gives ∂ logit[target] / ∂ A on the per-layer maps the forward
     used (the input requires grad, so frozen weights still put the maps in the graph); the maps reach
-    the sink after it, detached. ``features`` also records the classifier's input (the adapter's
-    ``classifier``); ``norms`` the token norms after every layer (``recording_norms``). Hooks are removed
-    before this returns or raises.
+    the sink after it, detached. ``norms`` also records the token norms after every layer
+    (``recording_norms``). Hooks are removed before this returns or raises.
     """
     module, adapter = resolve(model)
-    head = adapter.classifier(module) if features else None
     graph = LayerSink() if target is not None else None
     hooked = graph if graph is not None else (sink if sink is not None else LayerSink())
     targets = gradients = None
-    with (capture_lock(module), recording_inputs(head) as seen, recording_norms(module, adapter, norms) as layer_norms,
+    with (capture_lock(module), recording_norms(module, adapter, norms) as layer_norms,
           adapter.attached(module, hooked) as forward):
         if graph is None:
             with torch.inference_mode():
@@ -304,7 +284,7 @@ def capture(
             del maps, graph
     token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu() if norms else None
     return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets, gradients=gradients,
-                    features=seen[0] if seen else None, token_norms=token_norms)
+                    token_norms=token_norms)
 
 
 def class_targets(logits: torch.Tensor, target: str | int | torch.Tensor) -> torch.Tensor | None:

@@ -216,17 +216,14 @@ def locality_init(model: ViT, generator: torch.Generator, alpha_qk: float = 0.7,
                 w_out[:, head], w_v[head] = left, right
 
 
-def accuracy(model: ViT, images: np.ndarray, labels: np.ndarray, batch_size: int = 100) -> float:
-    """Top-1 accuracy of ``model`` on uint8 ``images`` ``[b, H, W, 3]``."""
+def logits_of(model: ViT, images: np.ndarray, batch_size: int = 100) -> torch.Tensor:
+    """The logits ``[b, classes]`` of ``model`` (in eval mode) on uint8 ``images`` ``[b, H, W, 3]``."""
     was_training = model.training
     model.eval()
-    correct = 0
     with torch.inference_mode():
-        for start in range(0, len(images), batch_size):
-            logits = model(to_batch(images[start : start + batch_size]))
-            correct += int((logits.argmax(-1).numpy() == labels[start : start + batch_size]).sum())
+        logits = torch.cat([model(to_batch(images[start : start + batch_size])) for start in range(0, len(images), batch_size)])
     model.train(was_training)
-    return correct / len(images)
+    return logits
 
 
 def _schedule(stage: Stage) -> Callable[[int], float]:
@@ -236,8 +233,8 @@ def _schedule(stage: Stage) -> Callable[[int], float]:
 
 def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = False) -> dict:
     """Train the shapes ViT and write ``out`` (safetensors with its config, labels and out-of-distribution
-    statistics embedded). Returns the figures written beside the weights."""
-    from .ood import fit_mahalanobis
+    calibration embedded). Returns the figures written beside the weights."""
+    from .ood import calibrate
 
     torch.manual_seed(seed)
     stages = default_stages(scale)
@@ -309,10 +306,11 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
         figures[f"{stage.name}_train_accuracy_last"] = running_acc
         del pool, easy
     model.eval()
-    print("held-out accuracy and out-of-distribution statistics…", file=sys.stderr)
-    heldout, fitting = draw_pool(HELDOUT_SEED, 1000, IMAGE_SIZE), draw_pool(seed * 10 + 9, 4000, IMAGE_SIZE)
-    figures["heldout_accuracy"] = accuracy(model, heldout.images, heldout.labels)
-    ood = fit_mahalanobis(model, model.mlp_head, to_batch, fitting.images, fitting.labels, heldout.images, KNOWN)
+    print("held-out accuracy and out-of-distribution calibration…", file=sys.stderr)
+    heldout = draw_pool(HELDOUT_SEED, 1000, IMAGE_SIZE)
+    heldout_logits = logits_of(model, heldout.images)
+    figures["heldout_accuracy"] = float((heldout_logits.argmax(-1).numpy() == heldout.labels).mean())
+    ood = calibrate(heldout_logits, KNOWN)
     figures["train_minutes"] = round((elapsed_before + time.perf_counter() - started) / 60, 1)
     print(f"held-out accuracy {figures['heldout_accuracy']:.3f} on 1000 images; {figures['train_minutes']} min", file=sys.stderr)
     config = {"vit": SHAPES_VIT, "labels": list(CLASSES), "mean": list(MEAN), "std": list(STD), "training": figures, "ood": ood}

@@ -7,16 +7,14 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import VitExplorerError
 from ..layout import TokenLayout
-
-if TYPE_CHECKING:  # ood reads features through capture, which needs this module
-    from ..ood import OodCalibration
+from ..ood import OodCalibration
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -73,10 +71,6 @@ class CaptureAdapter(ABC):
     @abstractmethod
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         """One module per transformer layer, in layer order, holding all of that layer's parameters."""
-
-    def classifier(self, module: nn.Module) -> nn.Module | None:
-        """The classifier head, whose input is the feature the out-of-distribution score reads (None: unknown)."""
-        return None
 
     def residual_modules(self, module: nn.Module) -> list[nn.Module]:
         """One module per layer, in layer order, whose forward hook sees the residual stream after that layer

@@ -119,6 +119,14 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         std=tuple(config.get("std", IMAGENET_STD)),
         interpolation=config.get("interpolation", "bilinear"),
     )
+    notes = [f"backbone: the checkpoint has no classifier head ({listed(head)}), so it was loaded without one: no classes, "
+             "no class maps"] if head else []
+    ood = None
+    if "ood" in config and not head:  # a calibration of the logits means nothing without the classifier
+        try:
+            ood = OodCalibration.from_config(config["ood"])
+        except VitExplorerError as error:  # e.g. written by an earlier version of train-default
+            notes.append(f"{error}, so no image is flagged as unfamiliar; `vit-explorer train-default` writes one it reads")
     adapter = VitPytorchAdapter()
     return LoadedModel(
         module=module,
@@ -127,8 +135,6 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         layout=adapter.layout(module, preprocess.input_hw),
         adapter=adapter,
         labels=list(labels) if labels is not None else None,
-        # the calibration describes the classifier's input per class, which a backbone does not have
-        ood=OodCalibration.from_config(config["ood"]) if "ood" in config and not head else None,
-        notes=[f"backbone: the checkpoint has no classifier head ({listed(head)}), so it was loaded without one: no classes, "
-               "no class maps"] if head else [],
+        ood=ood,
+        notes=notes,
     )

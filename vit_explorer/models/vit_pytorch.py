@@ -45,9 +45,6 @@ class VitPytorchAdapter(HookAdapter):
             and all(isinstance(getattr(layer[0], "attend", None), nn.Softmax) for layer in layers)
         )
 
-    def classifier(self, module: nn.Module) -> nn.Module | None:
-        return module.mlp_head
-
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
         return [attention.attend for attention, _ in module.transformer.layers]
 
