@@ -171,8 +171,8 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
 
 
 def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path):
-    """The notice as a user sees it, on a model whose calibration flags every image (the shipped model's
-    own calibration does not yet flag photos: issue 12)."""
+    """The notice as a user sees it, on a model whose calibration flags every image (what the shipped
+    model flags is tested in ``test_default_model``)."""
     checkpoint = write_checkpoint(tmp_path / "calibrated.safetensors", CLI_MODEL, ood=flag_all_calibration())
     upload = tmp_path / "wide.png"
     photo((451, 300), seed=3).save(upload)
