@@ -43,7 +43,8 @@ class OodCalibration:
         if config.get("score") != SCORE:
             raise VitExplorerError(f"out-of-distribution calibration of kind {config.get('method', config.get('score'))!r}, "
                                    f"not {SCORE!r}: this version reads only the energy score")
-        return cls(float(config["threshold"]), str(config.get("known", "")), float(config.get("threshold_quantile", THRESHOLD_QUANTILE)))
+        return cls(float(config["threshold"]), str(config.get("known", "")),
+                   float(config.get("threshold_quantile", THRESHOLD_QUANTILE)))
 
     def verdict(self, logits: torch.Tensor) -> OodVerdict:
         """The verdict on one image's logits ``[classes]``."""
@@ -74,6 +75,7 @@ class OodVerdict:
     def notice(self, model_name: str) -> str:
         """What a user reads when the image is flagged: what the model knows, and what to load instead."""
         return (f"This image is unlike anything {model_name} was trained on (its energy score {self.score:.2f} is above "
-                f"{self.threshold:.2f}, below which {self.quantile:.0%} of held-out known images stay). The model knows only {self.known}, so "
-                "its prediction and maps here say little about the image. For photos, load a real model: `timm:NAME` "
-                "(e.g. timm:vit_base_patch16_224), `hf:REPO` (e.g. hf:google/vit-base-patch16-224) or a local checkpoint file.")
+                f"{self.threshold:.2f}, below which {self.quantile:.0%} of held-out known images stay). The model knows only "
+                f"{self.known}, so its prediction and maps here say little about the image. For photos, load a real model: "
+                "`timm:NAME` (e.g. timm:vit_base_patch16_224), `hf:REPO` (e.g. hf:google/vit-base-patch16-224) or a local "
+                "checkpoint file.")
