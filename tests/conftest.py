@@ -38,6 +38,15 @@ def write_checkpoint(path: Path, config: dict, seed: int = 0, labels: list[str] 
     return path
 
 
+def write_backbone_checkpoint(path: Path, config: dict, seed: int = 0) -> Path:
+    """A checkpoint of ``write_checkpoint``'s ViT without its classifier head: it loads as a backbone."""
+    model = make_vit(config, seed)
+    meta = {"vit": config, "labels": [f"thing {i}" for i in range(config["num_classes"])]}
+    headless = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("mlp_head.")}
+    save_file(headless, str(path), metadata={CONFIG_KEY: json.dumps(meta)})
+    return path
+
+
 def flag_all_calibration() -> dict:
     """An energy calibration that flags every image of a small random model: its logits are all near 0, so
     its energy is near −log(classes), far above the threshold."""
@@ -85,7 +94,7 @@ def assert_class_maps_work(model, image) -> None:
     assert maps.head_order(analysis, "gradient importance", evidence).shape == tuple(analysis.map_shape)
     relevance_map = maps.class_map(analysis, "relevance", evidence, maps.RolloutOptions())
     curves = deletion_insertion(model, analysis.image, relevance_map, evidence.target, steps=2, random_orders=1)
-    assert curves.deletion[0] == pytest.approx(analysis.probs[evidence.target], abs=1e-4)
+    assert curves.deletion[0] == pytest.approx(analysis.probs[evidence.target].item(), abs=1e-4)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ from vit_explorer.ablation import (
     MODES,
     ablated_logits,
     ablation_of,
+    cost_text,
+    forward_equivalents,
     head_ablation,
     mean_attention,
     prediction_without,
@@ -117,6 +119,16 @@ def random_reference(model: LoadedModel, seed: int = 1) -> torch.Tensor:
     n = model.layout.num_tokens
     generator = torch.Generator().manual_seed(seed)
     return torch.rand(layers, heads, n, n, generator=generator).softmax(dim=-1)
+
+
+@pytest.mark.parametrize(("layers", "heads", "equivalents"), [
+    (3, 4, 10.0),  # 3 + (0 + 12) + (1 + 8) + (2 + 4) = 30 layer evaluations, over 3 per pass
+    (12, 12, 84.5),  # ViT-B/16: 1014 over 12 (the module doc's count)
+    (1, 1, 2.0),  # one layer, one head: the original pass and one more
+])
+def test_the_cost_is_counted_in_plain_forward_passes(layers, heads, equivalents):
+    assert forward_equivalents(layers, heads) == equivalents
+    assert f"about {equivalents:.0f}× the cost of one forward pass (1 + {layers} passes" in cost_text(layers, heads)
 
 
 @pytest.mark.parametrize("mode", MODES)

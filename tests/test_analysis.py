@@ -112,3 +112,21 @@ def test_one_forward_and_one_backward_pass_per_analysis_and_views_never_run_the_
             model.logits(torch.zeros(1, 3, 64, 64))
     finally:
         Exploding.armed = False
+
+
+@pytest.mark.timm
+@pytest.mark.parametrize("spec,input_hw,backward", [
+    ("timm:vit_small_patch14_reg4_dinov2@random", (56, 56), False),  # a backbone: nothing to differentiate
+    ("timm:vit_tiny_patch16_224@random", None, True),  # a classifier: the top class's evidence from the same pass
+])
+def test_the_backward_pass_is_taken_only_when_there_is_a_class(spec, input_hw, backward):
+    pytest.importorskip("timm")
+    model = load_model(spec, input_hw=input_hw, device="cpu")
+    seen = []
+    handle = model.module.register_forward_pre_hook(lambda _module, _inputs: seen.append(torch.is_grad_enabled()))
+    try:
+        analysis = analyze(model, photo((64, 64)))
+    finally:
+        handle.remove()
+    assert model.num_classes == analysis.num_classes == analysis.logits.numel()
+    assert seen == [backward] and (len(analysis.evidence) == 1) == backward

@@ -230,7 +230,7 @@ def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
         open_tab(page, "Head ablation")
         run = page.locator("#run-ablation")
         run.wait_for(timeout=10_000)
-        assert "7 forward passes" in run.inner_text()  # 1 + 6 layers, said on the button
+        assert "≈18× one forward pass" in run.inner_text()  # 6 layers × 4 heads: 105 layer evaluations ÷ 6, said on the button
         page.locator("#ablation-text >> text=Run ablation").first.wait_for(timeout=10_000)
         run.click()
         page.wait_for_selector("#ablation-view img", timeout=60_000)

@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import CLI_MODEL, photo, write_checkpoint
+from conftest import CLI_MODEL, photo, write_backbone_checkpoint, write_checkpoint
 from PIL import Image
 from test_images import encoded, png_header_claiming
 
@@ -30,7 +30,11 @@ def test_analyze_writes_maps_and_scores_and_prints_the_aucs(tmp_path, cli_checkp
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr
     assert sorted(path.name for path in out.iterdir()) == ["attention.npz", "faithfulness.json", "faithfulness.png", "heads.png", "rollout.png"]
     saved = np.load(out / "attention.npz")
-    assert saved["attentions"].shape == (6, 4, 257, 257)
+    assert "attentions" not in saved and saved["head_mean"].shape == (6, 257, 257)  # the compact form by default
+    assert saved["prefix_rows"].shape == (6, 4, 1, 257) and saved["statistic_entropy"].shape == (6, 4)
+    size = (out / "attention.npz").stat().st_size
+    assert f"attention.npz: {size / 2**20:.1f} MiB, the compact form" in result.stderr
+    assert "every head's full map would add 6.0 MiB" in result.stderr  # 6 × 4 × 257² float32
     assert saved["grid"].tolist() == [16, 16] and int(saved["num_prefix_tokens"]) == 1
     assert saved["labels"].tolist() == [f"thing {i}" for i in range(4)]
     np.testing.assert_allclose(saved["probs"].sum(), 1.0, rtol=1e-5)
@@ -115,6 +119,51 @@ def test_version_and_every_option_says_its_default(capsys):
             text = " ".join(command.format_help().split())
             if action.default not in (None, False):
                 assert f"(default: {action.default})" in text or "(default" in action.help, (name, action.dest)
+
+
+def test_a_backbone_refuses_class_options_before_any_pass(tmp_path, capsys, image_file):
+    backbone = write_backbone_checkpoint(tmp_path / "backbone.safetensors", CLI_MODEL)
+    out = tmp_path / "out"
+    assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms", "--ablation",
+                 "--method", "relevance"]) == 1
+    error = capsys.readouterr().err
+    assert "has no classifier head" in error and "--ablation" in error and "--method relevance" in error  # both, in one message
+    assert "analysing" not in error and "sanity check" not in error and not out.exists()  # before any pass
+    # what a backbone can do still runs: sanity and norms, without the refused options
+    assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms"]) == 0
+    assert {"sanity.json", "norms.json", "attention.npz"} <= {path.name for path in out.iterdir()}
+
+
+def test_full_maps_on_request_equal_a_fresh_capture(tmp_path, capsys, cli_checkpoint, image_file):
+    from vit_explorer import analyze, load_model
+
+    assert main(["analyze", str(image_file), "--model", str(cli_checkpoint), "--out", str(tmp_path / "out"), "--no-faithfulness",
+                 "--full-maps"]) == 0
+    assert "every head's full map and the compact form" in capsys.readouterr().err
+    saved = np.load(tmp_path / "out" / "attention.npz")
+    expected = analyze(load_model(str(cli_checkpoint)), image_file).attentions.numpy()
+    np.testing.assert_allclose(saved["attentions"], expected, atol=1e-6)
+    np.testing.assert_allclose(saved["head_mean"], expected.mean(axis=1), atol=1e-3)  # float16
+    # maps kept compactly (a tiny memory budget) have no full stack: refused before the pass, nothing written
+    assert main(["analyze", str(image_file), "--model", str(cli_checkpoint), "--out", str(tmp_path / "small"), "--full-maps",
+                 "--memory-budget-mb", "0.001"]) == 1
+    error = capsys.readouterr().err
+    assert "--full-maps" in error and "analysing" not in error and not (tmp_path / "small").exists()
+
+
+def test_help_prints_for_the_program_and_every_command(capsys):
+    from vit_explorer.cli import parser
+
+    commands = list(parser()._subparsers._group_actions[0].choices)
+    printed = {}
+    for argv in [["--help"], *[[name, "--help"] for name in commands]]:
+        with pytest.raises(SystemExit) as exit_code:
+            main(argv)
+        assert exit_code.value.code == 0, argv
+        printed[argv[0]] = " ".join(capsys.readouterr().out.split())
+        assert printed[argv[0]].startswith("usage: vit-explorer"), argv
+    assert "with 95% intervals" in printed["--help"]  # a literal per cent sign, not a format
+    assert all(f"usage: vit-explorer {name}" in printed[name] for name in commands)
 
 
 def test_a_wide_image_is_stretched_by_default_and_padded_on_request(tmp_path, capsys, cli_checkpoint):

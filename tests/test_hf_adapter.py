@@ -112,7 +112,7 @@ def test_saved_folder_loads_through_the_spec(tmp_path, monkeypatch):
     loaded = load_model(f"hf:{tmp_path / 'vit'}")
     images = torch.randn(1, 3, 64, 64)
     torch.testing.assert_close(loaded.module(pixel_values=images).logits, output_of(model, images))
-    assert loaded.layout.grid_hw == (4, 4)
+    assert loaded.layout.grid_hw == (4, 4) and loaded.num_classes == loaded.logits(images).shape[-1] == 5
 
 
 @pytest.mark.parametrize("backbone_class, config_class, extra", [
@@ -128,7 +128,7 @@ def test_a_saved_backbone_loads_as_a_backbone_not_with_a_random_head(tmp_path, m
     assert loaded.notes and loaded.notes[0].startswith("backbone: the weights have no classifier head ('classifier.bias'")
     side = extra["image_size"]
     images = torch.randn(1, 3, side, side)
-    assert loaded.logits(images).shape == (1, 0)
+    assert loaded.logits(images).shape == (1, 0) and loaded.num_classes == 0
     for name, tensor in source.state_dict().items():
         if not name.startswith("pooler."):
             torch.testing.assert_close(loaded.module.state_dict()[name], tensor, msg=name)

@@ -6,7 +6,7 @@ from conftest import photo
 from PIL import Image
 
 from vit_explorer import VitExplorerError
-from vit_explorer.images import MAX_PIXELS, load_image, model_view, to_pixels
+from vit_explorer.images import MAX_PIXELS, fit_note, load_image, model_view, to_pixels
 from vit_explorer.models.base import Preprocess
 
 
@@ -106,3 +106,14 @@ def test_html_renamed_png_is_refused(tmp_path):
     path.write_text("<!doctype html><html><body><script>alert(1)</script></body></html>")
     with pytest.raises(VitExplorerError, match="page.png: not an image"):
         load_image(path)
+
+
+@pytest.mark.parametrize(("source_wh", "input_hw", "note"), [
+    ((256, 256), (256, 256), ""),  # nothing changed: nothing said
+    ((512, 512), (256, 256), "512×512 image resized to 256×256"),
+    ((640, 480), (224, 224), "640×480 image stretched to 224×224 (proportions changed 1.33×"),
+    ((640, 480), (480, 640), ""),  # (height, width) input, the image's own size
+])
+def test_the_view_note_says_what_changed_and_nothing_when_nothing_did(source_wh, input_hw, note):
+    said = fit_note(source_wh, input_hw, "stretch")
+    assert said.startswith(note) and (said == "") == (note == "")

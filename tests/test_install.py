@@ -1,7 +1,9 @@
 """Install like a user: the built wheel carries the shipped model and runs from any folder."""
 
+import site
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -29,11 +31,25 @@ def test_the_wheel_holds_the_model_and_the_examples(wheel):
     assert not any(name.startswith("vit_explorer/assets/screenshot") for name in names)  # the README's pictures stay out
 
 
+def environment_beside_this_one(environment: Path) -> Path:
+    """A new venv that sees this interpreter's packages (torch and the rest) but not its editable checkout.
+
+    ``system_site_packages`` would give the base interpreter's packages, which lack torch when this one is
+    itself a venv; a ``.pth`` naming this one's site folders adds them after the new venv's own, and the
+    ``.pth`` files inside them (the editable install's finder) are not run, so the wheel is what imports."""
+    venv.EnvBuilder(with_pip=False).create(environment)
+    python = environment / "bin" / "python"
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()])
+    Path(own, "outer-site-packages.pth").write_text("\n".join(ours) + "\n")
+    return python
+
+
 def test_an_installed_wheel_analyses_an_example_from_an_unrelated_folder(wheel, tmp_path):
     environment = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(environment)
-    python = environment / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+    python = environment_beside_this_one(environment)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--ignore-installed", "-q", str(wheel)],
                    check=True, capture_output=True, timeout=600)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -167,7 +167,7 @@ def test_heads_rank_by_gradient_importance_and_statistics(analysis):
     tops = top_heads(analysis, evidence, k=3)
     assert tops["gradient importance"] == [(1, 0, 4.0), (2, 1, 4.0), (0, 3, 3.0)]
     assert "gradient importance" not in top_heads(analysis, None)
-    assert tops["entropy"][0][2] == pytest.approx(head_statistic(analysis, "entropy").min(), abs=1e-4)
+    assert tops["entropy"][0][2] == pytest.approx(head_statistic(analysis, "entropy").min().item(), abs=1e-4)
     assert tops["distance"][0][2] <= tops["distance"][1][2] and tops["prefix share"][0][2] >= tops["prefix share"][1][2]
     with pytest.raises(VitExplorerError, match="needs a target class"):
         head_order(analysis, "gradient importance", None)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY, make_vit, write_checkpoint
+from conftest import TINY, make_vit, write_backbone_checkpoint, write_checkpoint
 from safetensors.torch import save_file
 
 from vit_explorer import VitExplorerError, load_model
@@ -11,7 +11,7 @@ from vit_explorer import VitExplorerError, load_model
 def test_safetensors_with_embedded_config_loads_with_layout_and_labels(tiny_checkpoint):
     model = load_model(str(tiny_checkpoint))
     assert model.layout.grid_hw == (4, 4) and model.layout.prefix_names == ("cls",)
-    assert model.labels == [f"thing {i}" for i in range(5)]
+    assert model.labels == [f"thing {i}" for i in range(5)] and model.num_classes == 5
     assert model.preprocess.input_hw == (64, 64)
     assert not model.module.training
     reference = make_vit(TINY)
@@ -98,18 +98,16 @@ def test_device_choice_is_checked(tiny_checkpoint):
 
 
 def test_a_checkpoint_without_its_head_loads_as_a_backbone(tmp_path):
-    path = write_checkpoint(tmp_path / "full.safetensors", TINY)
+    path = write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as handle:
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        headless = {key: handle.get_tensor(key) for key in handle.keys()}
     config = json.dumps({"vit": TINY, "labels": [f"thing {i}" for i in range(5)]})
-    headless = {key: tensor for key, tensor in tensors.items() if not key.startswith("mlp_head.")}
-    save_file(headless, str(tmp_path / "backbone.safetensors"), metadata={"vit_explorer": config})
-    model = load_model(str(tmp_path / "backbone.safetensors"))
+    model = load_model(str(path))
     assert model.module.mlp_head is None and model.labels is None
     assert model.notes and model.notes[0].startswith("backbone: the checkpoint has no classifier head ('mlp_head.weight', 'mlp_head.bias')")
-    assert model.logits(torch.randn(1, 3, 64, 64)).shape == (1, 0)
+    assert model.logits(torch.randn(1, 3, 64, 64)).shape == (1, 0) and model.num_classes == 0
     del headless["transformer.layers.1.1.net.1.weight"]
     save_file(headless, str(tmp_path / "broken.safetensors"), metadata={"vit_explorer": config})
     with pytest.raises(VitExplorerError, match=r"lacks parameter\(s\) 'transformer\.layers\.1\.1\.net\.1\.weight'.*initialised at random"):

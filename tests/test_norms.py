@@ -59,7 +59,7 @@ def test_a_planted_high_norm_patch_is_flagged_from_the_layer_that_makes_it():
     # the share of attention on the flagged token, from the maps by hand: mean over heads and queries of its column
     attentions = analysis.attentions  # [layers, heads, n, n]
     for layer in (1, 2):
-        assert result.flagged_attention_share[layer] == pytest.approx(attentions[layer, :, :, PLANTED].mean(), rel=1e-5)
+        assert result.flagged_attention_share[layer] == pytest.approx(attentions[layer, :, :, PLANTED].mean().item(), rel=1e-5)
     assert result.flagged_attention_share[0] == 0
     assert result.peak_layer == 2
     # a compact analysis keeps head means only, which give the same shares
@@ -67,8 +67,11 @@ def test_a_planted_high_norm_patch_is_flagged_from_the_layer_that_makes_it():
     np.testing.assert_allclose(compact.flagged_attention_share, result.flagged_attention_share, rtol=2e-3)
     record = json.loads(result.to_json())
     assert [len(layer["flagged"]) for layer in record["layers"]] == [0, 1, 1]
-    assert record["layers"][1]["flagged"][0] | {"norm": 0, "norm_over_median": 0, "attention_share": 0} == {
-        "token": PLANTED, "row": 1, "col": 1, "norm": 0, "norm_over_median": 0, "attention_share": 0}
+    zeroed = {"norm": 0, "norm_over_median": 0, "attention_share": 0, "share_over_median": 0}
+    assert record["layers"][1]["flagged"][0] | zeroed == {"token": PLANTED, "row": 1, "col": 1, **zeroed}
+    # the planted token is far above the median norm but draws about a patch's share: flagged, not an artefact
+    assert record["layers"][1]["flagged"][0]["share_over_median"] < 3 and record["layers"][1]["artefacts"] == []
+    assert "not artefacts in Darcet et al.'s sense" in result.summary()
 
 
 @pytest.mark.parametrize(("values", "flagged"), [
@@ -86,6 +89,26 @@ def test_the_rule_is_median_plus_six_scaled_mads_over_patches(values, flagged):
     result = norms.token_norms(row, shares, layout)
     assert (result.flagged_tokens(0) - 1).tolist() == flagged
     assert result.prefix["cls"]["norm"][0] == 1000.0
+
+
+@pytest.mark.parametrize(("outlier_norm", "outlier_share", "artefact"), [
+    (19.0, 1.0, False),  # just above the rule, a typical patch's share: an outlier by the rule, not an artefact
+    (19.0, 8.0, False),  # draws attention but 1.9× the median norm
+    (40.0, 1.0, False),  # 4× the median norm but draws no more than a patch
+    (40.0, 8.0, True),  # many times the median and far more than its share: Darcet et al.'s artefact
+])
+def test_the_headline_states_the_ratios_and_calls_artefacts_only_what_behaves_like_them(outlier_norm, outlier_share, artefact):
+    layout = TokenLayout(prefix_names=("cls",), grid_hw=(2, 4), patch_hw=(16, 16))
+    row = torch.tensor([[10.0, 9, 9, 10, 10, 10, 11, 11, outlier_norm]])
+    weights = torch.tensor([[1.0] * 8 + [outlier_share]])
+    result = norms.token_norms(row, weights / weights.sum(), layout)
+    assert result.flagged_tokens(0).tolist() == [8] and result.artefacts.any().item() == artefact
+    headline = result.summary()
+    assert f"{outlier_norm / 10:.1f}–{outlier_norm / 10:.1f}× the median patch norm" in headline
+    assert f"each drawing {outlier_share:.1f}–{outlier_share:.1f}× a typical patch's attention share" in headline
+    assert ("high-norm artefact tokens (Darcet et al. 2023) in layers 0" in headline) == artefact
+    assert ("not artefacts in Darcet et al.'s sense" in headline) == (not artefact)
+    assert json.loads(result.to_json())["layers"][0]["artefacts"] == ([8] if artefact else [])
 
 
 def seed_hidden_states(vit: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:

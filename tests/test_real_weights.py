@@ -118,6 +118,12 @@ def test_token_layout_at_224_and_518(models, dinov2_weights, family):
     assert analyze(models[family], real_photo("coffee")).attentions.shape == (12, 6, 1 + 16 * 16, 1 + 16 * 16)
     large = load_model(specs(dinov2_weights)[family], input_hw=(518, 518), device="cpu")
     assert large.layout.prefix_names == ("cls",) and large.layout.grid_hw == (37, 37) and large.layout.patch_hw == (14, 14)
+    # the weights hold a 37×37 position grid: at 224 px it is resampled, and the model says so; at 518 px nothing is said
+    assert any(note.startswith("position embedding resampled") and ("to 224×224" in note or "to 16×16" in note)
+               for note in models[family].notes), models[family].notes
+    assert not any("resampled" in note for note in large.notes)
+    if family == "timm":  # without an input size, timm runs the file at the grid it holds
+        assert load_model(specs(dinov2_weights)[family], device="cpu").layout.grid_hw == (37, 37)
 
 
 def test_timm_and_hf_give_the_same_maps_for_the_same_pixels(dinov2_weights):

@@ -13,7 +13,7 @@ from PIL import Image
 from vit_explorer import analyze, load_model
 from vit_explorer.analysis import pixels_of
 from vit_explorer.cli import main
-from vit_explorer.sanity import randomise, sanity_check
+from vit_explorer.sanity import SanityCurves, randomise, sanity_check
 from vit_explorer.shapes import generate_set
 
 
@@ -106,14 +106,19 @@ def test_analyze_sanity_writes_the_curves_and_their_chart(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["analyze", str(image), "--model", str(checkpoint), "--out", str(out), "--no-faithfulness", "--sanity"]) == 0
     record = json.loads((out / "sanity.json").read_text())
-    assert set(record) == {"methods", "randomised_layers", "correlations", "target", "target_label", "model_name", "seed"}
+    assert set(record) == {"methods", "randomised_layers", "correlations", "target", "target_label", "model_name", "seed",
+                           "fallen_below", "layers_to_fall_below", "summary"}
+    for method, values in record["correlations"].items():  # the first step below 0.5, recomputed from the curve
+        below = [step for step, value in enumerate(values) if value is not None and value < 0.5]
+        assert record["layers_to_fall_below"][method] == (below[0] if below else None), method
     assert record["methods"] == ["relevance", "grad-rollout", "rollout", "cls"]
     assert record["randomised_layers"] == [0, 1, 2, 3]
     assert all(len(values) == 4 and values[0] == pytest.approx(1.0) for values in record["correlations"].values())
     assert record["target_label"].startswith("thing ")
     with Image.open(out / "sanity.png") as chart:
         assert chart.format == "PNG" and chart.width > 300
-    assert "sanity check, all 3 layers randomised: Spearman correlation" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "fell below 0.5: relevance " in printed and printed.strip() == record["summary"]
 
 
 @pytest.mark.slow
@@ -128,3 +133,15 @@ def test_rollout_of_real_dinov2_falls_below_half_with_every_layer_randomised(din
     assert curves.randomised_layers == list(range(13))
     assert curves.correlations["rollout"][0] == pytest.approx(1.0)
     assert curves.final["rollout"] < 0.5, curves.correlations["rollout"]  # measured 0.04
+    # but it holds on until most layers are random: the summary says how many it took, not only the end point
+    fallen = curves.layers_to_fall()["rollout"]
+    assert fallen is not None and fallen >= 8, curves.correlations["rollout"]
+    assert f"rollout {fallen} of 12 (ρ {curves.final['rollout']:.2f} with all 12)" in curves.summary()
+
+
+def test_the_summary_counts_the_layers_each_map_took_to_fall():
+    curves = SanityCurves(methods=("early", "late", "flat"), randomised_layers=[0, 1, 2, 3, 4],
+                          correlations={"early": [1.0, 0.3, 0.6, 0.1, 0.0], "late": [1.0, 0.9, 0.8, 0.7, 0.2],
+                                        "flat": [1.0, 0.9, 0.9, 0.8, 0.7]}, target=0, target_label="a", model_name="m", seed=0)
+    assert curves.layers_to_fall() == {"early": 1, "late": 4, "flat": None}
+    assert "early 1 of 4 (ρ 0.00 with all 4); late 4 of 4 (ρ 0.20 with all 4); flat never (ρ 0.70 with all 4)" in curves.summary()

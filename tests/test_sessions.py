@@ -19,7 +19,7 @@ def session_run(url: str, image_path: str) -> np.ndarray:
     """Analyse in a fresh client session, then export from that session's state."""
     client = gradio_client.Client(url, verbose=False)
     client.predict(gradio_client.handle_file(image_path), *CONTROLS, api_name="/analyze")
-    archive = client.predict(*CONTROLS, api_name="/export")
+    archive = client.predict(True, *CONTROLS, api_name="/export")  # with every head's full map
     with zipfile.ZipFile(archive) as bundle, bundle.open("attention.npz") as handle:
         return np.load(handle)["attentions"]
 

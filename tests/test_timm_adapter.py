@@ -61,6 +61,7 @@ def test_capture_matches_manual_attention_and_keeps_logits(case):
     logits, attentions = record_attention(model, images)
     assert all(block.attn.fused_attn for block in model.blocks)  # restored
     torch.testing.assert_close(logits, fused_logits, rtol=1e-4, atol=1e-5)
+    assert adapter_for(model).num_classes(model) == logits.shape[-1]  # known before any pass
     torch.testing.assert_close(attentions, manual_maps(model, images), rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(attentions.sum(-1), torch.ones(attentions.shape[:-1]), atol=1e-5, rtol=0)
     layout = adapter_for(model).layout(model, input_hw)
@@ -128,6 +129,27 @@ def test_local_timm_safetensors_file_loads_offline(tmp_path, monkeypatch):
     images = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(loaded.module(images), source(images))
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_weights_run_at_the_position_grid_they_hold_unless_asked_and_resampling_is_said(tmp_path, monkeypatch, suffix):
+    from safetensors.torch import save_file
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    source = build("vit_tiny_patch16_224", img_size=64)  # a 4×4 position grid, not the name's 14×14
+    path = tmp_path / f"small{suffix}"
+    state = {k: v.contiguous() for k, v in source.state_dict().items()}
+    save_file(state, str(path)) if suffix == ".safetensors" else torch.save(state, path)
+    native = load_model(f"timm:vit_tiny_patch16_224@{path}", device="cpu")
+    assert native.preprocess.input_hw == (64, 64) and native.layout.grid_hw == (4, 4)
+    assert any("runs at 64×64, the position grid the weights hold, not timm's 224×224" in note for note in native.notes)
+    torch.testing.assert_close(native.module.pos_embed, source.pos_embed)  # not resampled
+    images = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(native.module(images), source(images))
+    resized = load_model(f"timm:vit_tiny_patch16_224@{path}", input_hw=(128, 128), device="cpu")
+    assert resized.layout.grid_hw == (8, 8)
+    assert any("position embedding resampled by timm from the weights' 64×64 input to 128×128" in note for note in resized.notes)
 
 
 def test_unknown_timm_name_is_a_user_error():

@@ -38,6 +38,20 @@ MODES = {
 Head = tuple[int, int]  # (layer, head)
 
 
+def forward_equivalents(layers: int, heads: int) -> float:
+    """What one ablation costs, in multiples of one plain forward pass of one image: layer evaluations
+    (module doc: L + Σ_l (l + H·(L − l))) over the L of one pass. "1 + layers passes" undersells it: each
+    branched pass runs H copies of every layer from its branch point up."""
+    evaluations = layers + sum(layer + heads * (layers - layer) for layer in range(layers))
+    return evaluations / layers
+
+
+def cost_text(layers: int, heads: int) -> str:
+    """The ablation's cost in words a user can compare: about N× one forward pass, and why."""
+    return (f"about {forward_equivalents(layers, heads):.0f}× the cost of one forward pass (1 + {layers} passes; the pass for "
+            f"layer l runs {heads} copies, one per head, of the layers from l up)")
+
+
 @dataclass(frozen=True)
 class HeadAblation:
     """The effect of removing each head, alone, on one image's target class.
@@ -81,6 +95,7 @@ class HeadAblation:
         Spearman correlation with |Δ probability| (None where either is constant)."""
         record = {"mode": self.mode, "mode_means": MODES[self.mode], "target": self.target, "original_logit": self.original_logit,
                   "original_probability": self.original_probability, "forward_passes": self.forward_passes,
+                  "forward_equivalents": forward_equivalents(*self.delta_logit.shape),
                   "delta_logit": self.delta_logit.round(decimals=7).tolist(),
                   "delta_probability": self.delta_probability.round(decimals=7).tolist(),
                   "ranked_by_drop": [{"layer": layer, "head": head, "drop": drop} for layer, head, drop in self.ranked()]}

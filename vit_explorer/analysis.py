@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import relevance, stats
-from .capture import TOP, CompactSink, RowSink, StackingSink, capture
+from .capture import TOP, CompactSink, RowSink, StackingSink, capture, compact_layer, stack_compact
 from .errors import VitExplorerError
 from .images import ImageSource, fit_note, load_image, model_view, to_pixels
 from .layout import TokenLayout
@@ -139,6 +139,18 @@ class Analysis:
         order = probs.argsort(descending=True, stable=True)[:k].tolist()
         return [Prediction(i, self.label(i), float(probs[i])) for i in order]
 
+    def compact_form(self) -> dict[str, Any]:
+        """The compact reduction of the maps (``capture.compact_layer``: head means, prefix rows, mean patch rows,
+        statistics): kept as it is for a compact analysis, reduced from the full stack (once) otherwise."""
+        if self.compact is not None:
+            return self.compact
+        return memo(self, ("compact_form",), lambda: stack_compact(
+            [compact_layer(layer, self.layout, stats.head_statistics) for layer in self.attentions]))
+
+    def full_map_bytes(self) -> int:
+        """Bytes of every head's full map as kept (0 for a compact analysis, which has none)."""
+        return 0 if self.attentions is None else self.attentions.nbytes
+
     @property
     def nbytes(self) -> int:
         """Bytes of arrays this analysis holds (image, maps, logits), derived caches excluded."""
@@ -246,8 +258,9 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
     storage = choose_storage(map_bytes(model.layout, *model.adapter.map_shape(model.module)), memory_budget)
     sink = (CompactSink(model.layout, stats.head_statistics) if storage == "compact"
             else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
-    captured = capture(model, pixels, sink, target=TOP if explain else None, reduce_gradients=relevance.layer_evidence,
-                       norms=True)
+    # a backbone has no class to differentiate: no graph is built for it (one forward under inference mode)
+    captured = capture(model, pixels, sink, target=TOP if explain and model.num_classes else None,
+                       reduce_gradients=relevance.layer_evidence, norms=True)
     result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu(), layout=model.layout,
                       labels=model.labels, model_name=model.name,
                       ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,

@@ -9,6 +9,7 @@ import math
 
 from . import maps, norms
 from .ablation import HeadAblation
+from .ablation import cost_text as ablation_cost_text
 from .analysis import Analysis, Prediction
 from .compare import Comparison, Side, same_classes
 from .dataset import DatasetStatistics
@@ -184,9 +185,8 @@ NO_CLASS_SCORE = "This model has no classifier head: there is no class score to 
 
 
 def ablation_passes(session: Session) -> str:
-    """What running the ablation costs, in forward passes."""
-    layers, heads = session.analysis.map_shape
-    return f"1 + {layers} = {1 + layers} forward passes, the {heads} heads of each layer in one batched pass"
+    """What running the ablation costs, in multiples of one forward pass."""
+    return ablation_cost_text(*session.analysis.map_shape)
 
 
 def spearman_text(ablation: HeadAblation, session: Session) -> str:
@@ -212,13 +212,13 @@ def ablation_text(session: Session, ablation: HeadAblation) -> str:
             f"is removed ({ABLATION_MODES[ablation.mode]}: {ABLATION_MEANS[ablation.mode]}); red: removing it lowers the "
             f"probability, blue: raises it. Most needed: {needed}. {spearman_text(ablation, session)} "
             f"(|Δp| against Σ|∇A ⊙ A|, {ablation.delta_probability.numel()} heads). "
-            f"Took {ablation.forward_passes} forward passes. "
+            f"Took {ablation_cost_text(*ablation.delta_logit.shape)}. "
             "Click a tile to see the top-5 predictions without that head.")
 
 
 def norms_text(result: norms.TokenNorms) -> str:
     """The token norms tab's caption: the outliers over all layers, and the rule that flags them."""
-    return (f"**Token norms** after each layer (high-norm artefact tokens, Darcet et al. 2023): {result.summary()}.\n\n"
+    return (f"**Token norms** after each layer (high-norm tokens, Darcet et al. 2023): {result.summary()}.\n\n"
             f"Rule (k = {result.k:g}): {norms.RULE}; median and MAD are not moved by the outliers they look for. "
             f"Attention share: {norms.SHARE}.")
 
@@ -244,8 +244,8 @@ def sanity_note(session: Session) -> str:
     """The class maps tab's words on the sanity check before it runs: what it does and what it costs."""
     layers = session.analysis.map_shape[0]
     return (f"*Sanity check* (Adebayo et al. 2018) re-draws the layers of a copy of the model at random, from the top down, and "
-            f"compares each map with the trained model's: a map that explains the model should fall towards 0. "
-            f"{layers + 1} forward{' and backward' if session.evidence is not None else ''} passes.")
+            f"compares each map with the trained model's: a map that explains the model should fall towards 0 after few "
+            f"layers (cost: {layers + 1} forward{' and backward' if session.evidence is not None else ''} passes).")
 
 
 def sanity_text(curves: SanityCurves) -> str:

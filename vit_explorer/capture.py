@@ -127,6 +127,29 @@ class StackingSink(LayerSink):
         return self.stacked
 
 
+def compact_layer(maps: torch.Tensor, layout: TokenLayout,
+                  statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> dict[str, Any]:
+    """One layer's maps ``[heads, n, n]`` reduced to what the views need (``CompactSink``), on the CPU."""
+    maps = maps.to(torch.float32).cpu()
+    prefix = layout.num_prefix_tokens
+    return {
+        "head_mean": maps.mean(dim=0).half(),  # [n, n]
+        "prefix_rows": maps[:, :prefix, :].half(),  # [heads, prefix, n]
+        "patch_mean_rows": maps[:, prefix:, :].mean(dim=1).half(),  # [heads, n]
+        "statistics": {name: values[0] for name, values in statistics(maps[None], layout).items()},  # {name: [heads]}
+    }
+
+
+def stack_compact(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-layer ``compact_layer`` results stacked along a leading layer axis."""
+    return {
+        "head_mean": torch.stack([layer["head_mean"] for layer in layers]),
+        "prefix_rows": torch.stack([layer["prefix_rows"] for layer in layers]),
+        "patch_mean_rows": torch.stack([layer["patch_mean_rows"] for layer in layers]),
+        "statistics": {name: torch.stack([layer["statistics"][name] for layer in layers]) for name in layers[0]["statistics"]},
+    }
+
+
 class CompactSink(LayerSink):
     """Reduces image 0's map of each layer to what the views need, then drops it: the head-mean matrix
     (for rollout), every head's rows of the prefix tokens and of the mean patch query, and per-head
@@ -138,25 +161,12 @@ class CompactSink(LayerSink):
         self.statistics = statistics
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        maps = attention[0].to(torch.float32).cpu()  # [heads, n, n], this layer only
-        prefix = self.layout.num_prefix_tokens
-        self.layers[layer] = {
-            "head_mean": maps.mean(dim=0).half(),
-            "prefix_rows": maps[:, :prefix, :].half(),
-            "patch_mean_rows": maps[:, prefix:, :].mean(dim=1).half(),
-            "statistics": {name: values[0] for name, values in self.statistics(maps[None], self.layout).items()},
-        }
+        self.layers[layer] = compact_layer(attention[0], self.layout, self.statistics)
 
     def result(self) -> dict[str, Any]:
         """CPU tensors: ``head_mean`` ``[layers, n, n]``, ``prefix_rows`` ``[layers, heads, prefix, n]``, ``patch_mean_rows``
         ``[layers, heads, n]`` (float16) and ``statistics`` ``{name: [layers, heads]}`` (float32)."""
-        layers = self.in_layer_order()
-        return {
-            "head_mean": torch.stack([layer["head_mean"] for layer in layers]),
-            "prefix_rows": torch.stack([layer["prefix_rows"] for layer in layers]),
-            "patch_mean_rows": torch.stack([layer["patch_mean_rows"] for layer in layers]),
-            "statistics": {name: torch.stack([layer["statistics"][name] for layer in layers]) for name in layers[0]["statistics"]},
-        }
+        return stack_compact(self.in_layer_order())
 
 
 class StatisticsSink(LayerSink):

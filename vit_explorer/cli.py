@@ -30,9 +30,11 @@ def run_analyze(args: argparse.Namespace) -> None:
     model = load_model(args.model, input_hw=args.input_size, device=args.device)
     for note in model.notes:
         progress(f"{args.model}: {note}")
+    check_analyze_options(args, model)
     progress(f"analysing {args.image}")
-    analysis = analyze(model, image, name=str(args.image), memory_budget=int(args.memory_budget_mb * 2**20), fit=args.fit)
-    progress(analysis.view_note)
+    analysis = analyze(model, image, name=str(args.image), memory_budget=memory_budget(args), fit=args.fit)
+    if analysis.view_note:
+        progress(analysis.view_note)
     if analysis.random_weights:
         progress(f"{args.model}: random weights: the token layout is real, but nothing is learned")
     if analysis.ood is not None and analysis.ood.flagged:
@@ -57,16 +59,17 @@ def run_analyze(args: argparse.Namespace) -> None:
         sanity = sanity_check(model, analysis, args.target, options=options)
     ablation = None
     if args.ablation:
-        from .ablation import ablation_of
+        from .ablation import ablation_of, cost_text
 
-        progress(f"head ablation ({args.ablation_mode}): each head removed in turn, {1 + analysis.map_shape[0]} forward passes")
+        progress(f"head ablation ({args.ablation_mode}): each head removed in turn, {cost_text(*analysis.map_shape)}")
         ablation = ablation_of(model, analysis, args.target, args.ablation_mode)
     out = Path(args.out)
     # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".vit-explorer-", dir=out.parent))
     try:
-        written = export.write_views(analysis, staging, options=options, cmap=args.cmap, scale=args.scale)
+        written, npz_note = export.write_views(analysis, staging, options=options, cmap=args.cmap, scale=args.scale,
+                                               full_maps=args.full_maps)
         if args.method != "rollout":
             written.append(staging / f"{args.method}.png")
             render.save_png(pictures.class_map_picture(analysis, args.method, evidence, options, args.cmap, args.scale), str(written[-1]))
@@ -104,7 +107,37 @@ def run_analyze(args: argparse.Namespace) -> None:
         layer, head, drop = ablation.ranked(1)[0]
         print(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the probability of {analysis.label(ablation.target)!r} "
               f"most, {ablation.original_probability:.1%} → {ablation.original_probability - drop:.1%}", flush=True)
+    progress(npz_note)
     progress(f"wrote {', '.join(path.name for path in written)} to {out}")
+
+
+def check_analyze_options(args: argparse.Namespace, model) -> None:
+    """Refuse, before any pass runs, every requested option that ``model`` cannot serve, all in one message:
+    nothing is computed only to be thrown away when a later option fails."""
+    from .analysis import choose_storage, map_bytes
+    from .maps import CLASS_SPECIFIC
+
+    full_bytes = map_bytes(model.layout, *model.adapter.map_shape(model.module))
+    if args.full_maps and choose_storage(full_bytes, memory_budget(args)) == "compact":
+        raise VitExplorerError(f"--full-maps: every head's full map takes {full_bytes / 2**20:.0f} MiB in float32, above twice "
+                               f"the memory budget of {args.memory_budget_mb:g} MB, so only the compact form is kept; raise "
+                               "--memory-budget-mb or leave out --full-maps")
+    if model.num_classes:
+        return
+    refused = []
+    if args.method in CLASS_SPECIFIC:
+        refused.append(f"--method {args.method} explains a class score (use rollout or cls)")
+    if args.target is not None:
+        refused.append("--target names a class")
+    if args.ablation:
+        refused.append("--ablation measures the change of a class score")
+    if refused:
+        raise VitExplorerError(f"{model.name} has no classifier head, so it has no classes: {'; '.join(refused)}. "
+                               "Drop these options; --sanity and --norms work on a backbone")
+
+
+def memory_budget(args: argparse.Namespace) -> int:
+    return int(args.memory_budget_mb * 2**20)
 
 
 def run_serve(args: argparse.Namespace) -> None:
@@ -259,7 +292,7 @@ def parser() -> argparse.ArgumentParser:
 
     analyze = commands.add_parser(
         "analyze", formatter_class=HelpFormatter,
-        help="write rollout.png, heads.png, attention.npz, the --method map and its faithfulness.json for one image"
+        help="write rollout.png, heads.png, attention.npz (compact maps), the --method map and its faithfulness.json for one image"
     )
     analyze.add_argument("image", help="image file")
     analyze.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
@@ -294,6 +327,8 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--fit", default="stretch", choices=FITS,
                          help="for images of other proportions: stretch to the model's input, or pad to its proportions (letterbox)")
     analyze.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB, help="above this, maps are kept in float16 or compactly")
+    analyze.add_argument("--full-maps", action="store_true", help="also write every head's full [layers, heads, n, n] map to "
+                         "attention.npz (by default it holds the compact form: head means, prefix rows, statistics)")
     analyze.set_defaults(run=run_analyze)
 
     serve = commands.add_parser("serve", formatter_class=HelpFormatter, help="start the web app on this machine")
@@ -333,7 +368,7 @@ def parser() -> argparse.ArgumentParser:
     stats.set_defaults(run=run_stats)
 
     evaluate = commands.add_parser(
-        "evaluate", formatter_class=HelpFormatter, help="how faithful each map method is over a folder of images, with 95% intervals",
+        "evaluate", formatter_class=HelpFormatter, help="how faithful each map method is over a folder of images, with 95%% intervals",
         description="Deletion and insertion AUC of each method's map for each image's class (its folder, when the folders name "
                     "the model's classes, else its top prediction) against random orders; the positive-perturbation accuracy AUC "
                     "of Chefer et al.; and, where a masks folder holds a mask of the same name, the pointing game and energy.")

@@ -11,16 +11,28 @@ import torch
 from . import charts, maps, norms, pictures, render
 from .ablation import HeadAblation
 from .analysis import Analysis, ClassEvidence
+from .errors import VitExplorerError
 from .faithfulness import FaithfulnessCurves
 from .sanity import SanityCurves
 
 
-def write_npz(analysis: Analysis, path: Path) -> None:
-    """Raw maps: ``attentions`` [layers, heads, n, n] (for a compact analysis ``head_mean``,
-    ``prefix_rows``, ``patch_mean_rows`` and ``statistic_*`` instead), ``grid``, ``num_prefix_tokens``, ``prefix_names``,
-    ``image``, ``logits``, ``probs``, ``weights`` ("trained" or "random"), ``ood_score`` and ``ood_threshold`` for a
-    model calibrated for out-of-distribution inputs, ``labels`` when the model has them, and ``token_norms``
-    [layers, n] (each token's norm after each layer) when the analysis has them."""
+def write_npz(analysis: Analysis, path: Path, full_maps: bool = False) -> int:
+    """Raw maps, and return the bytes written.
+
+    Always: the compact form (``Analysis.compact_form``): ``head_mean`` [layers, n, n], ``prefix_rows``
+    [layers, heads, prefix, n], ``patch_mean_rows`` [layers, heads, n] (float16) and ``statistic_*`` [layers, heads];
+    with ``full_maps``, also ``attentions`` [layers, heads, n, n], every head's full map as analysed (float32, or
+    float16 above the memory budget); beside them ``grid``, ``num_prefix_tokens``, ``prefix_names``, ``image``,
+    ``logits``, ``probs``, ``weights`` ("trained" or "random"), ``ood_score`` and ``ood_threshold`` for a model
+    calibrated for out-of-distribution inputs, ``labels`` when the model has them, and ``token_norms`` [layers, n]
+    (each token's norm after each layer) when the analysis has them.
+
+    Not compressed: attention maps barely compress, and deflating hundreds of MB was most of a large run's time.
+    """
+    if full_maps and analysis.attentions is None:
+        raise VitExplorerError("this analysis kept its maps compactly (they were above the memory budget), so there is no "
+                               "full stack to write; raise the memory budget (--memory-budget-mb) or leave out --full-maps")
+    compact = analysis.compact_form()
     arrays = {
         "grid": np.array(analysis.grid),
         "num_prefix_tokens": np.array(analysis.num_prefix_tokens),
@@ -30,20 +42,33 @@ def write_npz(analysis: Analysis, path: Path) -> None:
         "probs": render.to_numpy(analysis.probs),
         "model": np.array(analysis.model_name),
         "weights": np.array("random" if analysis.random_weights else "trained"),
+        **{key: render.to_numpy(value) for key, value in compact.items() if isinstance(value, torch.Tensor)},
+        **{f"statistic_{name.replace(' ', '_')}": render.to_numpy(value) for name, value in compact["statistics"].items()},
     }
     if analysis.ood is not None:
         arrays.update(ood_score=np.array(analysis.ood.score), ood_threshold=np.array(analysis.ood.threshold))
-    if analysis.attentions is not None:
+    if full_maps:
         arrays["attentions"] = render.to_numpy(analysis.attentions)
-    else:  # compact analysis: what was kept instead of the full stack
-        arrays.update({key: render.to_numpy(value) for key, value in analysis.compact.items() if isinstance(value, torch.Tensor)})
-        arrays.update({f"statistic_{name.replace(' ', '_')}": render.to_numpy(value)
-                       for name, value in analysis.compact["statistics"].items()})
     if analysis.labels is not None:
         arrays["labels"] = np.array(analysis.labels, dtype=str)
     if analysis.token_norms is not None:
         arrays["token_norms"] = render.to_numpy(analysis.token_norms)
-    np.savez_compressed(path, **arrays)
+    np.savez(path, **arrays)
+    return path.stat().st_size
+
+
+def npz_note(analysis: Analysis, written_bytes: int, full_maps: bool) -> str:
+    """What ``attention.npz`` holds and its size, and what the other choice would have added."""
+    if full_maps:
+        return f"attention.npz: {megabytes(written_bytes)}, every head's full map and the compact form"
+    if analysis.attentions is None:
+        return f"attention.npz: {megabytes(written_bytes)}, the compact form (the full maps were above the memory budget)"
+    return (f"attention.npz: {megabytes(written_bytes)}, the compact form (head means, prefix rows, statistics); every head's "
+            f"full map would add {megabytes(analysis.full_map_bytes())}")
+
+
+def megabytes(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
 
 
 def write_views(
@@ -57,8 +82,10 @@ def write_views(
     evidence: ClassEvidence | None = None,
     shared: bool = False,
     scale: str = "linear",
-) -> list[Path]:
-    """``rollout.png``, ``heads.png`` (the layers × heads grid of the query) and ``attention.npz`` in ``out_dir``.
+    full_maps: bool = False,
+) -> tuple[list[Path], str]:
+    """``rollout.png``, ``heads.png`` (the layers × heads grid of the query) and ``attention.npz`` (``write_npz``) in
+    ``out_dir``; returns the paths and ``npz_note``'s words on the npz.
 
     ``evidence`` (the target class's) is needed only to order heads by gradient importance; ``scale`` is the
     colour scale (``render.COLOUR_SCALES``).
@@ -71,8 +98,7 @@ def write_views(
     grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence,
                                        scale=scale)
     render.save_png(grid, str(written[1]))
-    write_npz(analysis, written[2])
-    return written
+    return written, npz_note(analysis, write_npz(analysis, written[2], full_maps), full_maps)
 
 
 def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: str, out_dir: Path, **settings) -> list[Path]:

@@ -105,9 +105,12 @@ def model_view(image: Image.Image, preprocess: Preprocess, fit: str = "stretch")
 
 
 def fit_note(source_wh: tuple[int, int], input_hw: tuple[int, int], fit: str) -> str:
-    """One line on how an image of ``source_wh`` pixels became the model's ``input_hw`` input."""
+    """One line on how an image of ``source_wh`` pixels became the model's ``input_hw`` input; empty when it
+    already was that input's size (nothing changed, so there is nothing to say)."""
     width, height = source_wh
     described = f"{width}×{height} image"
+    if (height, width) == tuple(input_hw):
+        return ""
     if width * input_hw[0] == height * input_hw[1]:
         return f"{described} resized to {input_hw[1]}×{input_hw[0]}"
     if fit == "pad":

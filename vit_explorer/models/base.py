@@ -69,6 +69,10 @@ class CaptureAdapter(ABC):
         """
 
     @abstractmethod
+    def num_classes(self, module: nn.Module) -> int:
+        """How many class scores ``module`` gives, known before running it; 0 for a backbone without a classifier head."""
+
+    @abstractmethod
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         """One module per transformer layer, in layer order, holding all of that layer's parameters."""
 
@@ -197,6 +201,11 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
+
+    @property
+    def num_classes(self) -> int:
+        """Class scores per image; 0 for a backbone, which has no class to explain."""
+        return self.adapter.num_classes(self.module)
 
     def logits(self, pixels: torch.Tensor) -> torch.Tensor:
         """The normal forward without capture, under ``torch.inference_mode`` ``[b, classes]``."""

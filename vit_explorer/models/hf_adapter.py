@@ -43,6 +43,11 @@ class HFAdapter(CaptureAdapter):
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         return module.config.num_hidden_layers, module.config.num_attention_heads
 
+    def num_classes(self, module: nn.Module) -> int:
+        # a bare backbone (ViTModel, Dinov2Model) has no head; a head of 0 labels is an Identity
+        head = getattr(module, "classifier", None) or getattr(module, "cls_classifier", None)
+        return head.out_features if isinstance(head, nn.Linear) else 0
+
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         base = module.base_model
         # transformers 5 keeps ViT's and DeiT's layers on the base model, DINOv2's still in an encoder
@@ -169,12 +174,15 @@ def from_hf_module(module: nn.Module, name: str, source: str | None = None, inpu
     preprocess = preprocess_from(module, source)
     if input_hw is not None:
         preprocess = Preprocess(input_hw=input_hw, mean=preprocess.mean, std=preprocess.std, interpolation=preprocess.interpolation)
-    head = getattr(module, "classifier", None) or getattr(module, "cls_classifier", None)
-    num_labels = head.out_features if isinstance(head, nn.Linear) else 0
+    num_labels = adapter.num_classes(module)
     id2label = module.config.id2label or {}
     labels = [id2label.get(i, f"class {i}") for i in range(num_labels)] if num_labels else None
-    return LoadedModel(module=module, name=name, preprocess=preprocess, layout=adapter.layout(module, preprocess.input_hw),
-                       adapter=adapter, labels=labels)
+    layout = adapter.layout(module, preprocess.input_hw)
+    trained = adapter.layout(module, preprocess_from(module, None).input_hw).grid_hw  # the config's image size
+    notes = [] if trained == layout.grid_hw else [
+        f"position embedding resampled by transformers from its {trained[1]}×{trained[0]} grid to {layout.grid_hw[1]}×"
+        f"{layout.grid_hw[0]} on every pass (interpolate_pos_encoding): the maps are not the model's at its own grid"]
+    return LoadedModel(module=module, name=name, preprocess=preprocess, layout=layout, adapter=adapter, labels=labels, notes=notes)
 
 
 RANDOM_SUFFIX = "@random"  # ``hf:CONFIG_FOLDER@random``: the architecture of a config with random weights
@@ -269,7 +277,7 @@ def load_hf(source: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
                 continue
             loaded = from_hf_module(module, f"hf:{source}", where, input_hw)
             loaded.random_weights = random_weights
-            loaded.notes += notes
+            loaded.notes = notes + loaded.notes  # what the weights lack first, then how they are run
             return loaded
         raise VitExplorerError(f"hf:{source} is not a vision model vit_explorer can capture ({last_error})")
 

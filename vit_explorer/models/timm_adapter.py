@@ -9,6 +9,7 @@ hook can see. Each block's attention module also has an explicit path,
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +53,9 @@ class TimmAdapter(HookAdapter):
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         return list(module.blocks)
+
+    def num_classes(self, module: nn.Module) -> int:
+        return int(module.num_classes)
 
     @contextmanager
     def unfused(self, module: nn.Module) -> Iterator[None]:
@@ -129,6 +133,33 @@ def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | N
 RANDOM = "random"  # ``NAME@random``: the architecture with freshly initialised weights, no download
 
 
+def stored_input_hw(path: Path) -> tuple[int, int] | None:
+    """The input size whose patch grid the position embedding in the weights file ``path`` was trained for:
+    ``pos_embed`` ``[1, prefix + g·g, dim]`` (the class token in it or not) and ``patch_embed.proj.weight``
+    ``[dim, 3, patch_h, patch_w]``. None when the file does not say (other names, a non-square grid)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt") as handle:
+                if not {"pos_embed", "patch_embed.proj.weight"} <= set(handle.keys()):
+                    return None
+                tokens = handle.get_slice("pos_embed").get_shape()[1]
+                patch = handle.get_slice("patch_embed.proj.weight").get_shape()[-2:]
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            if not {"pos_embed", "patch_embed.proj.weight"} <= set(state):
+                return None
+            tokens, patch = state["pos_embed"].shape[1], state["patch_embed.proj.weight"].shape[-2:]
+    except Exception:  # noqa: BLE001 - a file timm itself cannot read fails in timm's load, with its own message
+        return None
+    for prefix in (1, 0):  # only one of n − 1 and n can be a square above 1
+        side = math.isqrt(tokens - prefix)
+        if side > 1 and side * side == tokens - prefix:
+            return side * patch[0], side * patch[1]
+    return None
+
+
 def state_dict_keys(message: str, kind: str) -> list[str]:
     """The parameter names torch's strict ``load_state_dict`` error lists as ``kind`` (``Missing``, ``Unexpected``)."""
     line = re.search(rf"{kind} key\(s\) in state_dict: (.*)$", message, re.MULTILINE)
@@ -171,6 +202,18 @@ def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
         if not path.is_file():
             raise VitExplorerError(f"timm weights file {path} does not exist (or use timm:{name}@{RANDOM} for random weights)")
         kwargs["pretrained_cfg_overlay"] = {"file": str(path)}
+        # timm resamples a position embedding to the size the model is built at, silently: build at the grid
+        # the weights hold unless asked otherwise, and say so whenever the grid is resampled
+        stored = stored_input_hw(path)
+        if stored is not None and input_hw is None:
+            kwargs["img_size"] = input_hw = stored
+            default = tuple(timm.models.get_pretrained_cfg(name).input_size[1:])
+            if stored != default:
+                notes.append(f"runs at {stored[1]}×{stored[0]}, the position grid the weights hold, not timm's {default[1]}×"
+                             f"{default[0]} for {name}; --input-size resamples it")
+        elif stored is not None and stored != tuple(input_hw):
+            notes.append(f"position embedding resampled by timm from the weights' {stored[1]}×{stored[0]} input to "
+                         f"{input_hw[1]}×{input_hw[0]}: the maps are not the model's at its own grid")
     try:
         if random_weights:
             module = timm.create_model(name, pretrained=False, **kwargs)

@@ -48,6 +48,12 @@ class VitPytorchAdapter(HookAdapter):
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
         return [attention.attend for attention, _ in module.transformer.layers]
 
+    def num_classes(self, module: nn.Module) -> int:
+        head = getattr(module, "mlp_head", None)
+        # vit-pytorch's head is a Linear or a Sequential ending in one; the seed ViT's is None for a backbone
+        linears = [part for part in head.modules() if isinstance(part, nn.Linear)] if head is not None else []
+        return linears[-1].out_features if linears else 0
+
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         return list(module.transformer.layers)  # each a ModuleList [attention, feed-forward]
 

@@ -8,7 +8,7 @@ import gradio as gr
 import numpy as np
 
 from .. import pictures
-from ..ablation import HeadAblation, ablation_of, kept_ablation, prediction_without
+from ..ablation import HeadAblation, ablation_of, forward_equivalents, kept_ablation, prediction_without
 from ..analysis import pixels_of
 from ..captions import ABLATION_MODES, NO_CLASS_SCORE, ablation_note, ablation_text, predictions, top_predictions
 from ..errors import VitExplorerError
@@ -78,8 +78,9 @@ def depends(session: Session, controls: Controls) -> tuple:
 
 
 def set_ranges(session: Session) -> dict:
-    layers = session.analysis.map_shape[0]
-    return {"run_ablation": gr.update(value=f"Run ablation ({1 + layers} forward passes)", interactive=session.evidence is not None)}
+    layers, heads = session.analysis.map_shape
+    return {"run_ablation": gr.update(value=f"Run ablation (≈{forward_equivalents(layers, heads):.0f}× one forward pass)",
+                                      interactive=session.evidence is not None)}
 
 
 @user_errors

@@ -22,12 +22,27 @@ from .heads import render_head
 def layout() -> dict:
     gr.Markdown("A zip with `attention.npz` (raw maps), `rollout.png`, `heads.png` and the selected head's view, "
                 "for the current query and options — the same files `vit-explorer analyze` writes.")
+    full_maps = gr.Checkbox(label="Every head's full map in attention.npz", value=False, elem_id="export-full-maps")
+    note = gr.Markdown(elem_id="export-note")
     button = gr.Button("Export", elem_id="export")
-    return {"export_button": button, "export_file": gr.File(label="Download", interactive=False, elem_id="export-file")}
+    return {"export_full_maps": full_maps, "export_note": note, "export_button": button,
+            "export_file": gr.File(label="Download", interactive=False, elem_id="export-file")}
+
+
+def size_note(session: Session) -> str:
+    """What attention.npz will hold, and the size every head's full map adds, said before anything is written."""
+    analysis = session.analysis
+    if analysis.attentions is None:
+        return ("`attention.npz` holds the compact form (head means, prefix rows, statistics): this analysis kept no full maps, "
+                "which were above the memory budget.")
+    return (f"`attention.npz` holds the compact form (head means, prefix rows, statistics); every head's full map adds "
+            f"{export.megabytes(analysis.full_map_bytes())} before zip compression.")
 
 
 def render(session: Session, controls: Controls) -> dict:
-    return {"export_file": None}  # a zip is made on request; none is left from another analysis
+    # a zip is made on request; none is left from another analysis
+    return {"export_file": None, "export_note": size_note(session),
+            "export_full_maps": gr.update(value=False, interactive=session.analysis.attentions is not None)}
 
 
 def depends(session: Session, controls: Controls) -> tuple:
@@ -35,15 +50,17 @@ def depends(session: Session, controls: Controls) -> tuple:
 
 
 @user_errors
-def on_export(session: Session | None, *control_values, ttl_s: float = CACHE_TTL_S) -> str:
-    """The path of a new zip in ``export_dir``, removed after ``ttl_s``."""
+def on_export(session: Session | None, full_maps: bool, *control_values, ttl_s: float = CACHE_TTL_S) -> str:
+    """The path of a new zip in ``export_dir``, removed after ``ttl_s``; ``full_maps`` adds every head's full map
+    to ``attention.npz``."""
     session = require(session)
     controls = Controls(*control_values)
     with tempfile.TemporaryDirectory() as staging:
         folder = Path(staging)
-        written = export.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
-                                     order_by=controls.order_by, evidence=session.evidence, shared=controls.normalisation == "shared",
-                                     scale=controls.colour_scale)
+        written, _ = export.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
+                                        order_by=controls.order_by, evidence=session.evidence,
+                                        shared=controls.normalisation == "shared", scale=controls.colour_scale,
+                                        full_maps=full_maps)
         extra = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
                  f"{controls.method}.png": render_class(session, controls)}
         for name, picture in extra.items():
@@ -58,10 +75,11 @@ def on_export(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
 
 
 def wire(app: Wiring) -> None:
-    def export_zip(session, *values):
-        return on_export(session, *values, ttl_s=app.cache_ttl_s)
+    def export_zip(session, full_maps, *values):
+        return on_export(session, full_maps, *values, ttl_s=app.cache_ttl_s)
 
-    app["export_button"].click(export_zip, [app["state"], *app.controls], app["export_file"], api_name="export")
+    app["export_button"].click(export_zip, [app["state"], app["export_full_maps"], *app.controls], app["export_file"],
+                               api_name="export")
 
 
-TAB = Tab("Export", ("export_file",), layout, render, depends, wire)
+TAB = Tab("Export", ("export_file", "export_note", "export_full_maps"), layout, render, depends, wire)
