@@ -4,6 +4,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from conftest import CLI_MODEL, photo, write_backbone_checkpoint, write_checkpoint
 from PIL import Image
 from test_images import encoded, png_header_claiming
@@ -151,6 +152,34 @@ def test_full_maps_on_request_equal_a_fresh_capture(tmp_path, capsys, cli_checkp
     assert "--full-maps" in error and "analysing" not in error and not (tmp_path / "small").exists()
 
 
+@pytest.mark.timm
+def test_evaluate_on_random_weights_says_so_and_its_relative_scores_stay_readable(tmp_path, capsys):
+    pytest.importorskip("timm")
+    from vit_explorer import analyze, load_model
+
+    spec = "timm:vit_tiny_patch16_224@random"
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for seed in range(2):
+        photo((224, 224), seed=seed).save(folder / f"photo{seed}.png")
+    torch.manual_seed(5)  # the same random weights for the run and for the oracle below
+    assert main(["evaluate", str(folder), "--model", spec, "--methods", "rollout", "--steps", "2", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{spec}: random weights (nothing learned")
+    report = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    assert report["weights"] == "random"
+    # a 1000-class random head: absolute probabilities near 1/1000; relative to the whole image's they read near 1
+    torch.manual_seed(5)
+    model = load_model(spec, device="cpu")
+    for index, path in enumerate(sorted(folder.glob("*.png"))):
+        whole = float(analyze(model, path).probs.max())  # the target: the top class, with no labels
+        assert whole < 0.01
+        for score in ("deletion", "insertion"):
+            assert report["per_image"][f"rollout/{score}_relative"][index] == pytest.approx(
+                report["per_image"][f"rollout/{score}"][index] / whole, rel=1e-3)
+    assert 0.3 < np.mean(report["per_image"]["rollout/insertion_relative"]) < 3
+
+
 def test_help_prints_for_the_program_and_every_command(capsys):
     from vit_explorer.cli import parser
 
@@ -200,10 +229,11 @@ def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout
     main(["evaluate", str(tmp_path / "set" / "images"), "--model", "builtin:shapes", "--methods", "rollout,cls",
           "--steps", "4", "--out", str(out)])
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0] == "method | deletion | insertion | perturbation | pointing | energy"
-    assert [line.split(" | ")[0] for line in printed[2:]] == ["rollout", "cls", "random"]
+    assert printed[0] == "builtin:shapes: trained weights, 6 images"
+    assert printed[1] == "method | deletion | insertion | deletion_relative | insertion_relative | perturbation | pointing | energy"
+    assert [line.split(" | ")[0] for line in printed[3:]] == ["rollout", "cls", "random"]
     report = json.loads((out / "evaluation.json").read_text())
-    assert report["images"] == 6 and report["skipped"] == []
+    assert report["images"] == 6 and report["skipped"] == [] and report["weights"] == "trained"
 
     model = load_model("builtin:shapes")
     paths = sorted((tmp_path / "set" / "images").glob("*/*.png"))

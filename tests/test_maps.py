@@ -94,6 +94,26 @@ def test_map_picture_has_a_colour_bar_below_and_outlines_the_query(analysis):
     assert not np.array_equal(with_query[:height], without[:height])
 
 
+@pytest.mark.timm
+def test_a_random_dinov2s_near_uniform_maps_are_drawn_near_uniform_and_called_flat():
+    pytest.importorskip("timm")
+    from conftest import photo
+
+    from vit_explorer import render
+
+    torch.manual_seed(0)
+    model = load_model("timm:vit_small_patch14_dinov2@random", input_hw=(98, 98), device="cpu")
+    analysis = analyze(model, photo((98, 98)))
+    for name, grid_map in {"cls": attention_map(analysis, 0, analysis.map_shape[0] - 1, None),
+                           "rollout": rollout_map(analysis, 0, RolloutOptions())}.items():
+        values = grid_map.numpy()
+        assert values.max() < 1.25 * values.min(), name  # the model knows nothing: every patch about 1/n (measured ≤ 16% apart)
+        assert render.flat_note(grid_map).startswith("flat: max only"), name
+        height, width = view_hw(analysis)
+        picture = map_picture(analysis, grid_map, cmap="gray", overlay=False, query=None, unit="attention weight")
+        assert picture[:height, :width].min() > 200, name  # near white, not stretched over black…white
+
+
 def test_the_analysis_layer_is_torch_and_pictures_are_numpy_from_the_render_boundary(model, analysis, image_file):
     evidence = class_evidence(model, analysis)
     compact = analyze(model, image_file, memory_budget=1)

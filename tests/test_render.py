@@ -27,7 +27,24 @@ def test_normalize_per_map_and_shared():
     maps = np.stack([np.array([[0.0, 1.0]]), np.array([[0.0, 0.5]])])
     np.testing.assert_allclose(normalize(maps)[1], [[0.0, 1.0]])
     np.testing.assert_allclose(normalize(maps, shared=True)[1], [[0.0, 0.5]])
-    np.testing.assert_allclose(normalize(np.ones((2, 2))), np.zeros((2, 2)))  # flat map: no division by zero
+    np.testing.assert_allclose(normalize(np.ones((2, 2))), np.ones((2, 2)))  # constant: one colour, no division by zero
+
+
+def test_a_near_uniform_map_is_drawn_near_uniform_and_called_flat():
+    n = 1374  # a random-weights DINOv2's attention: 1/n everywhere, ±1%
+    flat = np.full((37, 37), 1 / n) * (1 + 0.01 * np.random.default_rng(0).uniform(-1, 1, (37, 37)))
+    scaled = normalize(flat)
+    assert scaled.min() > 0.97  # coloured from 0: min–max would stretch it over the whole colour map
+    low, high = value_range(flat)
+    assert low.item() == 0 and high.item() == flat.max().astype(np.float32)
+    assert render.flat_note(flat) == f"flat: max only {100 * (flat.max() / flat.min() - 1):.1f}% above min"  # about 2%
+    assert render.flat_note(np.array([[0.0, 1.0]])) == ""
+    assert render.flat_note(np.array([[1.0, 1.2]])).startswith("flat") and render.flat_note(np.array([[1.0, 1.3]])) == ""
+    signed = np.array([[-1.0, 0.5], [1.0, 0.0]])  # a signed map keeps its own minimum
+    np.testing.assert_allclose(normalize(signed), (signed + 1) / 2)
+    # a colour bar for it labels both ends with digits that tell them apart
+    labels = render.tick_labels([flat.min() / 2, flat.max()])
+    assert len(set(labels)) == 2 and render.tick_labels([0.000728, 0.0007285, 0.000729]) == ["0.000728", "0.0007285", "0.000729"]
 
 
 def test_percentile_scale_clips_the_tails_to_the_colormap_ends():
@@ -96,6 +113,8 @@ def test_colorbar_adds_a_strip_below_with_ticks_and_unit():
     assert render.tick_labels([0.0, 0.1, 0.2]) == ["0.0", "0.1", "0.2"]
     assert render.tick_labels([0.002, 0.004]) == ["0.002", "0.004"]
     assert render.tick_labels([0.025, 0.05, 0.075]) == ["0.025", "0.050", "0.075"]  # not "0.03", "0.05", "0.08"
+    assert render.tick_labels([0.0123, 0.05, 0.1, 0.1377]) == ["0.012", "0.050", "0.100", "0.138"]  # ends need not be round
+    assert render.tick_labels([0.30, 0.3004]) == ["0.3000", "0.3004"]  # enough decimals to tell neighbours apart
     assert isinstance(GridGeometry(1, 1, 4, 1, 0, 0).size_hw, tuple)
 
 

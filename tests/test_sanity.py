@@ -135,7 +135,7 @@ def test_rollout_of_real_dinov2_falls_below_half_with_every_layer_randomised(din
     assert curves.final["rollout"] < 0.5, curves.correlations["rollout"]  # measured 0.04
     # but it holds on until most layers are random: the summary says how many it took, not only the end point
     fallen = curves.layers_to_fall()["rollout"]
-    assert fallen is not None and fallen >= 8, curves.correlations["rollout"]
+    assert fallen is not None and fallen >= 11, curves.correlations["rollout"]  # measured: 12 of 12
     assert f"rollout {fallen} of 12 (ρ {curves.final['rollout']:.2f} with all 12)" in curves.summary()
 
 

@@ -216,19 +216,23 @@ def run_evaluate(args: argparse.Namespace) -> None:
         rows = score_table(scores, methods)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        report = {"model": model.name, "source": str(args.source), "images": len(scores["correct"]), "processes": world, "skipped": skipped,
+        weights = "random" if model.random_weights else "trained"
+        report = {"model": model.name, "weights": weights, "source": str(args.source), "images": len(scores["correct"]), "processes": world, "skipped": skipped,
                   "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
                   "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline, "table": rows, "per_image": scores}
         partial = out / "evaluation.json.partial"
         partial.write_text(json.dumps(report, indent=2, default=float))
         partial.replace(out / "evaluation.json")
+        print(f"{model.name}: {weights} weights" + (" (nothing learned: every figure below is a control, not a finding)"
+                                                     if model.random_weights else "") + f", {report['images']} images")
         print("method | " + " | ".join(SCORES))
         print(" | ".join(["---"] * (len(SCORES) + 1)))
         for row in rows:
             cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, {row[score]['ci95'][1]:.3f}]"
                      for score in SCORES]
             print(f"{row['method']} | " + " | ".join(cells))
-        progress(f"deletion and perturbation: lower is better; insertion, pointing, energy: higher is better. "
+        progress(f"deletion and perturbation: lower is better; insertion, pointing, energy: higher is better; *_relative: "
+                 f"the AUC over the unperturbed image's probability of the target (1: as sure as on the whole image). "
                  f"wrote {out / 'evaluation.json'}" + (f"; skipped {len(skipped)} unreadable files" if skipped else ""))
 
 

@@ -153,13 +153,15 @@ def heldout_faithfulness(model: LoadedModel, count: int = 40, **options) -> Fait
     return faithfulness_on_shapes(model, generate_set(HELDOUT_SEED, count), **options)
 
 
-SCORES = ("deletion", "insertion", "perturbation", "pointing", "energy")
+SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "perturbation", "pointing", "energy")
 
 
 def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[str, ...], *, steps: int = 10,
                  random_orders: int = 1, baseline: str = "blur", batch_size: int = 16, seed: int = 0) -> dict[str, list[float]]:
     """Per-image figures, each a list in the order of ``items``: ``METHOD/deletion`` and ``METHOD/insertion``
-    (AUC of the target probability), ``METHOD/perturbation`` (area under the deletion curve of "the target is
+    (AUC of the target probability), ``METHOD/deletion_relative`` and ``METHOD/insertion_relative`` (the same
+    over the unperturbed image's probability of the target, so that 1 is "as sure as on the whole image" on any
+    model, also on a random one whose probabilities are all near 1/classes), ``METHOD/perturbation`` (area under the deletion curve of "the target is
     still the top class": averaged over a labelled set, the positive-perturbation accuracy AUC of Chefer et
     al. 2021, lower is better), ``METHOD/pointing`` and ``METHOD/energy`` against the mask dilated by one patch
     (NaN without a mask); the same for ``random`` orders (and a random map's pointing), and ``correct`` (NaN
@@ -180,13 +182,18 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
                 curves = deletion_insertion(model, analysis.image, grid_map, evidence.target, steps=steps, random_orders=random_orders,
                                             baseline=baseline, seed=seed + index)
                 aucs = curves.aucs
+                relative = curves.relative_aucs
                 scores[f"{method}/deletion"].append(aucs["deletion"])
                 scores[f"{method}/insertion"].append(aucs["insertion"])
+                scores[f"{method}/deletion_relative"].append(relative["deletion"])
+                scores[f"{method}/insertion_relative"].append(relative["insertion"])
                 scores[f"{method}/perturbation"].append(area_under(curves.fractions, curves.deletion_top1))
                 scores[f"{method}/pointing"].append(np.nan if target is None else float(pointing_hit(grid_map, target)))
                 scores[f"{method}/energy"].append(np.nan if target is None else energy(grid_map, target))
             scores["random/deletion"].append(aucs["random_deletion"])
             scores["random/insertion"].append(aucs["random_insertion"])
+            scores["random/deletion_relative"].append(relative["random_deletion"])
+            scores["random/insertion_relative"].append(relative["random_insertion"])
             scores["random/perturbation"].append(area_under(curves.fractions, curves.random_deletion_top1))
             random_map = torch.from_numpy(np.random.default_rng(seed + index).random(model.layout.grid_hw))
             scores["random/pointing"].append(np.nan if target is None else float(pointing_hit(random_map, target)))

@@ -59,6 +59,17 @@ class FaithfulnessCurves:
                 for name in ("deletion", "insertion", "random_deletion", "random_insertion")}
 
     @property
+    def unperturbed(self) -> float:
+        """The target's probability on the whole image (the deletion curve before any patch is removed)."""
+        return float(self.deletion[0])
+
+    @property
+    def relative_aucs(self) -> dict[str, float]:
+        """``aucs`` over the unperturbed probability: 1 is as sure as on the whole image, on any model."""
+        scale = max(self.unperturbed, np.finfo(np.float64).tiny)
+        return {name: value / scale for name, value in self.aucs.items()}
+
+    @property
     def margins(self) -> dict[str, float]:
         """How much better than random orders the map is: positive is better, for both curves."""
         aucs = self.aucs
@@ -74,7 +85,8 @@ class FaithfulnessCurves:
         return "beats random orders" if self.beats_chance() else f"does not beat random orders by {CLEAR_MARGIN} at both"
 
     def as_dict(self) -> dict:
-        return {"target": self.target, "auc": self.aucs, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
+        return {"target": self.target, "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
+                "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
                 **{name: getattr(self, name).round(6).tolist()
                    for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
 

@@ -49,16 +49,25 @@ def token_at(analysis: Analysis, x: float, y: float, picture_hw: tuple[int, int]
 
 
 def map_picture(analysis: Analysis, grid_map: torch.Tensor | np.ndarray, *, cmap: str, overlay: bool, query: int | None,
-                unit: str, scale: str = "linear") -> np.ndarray:
-    """A large view of one ``[grid_h, grid_w]`` map on the colour ``scale`` (``render.COLOUR_SCALES``), query
-    patch outlined, with a colour bar of what the colour measures (``unit``)."""
+                unit: str, scale: str = "linear", bounds: tuple[float, float] | None = None) -> np.ndarray:
+    """A large view of one ``[grid_h, grid_w]`` map on the colour ``scale`` (``render.COLOUR_SCALES``), or on
+    ``bounds`` (low, high) shared with other views, query patch outlined, with a colour bar of what the colour
+    measures (``unit``) that says when the map is flat (``render.flat_note``)."""
     size = view_hw(analysis)
-    picture = render.heat(grid_map, size, cmap, image=analysis.image if overlay else None, scale=scale)
+    picture = render.heat(grid_map, size, cmap, image=analysis.image if overlay else None, scale=scale, bounds=bounds)
     box = patch_box(analysis, query, size)
     if box is not None:
         picture = render.outline(picture, box)
-    low, high = render.value_range(grid_map, scale=scale)
-    return render.with_colorbar(picture, cmap, low.item(), high.item(), unit, clipped=scale != "linear")
+    low, high = (np.float32(value) for value in bounds) if bounds is not None else render.value_range(grid_map, scale=scale)
+    return render.with_colorbar(picture, cmap, low.item(), high.item(), unit, clipped=scale != "linear",
+                                note=render.flat_note(grid_map))
+
+
+def shared_bounds(maps: torch.Tensor | np.ndarray, scale: str = "linear") -> tuple[float, float]:
+    """The (low, high) of one colour scale shared by all of ``maps`` ``[..., h, w]``: the grid's "shared" normalisation,
+    which a large view of one of them follows."""
+    low, high = render.value_range(maps, shared=True, scale=scale)
+    return float(low.item()), float(high.item())
 
 
 def image_picture(analysis: Analysis, query: int | None) -> np.ndarray:
@@ -67,6 +76,11 @@ def image_picture(analysis: Analysis, query: int | None) -> np.ndarray:
     picture = render.resize_image(analysis.image, size)
     box = patch_box(analysis, query, size)
     return render.outline(picture, box) if box is not None else picture
+
+
+def query_maps(analysis: Analysis, query: int | None) -> torch.Tensor:
+    """Where the query looks in every layer and head, on the patch grid ``[layers, heads, grid_h, grid_w]``."""
+    return analysis.layout.patch_map(query_rows(analysis, query))
 
 
 def grid_picture(
@@ -91,9 +105,10 @@ def grid_picture(
     layers, heads = analysis.map_shape
     tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
     order = head_order(analysis, order_by, evidence)
-    maps = analysis.layout.patch_map(query_rows(analysis, query))  # [layers, heads, gh, gw]
+    maps = query_maps(analysis, query)
     maps = maps.take_along_dim(order[:, :, None, None], dim=1)
     tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared, scale=scale)
+    bounds = shared_bounds(maps, scale) if shared else None
     highlight = None
     if selected is not None:
         layer, head = selected
@@ -107,6 +122,8 @@ def grid_picture(
         tile_notes=[[f"h{head}" for head in order[layer].tolist()] for layer in range(layers)] if ordered else None,
         highlight=highlight,
     )
+    if bounds is not None:  # one scale for every tile: say what it is, as the large views do
+        picture = render.with_colorbar(picture, cmap, *bounds, f"{ATTENTION}, one scale for all tiles", clipped=scale != "linear")
     return picture, geometry, order
 
 

@@ -29,8 +29,13 @@ LABEL_PX = 13  # text height in the pictures, in pixels
 NOTE_PX = 11  # the head names written on tiles of an ordered grid
 # how values map to colours: the map's full range, or its 1st–99th percentile range (clipped beyond), which
 # keeps a few extreme patches of a heavy-tailed map (relevance) from washing out the rest
-COLOUR_SCALES = {"linear": "min to max", "percentile": "1st to 99th percentile"}
+COLOUR_SCALES = {"linear": "0 (or a negative min) to max", "percentile": "1st to 99th percentile"}
 PERCENTILES = (1.0, 99.0)
+# The colour range of a non-negative map (attention, rollout, relevance) starts at 0, not at its minimum:
+# stretching min to max would paint a near-uniform map (a random model's attention, 1/n ± a few per cent)
+# with the whole colour map, as if it had structure; from 0 it shows as nearly one colour. A trained
+# model's maps have minima near 0 (measured on the shipped model: 0.3–10% of the maximum), so they barely change.
+FLAT = 0.25  # a map whose maximum is within this share of its minimum is called flat on its colour bar
 
 
 def to_numpy(values: torch.Tensor | np.ndarray, dtype: np.dtype | type | None = None) -> np.ndarray:
@@ -74,17 +79,29 @@ def value_range(maps: torch.Tensor | np.ndarray, shared: bool = False, scale: st
     min and max for ``"linear"``, the ``PERCENTILES`` for ``"percentile"``."""
     maps = to_numpy(maps, np.float32)
     axes = tuple(range(maps.ndim)) if shared else (-2, -1)
-    if check_scale(scale) == "percentile":
+    if check_scale(scale) == "percentile":  # chosen to stretch a heavy-tailed map; its colour bar still says "flat"
         low, high = np.percentile(maps, PERCENTILES, axis=axes, keepdims=True)
         return low.astype(np.float32), high.astype(np.float32)
-    return maps.min(axis=axes, keepdims=True), maps.max(axis=axes, keepdims=True)
+    low, high = maps.min(axis=axes, keepdims=True), maps.max(axis=axes, keepdims=True)
+    low = np.minimum(low, 0)  # non-negative maps from 0 (see ``FLAT``); a signed map keeps its minimum
+    return low.astype(np.float32), high.astype(np.float32)
 
 
-def normalize(maps: torch.Tensor | np.ndarray, shared: bool = False, scale: str = "linear") -> np.ndarray:
-    """Scale ``[..., h, w]`` maps to [0, 1]: each map on its own, or all on one shared scale; values
-    outside the scale's range (``value_range``) are clipped to its ends."""
+def flat_note(values: torch.Tensor | np.ndarray) -> str:
+    """"flat: max only x% above min" for a positive map whose maximum is within ``FLAT`` of its minimum, else ""."""
+    values = to_numpy(values, np.float64)
+    low, high = float(values.min()), float(values.max())
+    if low <= 0 or high > (1 + FLAT) * low:
+        return ""
+    return f"flat: max only {100 * (high / low - 1):.1f}% above min"
+
+
+def normalize(maps: torch.Tensor | np.ndarray, shared: bool = False, scale: str = "linear",
+              bounds: tuple[float, float] | None = None) -> np.ndarray:
+    """Scale ``[..., h, w]`` maps to [0, 1]: each map on its own, all on one shared scale, or on given
+    ``bounds`` (low, high); values outside the range (``value_range``) are clipped to its ends."""
     maps = to_numpy(maps, np.float32)
-    low, high = value_range(maps, shared, scale)
+    low, high = value_range(maps, shared, scale) if bounds is None else (np.float32(bounds[0]), np.float32(bounds[1]))
     span = high - low
     return np.clip((maps - low) / np.where(span > 0, span, 1.0), 0.0, 1.0)
 
@@ -125,9 +142,10 @@ def resize_image(image: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
 
 
 def heat(maps: torch.Tensor | np.ndarray, out_hw: tuple[int, int], cmap: str = "inferno", image: np.ndarray | None = None,
-         alpha: float = 0.6, shared: bool = False, scale: str = "linear") -> np.ndarray:
-    """Maps ``[..., h, w]`` → coloured pictures ``[..., H, W, 3]`` on the colour ``scale``, blended over ``image`` when given."""
-    coloured = colorize(upsample(normalize(maps, shared, scale), out_hw), cmap).astype(np.float32)
+         alpha: float = 0.6, shared: bool = False, scale: str = "linear", bounds: tuple[float, float] | None = None) -> np.ndarray:
+    """Maps ``[..., h, w]`` → coloured pictures ``[..., H, W, 3]`` on the colour ``scale`` (or on ``bounds``), blended
+    over ``image`` when given."""
+    coloured = colorize(upsample(normalize(maps, shared, scale, bounds), out_hw), cmap).astype(np.float32)
     if image is None:
         return coloured.astype(np.uint8)
     base = resize_image(image, out_hw).astype(np.float32)
@@ -141,9 +159,10 @@ def outline(picture: np.ndarray, box: tuple[int, int, int, int], colour: tuple[i
     return np.asarray(drawn)
 
 
-def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clipped: bool = False) -> np.ndarray:
-    """A horizontal colour bar ``[height, width, 3]`` from ``low`` to ``high``: round tick values below it, then
-    ``unit`` (and, when ``clipped``, that values beyond the ends take the end colours)."""
+def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clipped: bool = False, note: str = "") -> np.ndarray:
+    """A horizontal colour bar ``[height, width, 3]`` from ``low`` to ``high``: both ends and round values between
+    them labelled below it, each with the digits that tell it from its neighbours, then ``unit`` (and, when
+    ``clipped``, that values beyond the ends take the end colours; then ``note``)."""
     from matplotlib.ticker import MaxNLocator
 
     label_font = font(LABEL_PX)
@@ -156,7 +175,10 @@ def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clippe
     draw = ImageDraw.Draw(image)
     draw.rectangle((left - 1, 5, right, 6 + bar_h), outline=TEXT, width=1)
     span = high - low
-    ticks = [value for value in MaxNLocator(nbins=4).tick_values(low, high) if span > 0 and low - 1e-9 * abs(span) <= value <= high + 1e-9 * abs(span)]
+    # the ends, and round values at least a sixth of the bar away from them (so that no two labels collide)
+    inner = [value for value in MaxNLocator(nbins=4).tick_values(low, high)
+             if span > 0 and low + span / 6 <= value <= high - span / 6]
+    ticks = [low, *inner, high] if span > 0 else []
     labels = tick_labels(ticks)
     for value, text in zip(ticks if span > 0 else [low], labels if span > 0 else [f"{low:.3g}"]):
         x = left + (0.5 if span <= 0 else (value - low) / span) * (right - left - 1)
@@ -166,6 +188,7 @@ def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clippe
         x_text = min(max(x, text_w / 2 + 1), width - text_w / 2 - 1)
         draw.text((x_text, 6 + bar_h + tick_h + 1), text, fill=TEXT, font=label_font, anchor="mt")
     caption = f"{unit}, {COLOUR_SCALES['percentile'].replace(' to ', '–')}" if clipped else unit
+    caption = f"{caption} · {note}" if note else caption
     caption_font = label_font
     while draw.textlength(caption, font=caption_font) > width - 4 and caption_font.size > 9:  # a long unit in a narrow view
         caption_font = font(caption_font.size - 1)
@@ -174,22 +197,32 @@ def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clippe
 
 
 def tick_labels(ticks: list[float]) -> list[str]:
-    """Short labels for round tick values, with the fewest decimals that write each of them exactly
-    (0.025, 0.05, 0.075 → "0.025", "0.050", "0.075"); very large or small values in exponent notation."""
+    """Short labels for tick values: the fewest decimals (at least the significant digits that tell each label
+    from its neighbours) that write round values exactly (0.025, 0.05, 0.075 → "0.025", "0.050", "0.075"),
+    at most one decimal beyond those; very large or small values in exponent notation."""
     if not ticks:
         return []
     magnitude = max(abs(value) for value in ticks)
     if magnitude >= 1e4 or 0 < magnitude < 1e-3:
-        return [f"{value:.2g}" for value in ticks]
+        digits = next((d for d in range(2, 9) if distinct([f"{value:.{d}g}" for value in ticks])), 8)
+        return [f"{value:.{digits}g}" for value in ticks]
+    gaps = [abs(b - a) for a, b in zip(ticks, ticks[1:]) if b != a]
+    # the decimals that make neighbouring labels differ (a step of 0.0004 needs 4), then those that write them exactly
+    needed = max(0, -int(np.floor(np.log10(min(gaps))))) if gaps else 0
     tolerance = 1e-6 * (magnitude or 1.0)
-    decimals = next((d for d in range(7) if all(abs(round(value, d) - value) < tolerance for value in ticks)), 6)
-    return [f"{value:.{decimals}f}" for value in ticks]
+    exact = next((d for d in range(needed, needed + 2) if all(abs(round(value, d) - value) < tolerance for value in ticks)), needed + 1)
+    return [f"{value:.{exact}f}" for value in ticks]
 
 
-def with_colorbar(picture: np.ndarray, cmap: str, low: float, high: float, unit: str = "", clipped: bool = False) -> np.ndarray:
+def distinct(labels: list[str]) -> bool:
+    return all(a != b for a, b in zip(labels, labels[1:]))
+
+
+def with_colorbar(picture: np.ndarray, cmap: str, low: float, high: float, unit: str = "", clipped: bool = False,
+                  note: str = "") -> np.ndarray:
     """``picture`` with a horizontal colour bar under it (``colour_bar``): below rather than beside, so the
     view stays as narrow as the map and the bar's labels lie on neither the map nor the view's toolbar."""
-    return np.concatenate([picture, colour_bar(picture.shape[1], cmap, low, high, unit, clipped)], axis=0)
+    return np.concatenate([picture, colour_bar(picture.shape[1], cmap, low, high, unit, clipped, note)], axis=0)
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,12 @@ def render_grid(session: Session, controls: Controls) -> np.ndarray:
 def render_head(session: Session, controls: Controls) -> np.ndarray:
     """The selected layer and head (or mean of heads), large."""
     grid_map = maps.attention_map(session.analysis, session.query, session.layer, session.head)
+    shared = controls.normalisation == "shared"
+    # with one scale for the grid, the large view keeps it, so that a faint tile is not shown saturated here
+    bounds = pictures.shared_bounds(pictures.query_maps(session.analysis, session.query), controls.colour_scale) if shared else None
+    unit = f"{pictures.ATTENTION}, the grid's one scale" if shared else pictures.ATTENTION
     return pictures.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query,
-                                unit=pictures.ATTENTION, scale=controls.colour_scale)
+                                unit=unit, scale=controls.colour_scale, bounds=bounds)
 
 
 def render(session: Session, controls: Controls) -> dict:
