@@ -137,7 +137,7 @@ def class_maps(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
 
         def new_target():  # a class not seen before, so nothing is reused
             session.analysis.evidence.clear()
-            class_tab.on_target(cache, session, next(targets) % session.analysis.num_classes, *values_of())
+            shared.on_target(cache, session, next(targets) % session.analysis.num_classes, "Class maps", *values_of())
 
         methods = alternating(values_of(method="grad-rollout"), values_of())  # each call a change: the open tab redraws
 

@@ -88,6 +88,11 @@ def draws(monkeypatch):
     return calls
 
 
+def hidden(update) -> bool:
+    """A chart sent empty and hidden (no empty box on the page)."""
+    return update["value"] is None and update["visible"] is False
+
+
 def click(x, y):
     return gr.SelectData(None, {"index": [x, y], "value": None, "selected": True})
 
@@ -119,7 +124,8 @@ def test_upload_fills_the_shared_views_and_the_open_tab_only(models, upload, che
     assert session.analysis.attentions.shape == (6, 4, 257, 257)
     assert session.query == 0 and session.layer == 5 and session.head is None
     assert "6 layers × 4 heads" in outputs["summary"] and "16×16 patches" in outputs["summary"]
-    top5 = outputs["top5"]
+    assert outputs["top5"]["visible"] is True
+    top5 = outputs["top5"]["value"]
     assert len(top5) == 4 and abs(sum(top5.values()) - 1) < 1e-5
     for name in ("query_image", "overview_rollout", "overview_last"):
         picture = outputs[name]
@@ -154,9 +160,10 @@ def test_opening_a_tab_draws_it_once_until_what_it_shows_changes(models, upload,
     recoloured = by_name(shared.on_controls(session, STATISTICS, *controls(cmap="viridis")), shared.TAB_OUTPUTS)
     assert len(draws) == 1 and is_unchanged(recoloured["distance_plot"])  # statistics have no colours
     other = (session.target + 1) % 4
-    targeted = class_maps.on_target(models, session, other, *CONTROLS)[0]
-    redrawn = opened(STATISTICS, targeted)  # the gradient importance is the target's
+    targeted = by_name(shared.on_target(models, session, other, STATISTICS, *CONTROLS), shared.TARGETED)
+    redrawn = targeted  # the open tab redraws at once: the gradient importance is the target's
     assert len(draws) == 2 and not redrawn["importance_plot"]["value"].equals(views["importance_plot"]["value"])
+    assert all(is_unchanged(value) for value in opened(STATISTICS, targeted["state"]).values())
 
 
 def test_statistics_plots_fit_their_axes_to_the_data():
@@ -183,6 +190,17 @@ def test_upload_on_an_open_tab_draws_that_tab(models, upload, checkpoint):
     assert outputs["overview_rollout"] is None and outputs["grid"] is None
     assert all(is_unchanged(value) for value in opened(STATISTICS, session).values())
     assert isinstance(opened(OVERVIEW, session)["overview_rollout"], np.ndarray)
+
+
+def test_a_patch_clicked_on_the_overview_shows_its_own_maps_there(models, upload, checkpoint):
+    session, outputs = analysed(models, upload, checkpoint)
+    height, width = pictures.view_hw(session.analysis)
+    clicked = by_name(shared.on_patch_click(models, click(width - 2, height - 2), session, OVERVIEW, *CONTROLS), shared.QUERIED)
+    query = clicked["state"].query
+    assert session.analysis.layout.token_patch(query) == (15, 15)  # the bottom-right patch of the 16×16 grid
+    expected = pictures.map_picture(session.analysis, maps.rollout_map(session.analysis, query, maps.RolloutOptions()),
+                                    cmap="inferno", overlay=True, query=query, unit=f"rollout weight of {maps.query_name(session.analysis, query)}")
+    assert np.array_equal(clicked["overview_rollout"], expected) and not np.array_equal(expected, outputs["overview_rollout"])
 
 
 def test_a_control_redraws_the_open_tab_and_the_others_when_opened(models, upload, checkpoint, draws):
@@ -346,7 +364,7 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     top = session.analysis.top_k(1)[0]
     assert session.evidence.target == top.index and target_update["value"] == top.index
     assert target_update["choices"][0] == (f"{top.label} ({top.prob:.1%})", top.index) and len(target_update["choices"]) == 4
-    assert isinstance(class_view, np.ndarray) and plot is None and top.label in note
+    assert isinstance(class_view, np.ndarray) and hidden(plot) and top.label in note
     top_heads = opened(STATISTICS, session)["top_heads"]
     assert top_heads["headers"][-1] == "gradient importance (highest first)" and len(top_heads["data"]) == 5
     assert top_heads["data"][0][0] == 1 and top_heads["data"][0][-1].startswith("L")
@@ -354,19 +372,19 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
 
     other = (top.index + 1) % 4
     ordered = controls(order_by="gradient importance")
-    targeted = by_name(class_maps.on_target(models, session, other, *ordered), class_maps.TARGETED)
+    targeted = by_name(shared.on_target(models, session, other, CLASS_MAPS, *ordered), shared.TARGETED)
     session2 = targeted["state"]
     assert session2.evidence.target == other and len(calls) == 1  # one forward (and backward) pass for the new class
     assert not np.array_equal(targeted["class_view"], class_view) and f"thing {other}" in targeted["class_text"]
-    assert targeted["faithfulness_plot"] is None
+    assert hidden(targeted["faithfulness_plot"])
     assert opened(STATISTICS, session2)["top_heads"] != top_heads and isinstance(opened(GRID, session2, ordered)["grid"], np.ndarray)
-    class_maps.on_target(models, session2, top.index, *CONTROLS)
+    shared.on_target(models, session2, top.index, CLASS_MAPS, *CONTROLS)
     assert len(calls) == 1  # the first target's evidence is kept on the analysis
 
     percentile = by_name(shared.on_controls(session, CLASS_MAPS, *controls(colour_scale="percentile")), shared.TAB_OUTPUTS)
     assert not np.array_equal(percentile["class_view"], class_view) and len(calls) == 1  # recoloured from the cached maps, no pass
     grad = by_name(shared.on_controls(session, CLASS_MAPS, *controls(method="grad-rollout")), shared.TAB_OUTPUTS)
-    assert not np.array_equal(grad["class_view"], class_view) and grad["faithfulness_plot"] is None and len(calls) == 1
+    assert not np.array_equal(grad["class_view"], class_view) and hidden(grad["faithfulness_plot"]) and len(calls) == 1
 
     chart, text = class_maps.on_score(models, session, *CONTROLS)
     assert "deletion AUC" in text and "insertion AUC" in text and "random orders" in text
@@ -381,7 +399,7 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     kept = by_name(shared.on_controls(session, CLASS_MAPS, *controls(cmap="viridis")), shared.TAB_OUTPUTS)
     assert kept["faithfulness_plot"]["value"].equals(table) and "deletion AUC" in kept["class_text"]
     cleared = by_name(shared.on_controls(session, CLASS_MAPS, *controls(method="rollout")), shared.TAB_OUTPUTS)
-    assert cleared["faithfulness_plot"] is None and "deletion AUC" not in cleared["class_text"]
+    assert hidden(cleared["faithfulness_plot"]) and "deletion AUC" not in cleared["class_text"]
     assert opened(CLASS_MAPS, session)["faithfulness_plot"]["value"].equals(table)
     archive = export.on_export(session, False, *CONTROLS)
     with zipfile.ZipFile(archive) as bundle:
@@ -393,10 +411,14 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     models = backbone_models
     outputs = by_name(shared.run_analysis(models, upload, "hf:test-backbone", CLASS_MAPS, *CONTROLS), shared.FULL_OUTPUTS)
     session = outputs["state"]
-    assert session.evidence is None and outputs["class_view"] is None and outputs["class_text"] == NO_CLASSIFIER
-    assert outputs["target"]["interactive"] is False
+    assert session.evidence is None and outputs["class_text"] == NO_CLASSIFIER
+    assert outputs["target"]["interactive"] is False and outputs["target"]["choices"] == []
+    assert outputs["top5"]["visible"] is False  # no predictions: no empty box
+    # the default method (relevance) needs a class: rollout shows instead, and the method control offers what exists
     rollout_view = by_name(shared.on_controls(session, CLASS_MAPS, *controls(method="rollout")), shared.TAB_OUTPUTS)["class_view"]
-    assert isinstance(rollout_view, np.ndarray)  # class-agnostic maps still show
+    assert np.array_equal(outputs["class_view"], rollout_view)
+    assert outputs["method"]["value"] == "rollout" and [key for _, key in outputs["method"]["choices"]] == ["rollout", "cls"]
+    assert outputs["score"]["interactive"] is False  # no faithfulness score without class probabilities
     assert opened(STATISTICS, session)["importance_plot"]["visible"] is False  # no gradient importance without a class
     with pytest.raises(gr.Error, match="no classifier head"):
         class_maps.on_score(models, session, *CONTROLS)
@@ -575,7 +597,7 @@ def test_sanity_check_button_shows_the_curves_under_the_map_until_the_target_cha
     other_options = by_name(shared.on_controls(session, CLASS_MAPS, *CONTROLS), shared.TAB_OUTPUTS)
     assert other_options["sanity_chart"]["visible"] is False  # the check ran for other rollout options
     other = (session.target + 1) % 5
-    targeted = by_name(class_maps.on_target(models, session, other, *options), class_maps.TARGETED)
+    targeted = by_name(shared.on_target(models, session, other, CLASS_MAPS, *options), shared.TARGETED)
     assert targeted["sanity_chart"]["visible"] is False and "forward and backward passes" in targeted["sanity_text"]
 
 
@@ -628,8 +650,12 @@ def test_compare_a_second_image_shows_both_views_and_their_difference(models, up
     options = maps.RolloutOptions()
     rollout_a, rollout_b = maps.rollout_map(a, 0, options), maps.rollout_map(b, 0, options)
     assert not np.allclose(rollout_a, rollout_b)
+    # one colour scale for both sides: 0 to the larger of the two maxima
+    one_scale = (0.0, max(float(rollout_a.max()), float(rollout_b.max())))
     for picture, analysis, grid_map in ((out["compare_view_a"], a, rollout_a), (out["compare_view_b"], b, rollout_b)):
-        assert np.array_equal(picture, pictures.map_picture(analysis, grid_map, cmap="inferno", overlay=True, query=0, unit=pictures.ROLLOUT))
+        assert np.array_equal(picture, pictures.map_picture(analysis, grid_map, cmap="inferno", overlay=True, query=0, unit=pictures.ROLLOUT,
+                                                            bounds=one_scale))
+    assert "A and B are coloured on one scale" in out["compare_caption"]
     difference = out["compare_difference"]
     assert difference["visible"] is True
     assert np.array_equal(difference["value"], pictures.difference_picture(a, rollout_a - rollout_b, "A − B, rollout weight"))
@@ -643,7 +669,10 @@ def test_compare_a_second_image_shows_both_views_and_their_difference(models, up
     relevance_b = maps.class_map(b, "relevance", b.evidence[target], options)
     assert np.array_equal(views["compare_difference"]["value"], pictures.difference_picture(a, relevance_a - relevance_b, "A − B, relevance"))
     assert f"Both maps are for **{a.label(target)}**" in views["compare_caption"]
-    assert np.array_equal(views["compare_view_b"], pictures.class_map_picture(b, "relevance", b.evidence[target], options))
+    one_scale = (0.0, max(float(relevance_a.max()), float(relevance_b.max())))  # the same rule in every view
+    assert np.array_equal(views["compare_view_b"], pictures.map_picture(b, relevance_b, cmap="inferno", overlay=True, query=None,
+                                                                        unit=pictures.UNITS["relevance"], bounds=one_scale))
+    assert "A and B are coloured on one scale" in views["compare_caption"]
 
     statistics = compare_views(session, comparison, compare_statistic="entropy")
     table = statistics["compare_plot"]
@@ -745,7 +774,7 @@ def test_with_shared_normalisation_the_large_view_keeps_the_grids_scale(models, 
     peaks = query_maps.amax(dim=(-2, -1))
     layer, head = divmod(int(peaks.argmin()), peaks.shape[1])  # the faintest head: saturated on its own scale
     session = replace(session, layer=layer, head=head)
-    gray = dict(cmap="gray", overlay=False)
+    gray = {"cmap": "gray", "overlay": False}
     own = heads.render_head(session, Controls(**gray))
     kept = heads.render_head(session, Controls(**gray, normalisation="shared"))
     height, width = pictures.view_hw(session.analysis)
@@ -755,3 +784,13 @@ def test_with_shared_normalisation_the_large_view_keeps_the_grids_scale(models, 
     assert expected < 200 and expected - 20 <= int(kept[:height, :width].max()) <= expected + 1
     grid, geometry, _ = pictures.grid_picture(session.analysis, session.query, shared=True, overlay=False, cmap="gray")
     assert grid.shape[0] > geometry.size_hw[0] + 2 * render.LABEL_PX  # the grid's one scale has a colour bar
+
+
+def test_shape_examples_are_offered_with_the_built_in_model_only(checkpoint):
+    def examples_visible(spec):
+        with app.build_demo(spec, ModelCache()) as demo:
+            (column,) = [block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "examples"]
+        return column.visible
+
+    assert examples_visible("builtin:shapes") is True
+    assert examples_visible(checkpoint) is False  # another model: the shapes would be misread, so none are offered

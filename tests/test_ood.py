@@ -11,7 +11,7 @@ from scipy.special import logsumexp
 from vit_explorer import analyze, load_model
 from vit_explorer.captions import model_summary
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.ood import OodCalibration, calibrate, energy
+from vit_explorer.ood import OodCalibration, OodVerdict, calibrate, energy
 
 
 def test_energy_is_minus_logsumexp_of_the_logits():
@@ -58,3 +58,11 @@ def test_a_calibrated_model_flags_what_it_is_unsure_of(tmp_path):
     assert analysis.ood.score == pytest.approx(-torch.logsumexp(analysis.logits.double(), 0).item())
     summary = model_summary(analysis)
     assert summary.startswith("> ⚠️ **Outside what this model knows.**") and "nothing real" in summary and "timm:" in summary
+
+
+@pytest.mark.parametrize(("score", "threshold", "said"), [
+    (-2.0183, -2.0214, "energy score -2.018 is above -2.021"),  # equal at 2 decimals: one more
+    (-1.5, -2.02, "energy score -1.50 is above -2.02"),
+])
+def test_the_notice_prints_the_digits_that_tell_score_and_threshold_apart(score, threshold, said):
+    assert said in OodVerdict(score=score, threshold=threshold, known="shapes").notice("m")

@@ -122,3 +122,20 @@ def test_old_export_zips_are_removed(tmp_path, monkeypatch):
     os.utime(old, (time.time() - 120, time.time() - 120))
     session.export_dir(ttl_s=60)
     assert not old.exists() and new.exists()
+
+
+def test_a_busy_port_is_one_line_naming_a_free_one(capsys):
+    import socket
+
+    from vit_explorer.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--no-browser"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith(f"vit-explorer: error: port {port} is in use on 127.0.0.1; try --port ")
+    suggested = int(error[0].rsplit(" ", 1)[1])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", suggested))  # the port it names is free

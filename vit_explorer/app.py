@@ -15,6 +15,7 @@ import gradio as gr
 
 from . import maps, render
 from .analysis import DEFAULT_MEMORY_BUDGET
+from .errors import VitExplorerError
 from .models import DEFAULT_MODEL
 from .models.builtin import EXAMPLES
 from .session import CACHE_TTL_S, CONTROL_NAMES, ModelCache, model_choices
@@ -25,11 +26,13 @@ from .tabs.shared import (
     FULL_OUTPUTS,
     QUERIED,
     TAB_OUTPUTS,
+    TARGETED,
     on_controls,
     on_model_change,
     on_patch_click,
     on_query_choice,
     on_reset_query,
+    on_target,
     opener,
     run_analysis,
     show_visible,
@@ -61,9 +64,17 @@ def page_header(model_spec: str) -> dict:
                 fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch", label="Fit to the model's input",
                                info="for images of other proportions", scale=2, min_width=220)
             summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
-            if EXAMPLES.is_dir():
-                gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label="Examples (generated shapes)")
-    return {"upload": upload, "model": model, "fit": fit, "summary": summary}
+            # the shapes are what the built-in model knows; another model is offered no examples it would misread
+            with gr.Column(visible=shows_examples(model_spec), elem_id="examples") as examples:
+                if EXAMPLES.is_dir():
+                    gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload,
+                                label="Examples (generated shapes, for the built-in model)")
+    return {"upload": upload, "model": model, "fit": fit, "summary": summary, "examples": examples}
+
+
+def shows_examples(model_spec: str) -> bool:
+    """Whether the generated-shape examples are offered: for the built-in model only."""
+    return model_spec == DEFAULT_MODEL
 
 
 def query_panel() -> dict:
@@ -75,7 +86,9 @@ def query_panel() -> dict:
     query = gr.Dropdown([], label="Query token", info="a prefix token, the mean of patch queries, or the clicked patch", elem_id="query")
     reset = gr.Button("Back to class token", size="sm")
     top5 = gr.Label(num_top_classes=5, label="Top-5 predictions", elem_id="top5")
-    return {"query_image": query_image, "caption": caption, "query": query, "reset": reset, "top5": top5}
+    # beside every tab: the tabs that explain a class (class maps, ablation, compare) all follow this one
+    target = gr.Dropdown([], label="Target class", interactive=False, elem_id="target")
+    return {"query_image": query_image, "caption": caption, "query": query, "reset": reset, "top5": top5, "target": target}
 
 
 def view_controls() -> dict:
@@ -140,6 +153,8 @@ def wire(app: Wiring, containers: dict) -> None:
         app["model"].input(switch_model, [app["model"], current_model, upload, state, visible, *controls],
                            [current_model, app["model"], *app.all(FULL_OUTPUTS)], api_name="change_model", concurrency_limit=2),
     )
+    analyses[2].then(lambda spec: gr.update(visible=shows_examples(spec)), current_model, app["examples"], api_name=False,
+                     show_progress="hidden")
     for event, name in zip(analyses, ("analyze", "set_fit", "change_model")):
         # a tab opened while the model ran was drawn from the previous analysis, or not at all: draw it now
         event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",
@@ -148,6 +163,12 @@ def wire(app: Wiring, containers: dict) -> None:
     app["query_image"].select(select_patch, [state, visible, *controls], app.all(QUERIED), api_name="select_patch")
     app["query"].input(on_query_choice, [state, app["query"], visible, *controls], app.all(QUERIED), api_name="select_query")
     app["reset"].click(on_reset_query, [state, visible, *controls], app.all(QUERIED), api_name="reset_query")
+
+    def choose_target(session, target, tab, *values):
+        return on_target(app.models, session, target, tab, *values)
+
+    app["target"].input(choose_target, [state, app["target"], visible, *controls], app.all(TARGETED), api_name="set_target",
+                        concurrency_limit=2)
     for name in CONTROL_NAMES:
         component = app[name]
         # the fit changes the model's input: it analyses again, above; a state is set by its own tab's events
@@ -169,6 +190,7 @@ def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 
           memory_budget: int = DEFAULT_MEMORY_BUDGET, cache_ttl_s: int = CACHE_TTL_S, input_hw: tuple[int, int] | None = None) -> None:
     """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app; ``input_hw``
     sets every model's input size where the model allows it."""
+    check_port(host, port)
     models = ModelCache(memory_budget=memory_budget, input_hw=input_hw)
     models.get(model_spec)
     if share:
@@ -183,6 +205,26 @@ def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 
         demo.block_thread()
     except KeyboardInterrupt:
         demo.close()
+
+
+def check_port(host: str, port: int) -> None:
+    """A port another program listens on is a one-line error naming a free one, before the model loads (Gradio
+    would print a long traceback about GRADIO_SERVER_PORT)."""
+    import socket
+
+    def free(candidate: int) -> bool:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                return False
+            return True
+
+    if free(port):
+        return
+    spare = next((candidate for candidate in range(port + 1, port + 50) if free(candidate)), None)
+    hint = f"; try --port {spare}" if spare is not None else ""
+    raise VitExplorerError(f"port {port} is in use on {host}{hint}")
 
 
 def serving_line(model_spec: str, host: str, port: int, share_url: str | None) -> str:

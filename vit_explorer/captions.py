@@ -20,7 +20,9 @@ from .session import Controls, Session
 
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
 BACKBONE_NOTE = "Backbone: no classifier head, so no predictions, class maps or faithfulness scores; attention, rollout and head statistics work."
-NO_CLASSIFIER = "This model has no classifier head: class-specific maps and faithfulness scores need class scores."
+NO_CLASSIFIER = ("This model has no classifier head, so it has no class to explain: relevance and gradient-weighted rollout, "
+                 "and the faithfulness score, need class scores and are off. Rollout and last-layer class attention show; "
+                 "the sanity check runs on them.")
 
 
 def model_summary(analysis: Analysis) -> str:
@@ -173,7 +175,8 @@ def dataset_note(session: Session, dataset: DatasetStatistics) -> str:
             continue
         shown = ", ".join(f"L{layer} h{head} {value:.3g} (dataset {low:.3g}–{high:.3g})" for layer, head, value, low, high in outside[:4])
         more = f" and {len(outside) - 4} more" if len(outside) > 4 else ""
-        lines.append(f"- {name}: {len(outside)} heads outside the dataset's 5–95% range: {shown}{more}")
+        heads = "1 head" if len(outside) == 1 else f"{len(outside)} heads"
+        lines.append(f"- {name}: {heads} outside the dataset's 5–95% range: {shown}{more}")
     return "\n".join(lines)
 
 

@@ -74,8 +74,19 @@ class OodVerdict:
 
     def notice(self, model_name: str) -> str:
         """What a user reads when the image is flagged: what the model knows, and what to load instead."""
-        return (f"This image is unlike anything {model_name} was trained on (its energy score {self.score:.2f} is above "
-                f"{self.threshold:.2f}, below which {self.quantile:.0%} of held-out known images stay). The model knows only "
+        score, threshold = distinguished(self.score, self.threshold)
+        return (f"This image is unlike anything {model_name} was trained on (its energy score {score} is above "
+                f"{threshold}, below which {self.quantile:.0%} of held-out known images stay). The model knows only "
                 f"{self.known}, so its prediction and maps here say little about the image. For photos, load a real model: "
                 "`timm:NAME` (e.g. timm:vit_base_patch16_224), `hf:REPO` (e.g. hf:google/vit-base-patch16-224) or a local "
                 "checkpoint file.")
+
+
+def distinguished(score: float, threshold: float) -> tuple[str, str]:
+    """The score and the threshold with the decimals (2 to 6) that tell them apart, so that a notice never reads
+    "-2.02 is above -2.02"."""
+    for decimals in range(2, 7):
+        shown = f"{score:.{decimals}f}", f"{threshold:.{decimals}f}"
+        if shown[0] != shown[1]:
+            return shown
+    return shown

@@ -179,9 +179,9 @@ def from_hf_module(module: nn.Module, name: str, source: str | None = None, inpu
     labels = [id2label.get(i, f"class {i}") for i in range(num_labels)] if num_labels else None
     layout = adapter.layout(module, preprocess.input_hw)
     trained = adapter.layout(module, preprocess_from(module, None).input_hw).grid_hw  # the config's image size
-    notes = [] if trained == layout.grid_hw else [
-        f"position embedding resampled by transformers from its {trained[1]}×{trained[0]} grid to {layout.grid_hw[1]}×"
-        f"{layout.grid_hw[0]} on every pass (interpolate_pos_encoding): the maps are not the model's at its own grid"]
+    resampled = (f"position embedding resampled by transformers from its {trained[1]}×{trained[0]} grid to {layout.grid_hw[1]}×"
+                 f"{layout.grid_hw[0]} on every pass (interpolate_pos_encoding): the maps are not the model's at its own grid")
+    notes = [] if trained == layout.grid_hw else [resampled]
     return LoadedModel(module=module, name=name, preprocess=preprocess, layout=layout, adapter=adapter, labels=labels, notes=notes)
 
 

@@ -4,28 +4,25 @@ that the maps depend on the weights (cascading randomisation)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import gradio as gr
 import numpy as np
 
 from .. import charts, maps, pictures, plots
-from ..analysis import class_evidence
-from ..captions import NO_CLASSIFIER, class_note, sanity_note, sanity_text, score_text, target_choices
+from ..captions import NO_CLASSIFIER, class_note, sanity_note, sanity_text, score_text
 from ..errors import VitExplorerError
 from ..faithfulness import deletion_insertion
 from ..sanity import sanity_check
 from ..session import Controls, ModelCache, Session
-from .base import Tab, Wiring, in_order, map_image, refresh, require, user_errors
+from .base import Tab, Wiring, in_order, map_image, require, user_errors
 
 OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart")
 
 
 def layout() -> dict:
-    with gr.Row():
-        target = gr.Dropdown([], label="Target class", info="default: the top prediction; type to search", elem_id="target")
-        method = gr.Radio([(name, key) for key, name in maps.CLASS_METHODS.items()], value="relevance",
-                          label="Method", info="the map; rollout options (Rollout tab) apply to the rollout-based maps")
+    method = gr.Radio([(name, key) for key, name in maps.CLASS_METHODS.items()], value="relevance", label="Method",
+                      info="the map, for the target class chosen beside the predictions; rollout options (Rollout tab) apply "
+                           "to the rollout-based maps", elem_id="method")
     with gr.Row(equal_height=False):
         with gr.Column(min_width=300):
             gr.Markdown("**The chosen map** for the target class; its colour bar says what it measures")
@@ -42,17 +39,30 @@ def layout() -> dict:
     faithfulness = gr.LinePlot(x="share", y="probability", color="curve", x_title="share of patches deleted / inserted",
                                y_title="target probability", x_lim=[0, 1], x_axis_format=".0%", y_lim=[0, None], height=300,
                                label="Deletion and insertion", show_label=False,
-                               buttons=["fullscreen", "export"], elem_id="faithfulness")
-    return {"target": target, "method": method, "class_view": class_view, "class_text": class_text, "score": score,
+                               buttons=["fullscreen", "export"], visible=False, elem_id="faithfulness")
+    return {"method": method, "class_view": class_view, "class_text": class_text, "score": score,
             "faithfulness_plot": faithfulness, "sanity": sanity, "sanity_text": sanity_words, "sanity_chart": sanity_picture}
 
 
-def render_class(session: Session, controls: Controls) -> np.ndarray | None:
-    """The tab's map, or None where the method needs a classifier this model lacks."""
-    if session.evidence is None and controls.method in maps.CLASS_SPECIFIC:
-        return None
-    return pictures.class_map_picture(session.analysis, controls.method, session.evidence, controls.rollout, controls.cmap,
-                                      controls.colour_scale)
+def shown_method(session: Session, controls: Controls) -> str:
+    """The chosen method, or rollout where it needs a classifier this model lacks (the method control then offers
+    the class-agnostic maps only, ``set_ranges``)."""
+    return "rollout" if session.evidence is None and controls.method in maps.CLASS_SPECIFIC else controls.method
+
+
+def render_class(session: Session, controls: Controls) -> np.ndarray:
+    """The tab's map."""
+    return pictures.class_map_picture(session.analysis, shown_method(session, controls), session.evidence, controls.rollout,
+                                      controls.cmap, controls.colour_scale)
+
+
+def set_ranges(session: Session) -> dict:
+    """A backbone: only the maps that need no class, rollout chosen, and no faithfulness score (it needs class scores)."""
+    if session.evidence is None:
+        agnostic = [(name, key) for key, name in maps.CLASS_METHODS.items() if key not in maps.CLASS_SPECIFIC]
+        return {"method": gr.update(choices=agnostic, value="rollout"), "score": gr.update(interactive=False)}
+    return {"method": gr.update(choices=[(name, key) for key, name in maps.CLASS_METHODS.items()]),
+            "score": gr.update(interactive=True)}
 
 
 def scored(session: Session, controls: Controls) -> tuple:
@@ -63,7 +73,7 @@ def scored(session: Session, controls: Controls) -> tuple:
 def faithfulness_plot(session: Session, method: str, curves) -> dict:
     """The interactive deletion and insertion curves of a score: values on hover, AUCs in the legend."""
     title = f"Deletion and insertion: {maps.CLASS_METHODS[method]} · target {session.analysis.label(curves.target)}"
-    return gr.update(value=plots.faithfulness_table(curves), title=title, color_map=plots.curve_colours(curves))
+    return gr.update(value=plots.faithfulness_table(curves), title=title, color_map=plots.curve_colours(curves), visible=True)
 
 
 def render(session: Session, controls: Controls) -> dict:
@@ -72,19 +82,13 @@ def render(session: Session, controls: Controls) -> dict:
     if score is not None and score[0] == scored(session, controls):
         plot, text = faithfulness_plot(session, controls.method, score[1]), score_text(session.analysis, controls.method, score[1])
     else:
-        plot, text = None, class_note(session)
+        plot, text = NO_PLOT, class_note(session)
     return {"class_view": render_class(session, controls), "class_text": text, "faithfulness_plot": plot,
             **sanity_views(session, controls)}
 
 
 def depends(session: Session, controls: Controls) -> tuple:
     return session.target, controls.method, controls.rollout, controls.cmap, controls.colour_scale
-
-
-def set_ranges(session: Session) -> dict:
-    target = session.target
-    return {"target": gr.update(choices=target_choices(session.analysis) if target is not None else [], value=target,
-                                interactive=target is not None)}
 
 
 def checked(session: Session, controls: Controls) -> tuple:
@@ -100,19 +104,9 @@ def sanity_views(session: Session, controls: Controls) -> dict:
     return {"sanity_text": sanity_text(sanity[1]), "sanity_chart": gr.update(value=charts.sanity_chart(sanity[1]), visible=True)}
 
 
-TARGETED = ("state", *OUTPUTS)
+NO_PLOT = gr.update(value=None, visible=False)  # no empty chart box before a score: the caption says what scoring draws
 SCORED = ("faithfulness_plot", "class_text")
 SANITY = ("sanity_text", "sanity_chart")
-
-
-@user_errors
-def on_target(models: ModelCache, session: Session | None, target: int | None, *control_values) -> tuple:
-    """Another target class: one forward and backward pass (none for a target seen before on this image) (``TARGETED``)."""
-    session = require(session)
-    if session.evidence is None or target is None:
-        return in_order({"state": session, **dict.fromkeys(OUTPUTS, gr.update())}, TARGETED)
-    session = replace(session, evidence=class_evidence(models.get(session.model_spec), session.analysis, int(target)))
-    return in_order({"state": session, **refresh(TAB, session, Controls(*control_values))}, TARGETED)
 
 
 @user_errors
@@ -142,19 +136,14 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values) -> t
 def wire(app: Wiring) -> None:
     state = app["state"]
 
-    def choose_target(session, target, *values):
-        return on_target(app.models, session, target, *values)
-
     def score_map(session, *values):
         return on_score(app.models, session, *values)
 
     def check_sanity(session, *values):
         return on_sanity(app.models, session, *values)
 
-    app["target"].input(choose_target, [state, app["target"], *app.controls], app.all(TARGETED), api_name="set_target",
-                        concurrency_limit=2)
     app["score"].click(score_map, [state, *app.controls], app.all(SCORED), api_name="score", concurrency_limit=2)
     app["sanity"].click(check_sanity, [state, *app.controls], app.all(SANITY), api_name="sanity_check", concurrency_limit=2)
 
 
-TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("target",), set_ranges=set_ranges)
+TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score"), set_ranges=set_ranges)

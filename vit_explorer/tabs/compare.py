@@ -113,15 +113,27 @@ def unit(view: str, method: str) -> str:
     return {"rollout": pictures.ROLLOUT, "layer and head": pictures.ATTENTION}.get(view) or pictures.UNITS[method]
 
 
-def side_picture(side: Side, view: str, controls: Controls, grid_map: torch.Tensor | None) -> np.ndarray | None:
-    """One side's picture of its map, drawn by the functions every other tab draws that view with."""
+def side_picture(side: Side, view: str, controls: Controls, grid_map: torch.Tensor | None,
+                 bounds: tuple[float, float] | None) -> np.ndarray | None:
+    """One side's picture of its map, drawn by the function every other tab draws a map with, on the ``bounds``
+    both sides share (``common_bounds``)."""
     if grid_map is None:
         return None
-    if view == "class map":
-        return pictures.class_map_picture(side.analysis, controls.method, side.evidence, side_options(side, controls),
-                                          controls.cmap, controls.colour_scale)
-    return pictures.map_picture(side.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=side.query,
-                                unit=unit(view, controls.method), scale=controls.colour_scale)
+    return pictures.map_picture(side.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay or view == "class map",
+                                query=None if view == "class map" else side.query, unit=unit(view, controls.method),
+                                scale=controls.colour_scale, bounds=bounds)
+
+
+def common_bounds(grid_maps: list[torch.Tensor | None], scale: str) -> tuple[float, float] | None:
+    """One colour scale for every view of the comparison, whatever its kind: from the lower of the sides' low ends to
+    the higher of their high ends, so that equal colours mean equal values on A and B."""
+    ranges = [pictures.shared_bounds(grid_map, scale) for grid_map in grid_maps if grid_map is not None]
+    if not ranges:
+        return None
+    return min(low for low, _ in ranges), max(high for _, high in ranges)
+
+
+ONE_SCALE = " A and B are coloured on one scale (their colour bars are the same), so equal colours are equal values."
 
 
 def statistics_plot(a: Side, b: Side, statistic: str) -> dict:
@@ -146,6 +158,7 @@ def render(session: Session, controls: Controls) -> dict:
     a, b = sides(session.analysis, session.evidence, comparison, session.query, int(controls.compare_layer),
                  head_of(controls.compare_head), int(controls.start_layer))
     map_a, map_b = side_map(a, view, controls), side_map(b, view, controls)
+    bounds = common_bounds([map_a, map_b], controls.colour_scale)
     mismatch = grid_mismatch(a.analysis, b.analysis)
     shown = mismatch is None and map_a is not None and map_b is not None
     difference = (pictures.difference_picture(a.analysis, map_difference(map_a, map_b), f"A − B, {unit(view, controls.method)}")
@@ -153,11 +166,11 @@ def render(session: Session, controls: Controls) -> dict:
     names = side_names(session, comparison)
     outdated = comparison.outdated(session.analysis, session.model_spec, controls.fit)
     return {
-        "compare_caption": comparison_caption(session, a, b, view, controls.method, outdated),
+        "compare_caption": comparison_caption(session, a, b, view, controls.method, outdated) + ONE_SCALE,
         "compare_title_a": f"**{names[0]}**: {side_view_name(a, view, controls.method)}",
-        "compare_view_a": side_picture(a, view, controls, map_a),
+        "compare_view_a": side_picture(a, view, controls, map_a, bounds),
         "compare_title_b": f"**{names[1]}**: {side_view_name(b, view, controls.method)}",
-        "compare_view_b": side_picture(b, view, controls, map_b),
+        "compare_view_b": side_picture(b, view, controls, map_b, bounds),
         "compare_difference": gr.update(value=difference, visible=shown),
         "compare_difference_note": difference_note(mismatch, map_a is None or map_b is None),
         **statistics_plot(a, b, controls.compare_statistic),

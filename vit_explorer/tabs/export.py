@@ -15,7 +15,7 @@ from ..captions import head_label
 from ..render import save_png
 from ..session import CACHE_TTL_S, Controls, Session, export_dir
 from .base import Tab, Wiring, require, user_errors
-from .class_maps import render_class
+from .class_maps import render_class, shown_method
 from .heads import render_head
 
 
@@ -62,7 +62,7 @@ def on_export(session: Session | None, full_maps: bool, *control_values, ttl_s: 
                                         shared=controls.normalisation == "shared", scale=controls.colour_scale,
                                         full_maps=full_maps)
         extra = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
-                 f"{controls.method}.png": render_class(session, controls)}
+                 f"{shown_method(session, controls)}.png": render_class(session, controls)}
         for name, picture in extra.items():
             if picture is not None:
                 written.append(folder / name)

@@ -1,5 +1,5 @@
-"""The Overview tab: attention rollout and the last layer's attention of the default query (the class token),
-whatever query the other tabs follow."""
+"""The Overview tab: attention rollout and the last layer's attention of the query (the class token until a
+patch is clicked), the clicked patch outlined."""
 
 from __future__ import annotations
 
@@ -13,30 +13,29 @@ from .base import Tab, map_image
 def layout() -> dict:
     with gr.Row():
         with gr.Column(min_width=300):
-            gr.Markdown("**Attention rollout** through all layers")
+            gr.Markdown("**Attention rollout** through all layers, of the query (click a patch of the image to change it)")
             rollout = map_image("overview-rollout", "Attention rollout")
         with gr.Column(min_width=300):
-            gr.Markdown("**Last layer**, mean over heads")
+            gr.Markdown("**Last layer**, mean over heads, of the query")
             last = map_image("overview-last", "Last layer, mean over heads")
     return {"overview_rollout": rollout, "overview_last": last}
 
 
 def render(session: Session, controls: Controls) -> dict:
-    analysis = session.analysis
-    default = maps.default_query(analysis)
-    name = maps.query_name(analysis, default)
-    rollout = maps.rollout_map(analysis, default, maps.RolloutOptions())
-    last = maps.attention_map(analysis, default, analysis.map_shape[0] - 1, None)
+    analysis, query = session.analysis, session.query
+    name = maps.query_name(analysis, query)
+    rollout = maps.rollout_map(analysis, query, maps.RolloutOptions())
+    last = maps.attention_map(analysis, query, analysis.map_shape[0] - 1, None)
     return {
-        "overview_rollout": pictures.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=None,
+        "overview_rollout": pictures.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=query,
                                                  unit=f"rollout weight of {name}", scale=controls.colour_scale),
-        "overview_last": pictures.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=None,
+        "overview_last": pictures.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=query,
                                               unit=f"attention weight of {name}", scale=controls.colour_scale),
     }
 
 
 def depends(session: Session, controls: Controls) -> tuple:
-    return controls.cmap, controls.colour_scale
+    return session.query, controls.cmap, controls.colour_scale
 
 
 TAB = Tab("Overview", ("overview_rollout", "overview_last"), layout, render, depends)

@@ -13,7 +13,7 @@ import gradio as gr
 
 from .. import maps, pictures
 from ..analysis import analyze, class_evidence, recompute_query_rows
-from ..captions import MEAN_PATCHES, model_summary, query_caption, query_choices, query_label, top_predictions
+from ..captions import MEAN_PATCHES, model_summary, query_caption, query_choices, query_label, target_choices, top_predictions
 from ..errors import VitExplorerError
 from ..session import Controls, ModelCache, Session, new_session
 from . import TABS
@@ -25,8 +25,9 @@ RANGES = tuple(name for tab in TABS for name in tab.ranges)
 QUERY_OUTPUTS = ("query_image", "caption", "query")
 # what an analysis fills, by name: the app wires these components in this order, and the callbacks return them by name
 # (API clients read the summary, the query image and the predictions first)
-FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "caption", "query", *TAB_OUTPUTS, *RANGES)
+FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "target", "caption", "query", *TAB_OUTPUTS, *RANGES)
 QUERIED = ("state", *QUERY_OUTPUTS, *TAB_OUTPUTS)
+TARGETED = ("state", *TAB_OUTPUTS)
 
 
 def tab_views(session: Session, controls: Controls, visible: str, *, clear_hidden: bool = False) -> dict:
@@ -52,10 +53,31 @@ def query_views(session: Session) -> dict:
             "query": query_update(session)}
 
 
+def target_update(session: Session) -> dict:
+    """The target dropdown beside the predictions: every class, the target chosen; a backbone has none to choose."""
+    if session.target is None:
+        return gr.update(choices=[], value=None, interactive=False, info=NO_TARGET)
+    return gr.update(choices=target_choices(session.analysis), value=session.target, interactive=True, info=TARGET_INFO)
+
+
+TARGET_INFO = "the class that Class maps, Head ablation and Compare explain; default: the top prediction; type to search"
+NO_TARGET = "this model has no classifier head: there is no class to explain"
+
+
+@user_errors
+def on_target(models: ModelCache, session: Session | None, target: int | None, visible: str, *control_values) -> tuple:
+    """Another target class, chosen beside the predictions for every tab that explains one: one forward and backward
+    pass (none for a target seen before on this image); the open tab redraws (``TARGETED``)."""
+    session = require(session)
+    if session.evidence is not None and target is not None:
+        session = replace(session, evidence=class_evidence(models.get(session.model_spec), session.analysis, int(target)))
+    return in_order({"state": session, **tab_views(session, Controls(*control_values), visible)}, TARGETED)
+
+
 def empty_outputs() -> tuple:
     """``FULL_OUTPUTS`` before any upload: nothing shown."""
     values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
-    values.update(summary="Upload an image to begin.", caption="", query=gr.update(), **unchanged(RANGES))
+    values.update(summary="Upload an image to begin.", caption="", query=gr.update(), target=gr.update(), **unchanged(RANGES))
     return in_order(values, FULL_OUTPUTS)
 
 
@@ -69,8 +91,10 @@ def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str
     controls = replace(Controls(*control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
     analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit)
     session = new_session(analysis, spec, class_evidence(model, analysis) if analysis.num_classes else None)
-    values = {"state": session, "summary": model_summary(analysis), "top5": top_predictions(analysis), **query_views(session),
-              **tab_views(session, controls, visible, clear_hidden=True)}
+    # a backbone has no predictions: no empty box (the summary says "Backbone: no classifier head")
+    top5 = gr.update(value=top_predictions(analysis), visible=True) if analysis.num_classes else gr.update(value=None, visible=False)
+    values = {"state": session, "summary": model_summary(analysis), "top5": top5,
+              "target": target_update(session), **query_views(session), **tab_views(session, controls, visible, clear_hidden=True)}
     for tab in TABS:
         if tab.set_ranges is not None:
             values.update(tab.set_ranges(session))
