@@ -490,14 +490,15 @@ def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_predictio
     session, outputs = analysed(models, upload, checkpoint, visible=ABLATION)
     # 3 layers × 4 heads: 3 + (0 + 4·3) + (1 + 4·2) + (2 + 4·1) = 30 layer evaluations, 10 passes' worth
     assert outputs["run_ablation"]["value"] == "Run ablation (≈10× one forward pass)" and outputs["run_ablation"]["interactive"] is True
-    assert outputs["ablation_view"] is None and "about 10× the cost of one forward pass (1 + 3 passes" in outputs["ablation_text"]
+    assert hidden(outputs["ablation_view"]) and hidden(outputs["ablation_original"]) and "about 10× the cost of one forward pass (1 + 3 passes" in outputs["ablation_text"]
     calls = forward_counter(models, checkpoint)
 
     ran = by_name(ablation_tab.on_run(models, session, *CONTROLS), ablation_tab.OUTPUTS)
     assert len(calls) == 4  # the original, then each layer's heads in one batched pass
     result = kept_ablation(session.analysis, session.target, "zero")
     delta = result.delta_probability.numpy()  # [layers, heads]
-    picture, geometry = ran["ablation_view"], session.screen.ablation_geometry
+    assert ran["ablation_view"]["visible"] is True
+    picture, geometry = ran["ablation_view"]["value"], session.screen.ablation_geometry
     # red where removing the head lowers the target, blue where it raises it, white for no change: the darkest tile is
     # the largest change, and each tile's hue follows its sign (a tile near 0 is near white, its hue no test)
     colours = np.array([[tile_colour(picture, geometry, layer, head) for head in range(4)] for layer in range(3)])  # [3, 4, rgb]
@@ -513,7 +514,7 @@ def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_predictio
     rho = spearmanr(np.abs(delta).ravel(), session.evidence.importance.ravel()).statistic
     assert f"Spearman ρ with gradient importance {rho:.2f}" in text and "Took about 10× the cost of one forward pass" in text
     original = session.analysis.top_k(5)
-    assert ran["ablation_original"] == pytest.approx({p.label: p.prob for p in original})
+    assert ran["ablation_original"]["value"] == pytest.approx({p.label: p.prob for p in original})
     assert ran["ablation_without"]["value"] is None
 
     y, x = geometry.tile_origin(2, 1)
@@ -529,15 +530,15 @@ def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_predictio
     # the batched ablation and this one pass agree on that head: the click reached head 1 of layer 2
     target = session.analysis.label(session.target)
     assert without["value"][target] == pytest.approx(result.original_probability + delta[2, 1], abs=1e-5)
-    assert not np.array_equal(clicked["ablation_view"], picture)  # the clicked tile is outlined
+    assert not np.array_equal(clicked["ablation_view"]["value"], picture)  # the clicked tile is outlined
     assert all(is_unchanged(value) for value in ablation_tab.on_tile_click(models, click(1, 1), session, *CONTROLS))
 
     # the other mode has not run: its note; back to zero: the map and the clicked head again, with no pass
     uniform = by_name(shared.on_controls(session, ABLATION, *controls(ablation_mode="mean")), shared.TAB_OUTPUTS)
-    assert uniform["ablation_view"] is None and "uniform attention" in uniform["ablation_text"] and uniform["ablation_without"]["value"] is None
+    assert hidden(uniform["ablation_view"]) and "uniform attention" in uniform["ablation_text"] and uniform["ablation_without"]["value"] is None
     assert "ablation effect" not in opened(STATISTICS, session, controls(ablation_mode="mean"))["top_heads"]["headers"][-1]
     back = by_name(shared.on_controls(session, ABLATION, *CONTROLS), shared.TAB_OUTPUTS)
-    assert np.array_equal(back["ablation_view"], clicked["ablation_view"]) and back["ablation_without"]["value"] == without["value"]
+    assert np.array_equal(back["ablation_view"]["value"], clicked["ablation_view"]["value"]) and back["ablation_without"]["value"] == without["value"]
     assert all(is_unchanged(value) for value in opened(ABLATION, session).values())
     top_heads = opened(STATISTICS, session)["top_heads"]  # the ablation effect joins the rankings
     assert top_heads["headers"][-1].startswith("ablation effect, zero output") and f"{rho:.2f}" in top_heads["headers"][-1]

@@ -108,9 +108,12 @@ def test_colorbar_adds_a_strip_below_with_ticks_and_unit():
     assert bar_row[0].tolist() != bar_row[-1].tolist()  # the colour ramp runs left to right
     text_rows = np.nonzero((strip < 128).all(axis=2).any(axis=1))[0]  # rows with dark (text) pixels
     assert text_rows.max() - text_rows.min() >= 2 * render.LABEL_PX  # two lines of text: ticks, then the unit
+    narrow = with_colorbar(picture[:, :160], "viridis", 0.0, 0.5, "Δ target probability, percentage points (head removed)")
+    assert narrow.shape[0] - 100 > barred.shape[0] - 100 + render.LABEL_PX  # a long unit wraps onto more lines, at full size
     unitless = with_colorbar(picture, "viridis", 0.0, 0.5, "")
     assert not np.array_equal(unitless, barred)
-    assert render.tick_labels([0.0, 0.1, 0.2]) == ["0.0", "0.1", "0.2"]
+    assert render.tick_labels([0.0, 0.1, 0.2]) == ["0", "0.1", "0.2"]
+    assert render.tick_labels([0.0, 0.0006, 0.0012, 0.00215]) == ["0", "0.00060", "0.00120", "0.00215"]
     assert render.tick_labels([0.002, 0.004]) == ["0.002", "0.004"]
     assert render.tick_labels([0.025, 0.05, 0.075]) == ["0.025", "0.050", "0.075"]  # not "0.03", "0.05", "0.08"
     assert render.tick_labels([0.0123, 0.05, 0.1, 0.1377]) == ["0.012", "0.050", "0.100", "0.138"]  # ends need not be round

@@ -40,15 +40,14 @@ from .tabs.shared import (
 from .upload import image_upload
 
 TITLE = "vit_explorer"
-INTRO = (
-    "See what a Vision Transformer looks at: upload an image, then compare the softmax attention of every head "
-    "of every layer, click any patch to see where it looks, follow attention rollout to the class token, and see "
-    "which patches a chosen class depends on, scored by deletion and insertion against random orders."
-)
+INTRO = ("See what a Vision Transformer looks at: the attention of every head of every layer, rollout, and the patches a "
+         "class depends on. Click any patch to see where it looks.")
 MAX_UPLOAD = "20mb"
 # Gradio floats an image's buttons over its top-right corner, where they hid column labels and map corners:
 # on our pictures they get a line of their own above the picture instead
-CSS = f""".{MAP_VIEW} .icon-button-wrapper {{ position: static; justify-content: flex-end; margin: 0 0 2px auto; }}"""
+# A dropdown's arrow is drawn over the right end of its text box: the text stops short of it (and ends in "…")
+CSS = f""".{MAP_VIEW} .icon-button-wrapper {{ position: static; justify-content: flex-end; margin: 0 0 2px auto; }}
+.secondary-wrap input {{ padding-right: 28px; text-overflow: ellipsis; min-width: 0; }}"""
 NORMALISATIONS = ("per tile", "shared")
 
 
@@ -56,20 +55,23 @@ def page_header(model_spec: str) -> dict:
     """Upload, model, fit, the model summary and the examples."""
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=280):
-            upload = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=270, elem_id="upload")
+            upload = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=200, elem_id="upload")
         with gr.Column(scale=5):
             with gr.Row():
                 model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
-                                    info="built-in, timm:NAME, hf:REPO or a checkpoint path; hub models download once", scale=3)
+                                    info="built-in, timm:NAME, hf:REPO or a checkpoint file", scale=3)
                 fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch", label="Fit to the model's input",
                                info="for images of other proportions", scale=2, min_width=220)
+                # in sight from every tab: the tabs that explain a class (class maps, ablation, compare) all follow this one
+                target = gr.Dropdown([], label="Target class", interactive=False, scale=2, min_width=200, elem_id="target")
             summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
-            # the shapes are what the built-in model knows; another model is offered no examples it would misread
-            with gr.Column(visible=shows_examples(model_spec), elem_id="examples") as examples:
+            # the shapes are what the built-in model knows; another model is offered no examples it would misread.
+            # Open until an image is analysed, then folded, so that the maps come up on the first screen
+            with gr.Accordion("Examples (generated shapes, for the built-in model)", open=True, visible=shows_examples(model_spec),
+                              elem_id="examples") as examples:
                 if EXAMPLES.is_dir():
-                    gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload,
-                                label="Examples (generated shapes, for the built-in model)")
-    return {"upload": upload, "model": model, "fit": fit, "summary": summary, "examples": examples}
+                    gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label=None)
+    return {"upload": upload, "model": model, "fit": fit, "target": target, "summary": summary, "examples": examples}
 
 
 def shows_examples(model_spec: str) -> bool:
@@ -86,14 +88,14 @@ def query_panel() -> dict:
     query = gr.Dropdown([], label="Query token", info="a prefix token, the mean of patch queries, or the clicked patch", elem_id="query")
     reset = gr.Button("Back to class token", size="sm")
     top5 = gr.Label(num_top_classes=5, label="Top-5 predictions", elem_id="top5")
-    # beside every tab: the tabs that explain a class (class maps, ablation, compare) all follow this one
-    target = gr.Dropdown([], label="Target class", interactive=False, elem_id="target")
-    return {"query_image": query_image, "caption": caption, "query": query, "reset": reset, "top5": top5, "target": target}
+    return {"query_image": query_image, "caption": caption, "query": query, "reset": reset, "top5": top5}
 
 
 def view_controls() -> dict:
-    """The controls every map follows: colormap, colour scale, overlay, grid normalisation and head order."""
-    with gr.Row():
+    """The controls every map follows: colormap, colour scale, overlay, grid normalisation and head order; folded
+    under one line, so that the maps come up on the first screen."""
+    with gr.Accordion("View: colormap, colour scale, overlay, grid normalisation, head order", open=False,
+                      elem_id="view-controls"), gr.Row():
         cmap = gr.Dropdown(list(render.COLORMAPS), value="inferno", label="Colormap", min_width=110)
         colour_scale = gr.Dropdown([(name, key) for key, name in render.COLOUR_SCALES.items()], value="linear", label="Colour scale",
                                    min_width=170)
@@ -114,7 +116,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
     with gr.Blocks(title=TITLE, delete_cache=(max(1, min(600, cache_ttl_s // 2)), cache_ttl_s)) as demo:
         ui: dict = {"state": gr.State(None, time_to_live=CACHE_TTL_S), "current_model": gr.State(model_spec),
                     "visible_tab": gr.State(FIRST_TAB)}
-        gr.Markdown(f"# {TITLE}\n{INTRO}")
+        gr.Markdown(f"### {TITLE}\n{INTRO}")
         ui.update(page_header(model_spec))
         # the query image sits beside the tabs, level with the grid and the maps that follow the query
         with gr.Row(equal_height=False):
@@ -155,6 +157,7 @@ def wire(app: Wiring, containers: dict) -> None:
     )
     analyses[2].then(lambda spec: gr.update(visible=shows_examples(spec)), current_model, app["examples"], api_name=False,
                      show_progress="hidden")
+    analyses[0].then(lambda: gr.update(open=False), None, app["examples"], api_name=False, show_progress="hidden")
     for event, name in zip(analyses, ("analyze", "set_fit", "change_model")):
         # a tab opened while the model ran was drawn from the previous analysis, or not at all: draw it now
         event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",

@@ -35,6 +35,9 @@ def model_summary(analysis: Analysis) -> str:
         f"{layout.num_tokens} tokens = {layout.grid_hw[0]}×{layout.grid_hw[1]} patches of {layout.patch_hw[0]}×{layout.patch_hw[1]} px "
         f"+ prefix: {prefix} · held: {analysis.nbytes / 2**20:.1f} MiB ({analysis.storage})"
     )
+    if analysis.num_classes:  # on the first screen, whatever the height of the window; the top-5 is beside the tabs
+        top = analysis.top_k(1)[0]
+        summary = f"Prediction: **{top.label}** {top.prob:.1%}  \n{summary}"
     if analysis.random_weights:
         summary += f"  \n**{RANDOM_WEIGHTS_NOTE}**"
     if analysis.num_classes == 0:

@@ -17,6 +17,10 @@ from .render import to_numpy
 from .sanity import SanityCurves
 
 
+# at the charts' 100 dpi, 9 pt is 12.5 px: legends and small labels no smaller than the app's body text less a little
+CHART_TEXT_PT = 9
+
+
 def _figure_to_array(figure) -> np.ndarray:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -48,7 +52,7 @@ def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
     axes.set_xlabel("share of patches deleted / inserted, most important first")
     axes.set_ylabel("target probability")
     axes.set_title(title, fontsize=9)
-    axes.legend(fontsize=7, loc="center right")
+    axes.legend(fontsize=CHART_TEXT_PT, loc="center right")
     return _figure_to_array(figure)
 
 
@@ -89,11 +93,11 @@ def against_dataset_chart(values: dict[str, torch.Tensor], dataset: DatasetStati
         axes.plot(x[~outside], value[~outside], "o", color="tab:blue", markersize=3.5, label="this image")
         axes.plot(x[outside], value[outside], "o", color="tab:red", markersize=4, label="this image, outside the range")
         axes.set_xticks(np.arange(layers), [f"L{layer}" for layer in range(layers)])
-        axes.set_ylabel(name, fontsize=8)
+        axes.set_ylabel(name, fontsize=CHART_TEXT_PT)
         axes.grid(alpha=0.3)
         if index == 0:
             axes.set_title(f"This image against {dataset.images:,} images of {dataset.source}", fontsize=9)
-            axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.axes[-1].set_xlabel("layer (heads side by side)")
     return _figure_to_array(figure)
 
@@ -119,7 +123,7 @@ def sanity_chart(curves: SanityCurves) -> np.ndarray:
     target = f" · target {curves.target_label}" if curves.target_label is not None else ""
     axes.set_title(f"Sanity check: cascading randomisation{target}", fontsize=9)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _figure_to_array(figure)
 
 
@@ -167,5 +171,5 @@ def token_norm_chart(result: TokenNorms) -> np.ndarray:
     share_axes.set_xticks(layers)
     for axes in (norm_axes, share_axes):
         axes.grid(alpha=0.3, which="major")
-        axes.legend(fontsize=7, ncol=2, loc="best")
+        axes.legend(fontsize=CHART_TEXT_PT, ncol=2, loc="best")
     return _figure_to_array(figure)

@@ -29,7 +29,7 @@ LABEL_PX = 13  # text height in the pictures, in pixels
 NOTE_PX = 11  # the head names written on tiles of an ordered grid
 # how values map to colours: the map's full range, or its 1st–99th percentile range (clipped beyond), which
 # keeps a few extreme patches of a heavy-tailed map (relevance) from washing out the rest
-COLOUR_SCALES = {"linear": "0 (or a negative min) to max", "percentile": "1st to 99th percentile"}
+COLOUR_SCALES = {"linear": "0 to max", "percentile": "1st to 99th percentile"}  # a signed map's runs from its min
 PERCENTILES = (1.0, 99.0)
 # The colour range of a non-negative map (attention, rollout, relevance) starts at 0, not at its minimum:
 # stretching min to max would paint a near-uniform map (a random model's attention, 1/n ± a few per cent)
@@ -167,7 +167,9 @@ def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clippe
 
     label_font = font(LABEL_PX)
     pad, bar_h, tick_h, line_h = 10, 12, 4, LABEL_PX + 5
-    height = 6 + bar_h + tick_h + 2 * line_h + 4
+    caption = f"{unit}, {COLOUR_SCALES['percentile'].replace(' to ', '–')}" if clipped else unit
+    caption_lines = wrapped(f"{caption} · {note}" if note else caption, label_font, width - 4)
+    height = 6 + bar_h + tick_h + (1 + len(caption_lines)) * line_h + 4
     image = Image.new("RGB", (width, height), BACKGROUND)
     left, right = pad, width - pad
     ramp = np.linspace(0.0, 1.0, right - left)[None].repeat(bar_h, axis=0)
@@ -187,13 +189,21 @@ def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clippe
         text_w = draw.textlength(text, font=label_font)
         x_text = min(max(x, text_w / 2 + 1), width - text_w / 2 - 1)
         draw.text((x_text, 6 + bar_h + tick_h + 1), text, fill=TEXT, font=label_font, anchor="mt")
-    caption = f"{unit}, {COLOUR_SCALES['percentile'].replace(' to ', '–')}" if clipped else unit
-    caption = f"{caption} · {note}" if note else caption
-    caption_font = label_font
-    while draw.textlength(caption, font=caption_font) > width - 4 and caption_font.size > 9:  # a long unit in a narrow view
-        caption_font = font(caption_font.size - 1)
-    draw.text((width / 2, height - 4), caption, fill=TEXT, font=caption_font, anchor="md")
+    for index, line in enumerate(caption_lines):  # a long unit in a narrow view wraps rather than shrinks
+        draw.text((width / 2, 6 + bar_h + tick_h + (1 + index) * line_h + 2), line, fill=TEXT, font=label_font, anchor="mt")
     return np.asarray(image)
+
+
+def wrapped(text: str, text_font: ImageFont.FreeTypeFont, width: int) -> list[str]:
+    """``text`` in lines no wider than ``width`` pixels, broken between words."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        joined = f"{lines[-1]} {word}" if lines else word
+        if lines and text_font.getlength(joined) <= width:
+            lines[-1] = joined
+        else:
+            lines.append(word)
+    return lines or [""]
 
 
 def tick_labels(ticks: list[float]) -> list[str]:
@@ -211,7 +221,7 @@ def tick_labels(ticks: list[float]) -> list[str]:
     needed = max(0, -int(np.floor(np.log10(min(gaps))))) if gaps else 0
     tolerance = 1e-6 * (magnitude or 1.0)
     exact = next((d for d in range(needed, needed + 2) if all(abs(round(value, d) - value) < tolerance for value in ticks)), needed + 1)
-    return [f"{value:.{exact}f}" for value in ticks]
+    return ["0" if value == 0 else f"{value:.{exact}f}" for value in ticks]  # "0", not "0.00000"
 
 
 def distinct(labels: list[str]) -> bool:

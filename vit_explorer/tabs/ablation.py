@@ -28,10 +28,10 @@ def layout() -> dict:
         run = gr.Button("Run ablation (1 + layers forward passes)", variant="primary", elem_id="run-ablation", scale=1)
     text = gr.Markdown("", elem_id="ablation-text")
     with gr.Row(equal_height=False):
-        view = map_image("ablation-view", "Δ target probability per head", scale=3)
+        view = map_image("ablation-view", "Δ target probability per head", scale=3, visible=False)
         with gr.Column(scale=2, min_width=260):
-            original = gr.Label(num_top_classes=5, label="Top-5 with every head", elem_id="ablation-original")
-            without = gr.Label(num_top_classes=5, label=WITHOUT, elem_id="ablation-without")
+            original = gr.Label(num_top_classes=5, label="Top-5 with every head", elem_id="ablation-original", visible=False)
+            without = gr.Label(num_top_classes=5, label=WITHOUT, elem_id="ablation-without", visible=False)
     return {"ablation_mode": mode, "run_ablation": run, "ablation_text": text, "ablation_view": view, "ablation_original": original,
             "ablation_without": without}
 
@@ -58,18 +58,20 @@ def render(session: Session, controls: Controls) -> dict:
     ablation = shown_ablation(session, controls)
     if ablation is None:
         session.screen.ablation_geometry = None
-        return {"ablation_view": None, "ablation_text": ablation_note(session, controls.ablation_mode), "ablation_original": None,
-                "ablation_without": gr.update(value=None, label=WITHOUT)}
+        # no empty boxes before a run: the note says what running draws
+        return {"ablation_view": gr.update(value=None, visible=False), "ablation_text": ablation_note(session, controls.ablation_mode),
+                "ablation_original": gr.update(value=None, visible=False),
+                "ablation_without": gr.update(value=None, label=WITHOUT, visible=False)}
     selected = selected_head(session, controls)
     head = None if selected is None else selected[0]
     picture, session.screen.ablation_geometry = heat_map(ablation, head)
     if selected is None:
-        without = gr.update(value=None, label=WITHOUT)
+        without = gr.update(value=None, label=WITHOUT, visible=True)
     else:
-        without = gr.update(value=predictions(selected[1]),
+        without = gr.update(value=predictions(selected[1]), visible=True,
                             label=f"Top-5 without L{head[0]} h{head[1]} ({ABLATION_MODES[controls.ablation_mode]})")
-    return {"ablation_view": picture, "ablation_text": ablation_text(session, ablation),
-            "ablation_original": top_predictions(session.analysis), "ablation_without": without}
+    return {"ablation_view": gr.update(value=picture, visible=True), "ablation_text": ablation_text(session, ablation),
+            "ablation_original": gr.update(value=top_predictions(session.analysis), visible=True), "ablation_without": without}
 
 
 def depends(session: Session, controls: Controls) -> tuple:

@@ -21,8 +21,8 @@ OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sani
 
 def layout() -> dict:
     method = gr.Radio([(name, key) for key, name in maps.CLASS_METHODS.items()], value="relevance", label="Method",
-                      info="the map, for the target class chosen beside the predictions; rollout options (Rollout tab) apply "
-                           "to the rollout-based maps", elem_id="method")
+                      info="the map, for the target class chosen above; rollout options (Rollout tab) apply to the "
+                           "rollout-based maps", elem_id="method")
     with gr.Row(equal_height=False):
         with gr.Column(min_width=300):
             gr.Markdown("**The chosen map** for the target class; its colour bar says what it measures")

@@ -13,7 +13,7 @@ from .base import Tab, map_image
 def layout() -> dict:
     with gr.Row():
         with gr.Column(min_width=300):
-            gr.Markdown("**Attention rollout** through all layers, of the query (click a patch of the image to change it)")
+            gr.Markdown("**Attention rollout** of the query (click a patch to change it)")
             rollout = map_image("overview-rollout", "Attention rollout")
         with gr.Column(min_width=300):
             gr.Markdown("**Last layer**, mean over heads, of the query")

@@ -54,19 +54,19 @@ def query_views(session: Session) -> dict:
 
 
 def target_update(session: Session) -> dict:
-    """The target dropdown beside the predictions: every class, the target chosen; a backbone has none to choose."""
+    """The target dropdown beside the model: every class, the target chosen; a backbone has none to choose."""
     if session.target is None:
         return gr.update(choices=[], value=None, interactive=False, info=NO_TARGET)
     return gr.update(choices=target_choices(session.analysis), value=session.target, interactive=True, info=TARGET_INFO)
 
 
-TARGET_INFO = "the class that Class maps, Head ablation and Compare explain; default: the top prediction; type to search"
+TARGET_INFO = "what Class maps, Head ablation and Compare explain; type to search"
 NO_TARGET = "this model has no classifier head: there is no class to explain"
 
 
 @user_errors
 def on_target(models: ModelCache, session: Session | None, target: int | None, visible: str, *control_values) -> tuple:
-    """Another target class, chosen beside the predictions for every tab that explains one: one forward and backward
+    """Another target class, chosen beside the model for every tab that explains one: one forward and backward
     pass (none for a target seen before on this image); the open tab redraws (``TARGETED``)."""
     session = require(session)
     if session.evidence is not None and target is not None:
