@@ -64,10 +64,14 @@ def dataset_statistic_chart(mean: np.ndarray, std: np.ndarray, name: str, unit: 
     layers, heads = mean.shape
     # heads spread a little around their layer, so that overlapping error bars stay apart
     offsets = (np.arange(heads) - (heads - 1) / 2) * min(0.6 / max(heads, 1), 0.08)
-    for head in range(heads):
+    colours = itertools.cycle(("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+                               "tab:gray", "tab:olive", "tab:cyan"))
+    for head, colour in zip(range(heads), colours):
         axes.errorbar(np.arange(layers) + offsets[head], mean[:, head], yerr=std[:, head], fmt="o", markersize=3.5,
-                      elinewidth=0.8, capsize=0, alpha=0.8, color="tab:blue")
-    axes.set_xlabel("layer")
+                      elinewidth=0.8, capsize=0, alpha=0.8, color=colour, label=f"h{head}")
+    if heads <= 16:  # a legend of more would cover the chart; the axis label still says the order
+        axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="head", title_fontsize=CHART_TEXT_PT)
+    axes.set_xlabel(f"layer (heads h0…h{heads - 1} left to right)")
     axes.set_ylabel(f"{name} ({unit})")
     axes.set_xticks(np.arange(layers))
     axes.set_title(f"{name} per head over {images:,} images (mean ± 1 sd)")
@@ -98,7 +102,8 @@ def against_dataset_chart(values: dict[str, torch.Tensor], dataset: DatasetStati
         if index == 0:
             axes.set_title(f"This image against {dataset.images:,} images of {dataset.source}", fontsize=9)
             axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.axes[-1].set_xlabel("layer (heads side by side)")
+    heads = next(iter(values.values())).shape[1]
+    figure.axes[-1].set_xlabel(f"layer (heads h0…h{heads - 1} left to right)")
     return _figure_to_array(figure)
 
 

@@ -177,9 +177,9 @@ def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clippe
     draw = ImageDraw.Draw(image)
     draw.rectangle((left - 1, 5, right, 6 + bar_h), outline=TEXT, width=1)
     span = high - low
-    # the ends, and round values at least a sixth of the bar away from them (so that no two labels collide)
+    # the ends, and round values at least a quarter of the bar away from them (so that no two labels collide)
     inner = [value for value in MaxNLocator(nbins=4).tick_values(low, high)
-             if span > 0 and low + span / 6 <= value <= high - span / 6]
+             if span > 0 and low + span / 4 <= value <= high - span / 4]
     ticks = [low, *inner, high] if span > 0 else []
     labels = tick_labels(ticks)
     for value, text in zip(ticks if span > 0 else [low], labels if span > 0 else [f"{low:.3g}"]):

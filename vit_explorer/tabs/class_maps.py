@@ -37,7 +37,7 @@ def layout() -> dict:
     sanity_picture = map_image("sanity-chart", "Sanity check: correlation against layers randomised", visible=False)
     # full width: its legend names four curves with their AUCs
     faithfulness = gr.LinePlot(x="share", y="probability", color="curve", x_title="share of patches deleted / inserted",
-                               y_title="target probability", x_lim=[0, 1], x_axis_format=".0%", y_lim=[0, None], height=300,
+                               y_title="target probability", x_lim=[0, 1], x_axis_format=".0%", y_lim=[0, 1.05], height=300,
                                label="Deletion and insertion", show_label=False,
                                buttons=["fullscreen", "export"], visible=False, elem_id="faithfulness")
     return {"method": method, "class_view": class_view, "class_text": class_text, "score": score,
