@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from independent_shapes import CLASSES, independent_set  # noqa: E402
 
-from vit_explorer.train import HELDOUT_SEED  # noqa: E402
+from vit_explorer.shapes.train import HELDOUT_SEED  # noqa: E402
 
 METHODS = "rollout,relevance,grad-rollout,cls"
 

@@ -26,19 +26,19 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from vit_explorer import pictures, render
-from vit_explorer.ablation import head_ablation
-from vit_explorer.analysis import analyze, pixels_of
-from vit_explorer.capture import AttentionRecorder, record_attention
-from vit_explorer.faithfulness import forward_passes
+from vit_explorer.core.analysis import analyze, pixels_of
+from vit_explorer.core.capture import AttentionRecorder, record_attention
+from vit_explorer.core.rollout import attention_rollout, rollout_factors, rollout_rows
+from vit_explorer.draw import pictures, render
+from vit_explorer.methods.ablation import head_ablation
+from vit_explorer.methods.faithfulness import forward_passes
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel, Preprocess
+from vit_explorer.models.vit import ViT
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter
-from vit_explorer.rollout import attention_rollout, rollout_factors, rollout_rows
-from vit_explorer.session import Controls, ModelCache
-from vit_explorer.tabs import TABS, heads, shared
-from vit_explorer.tabs import class_maps as class_tab
-from vit_explorer.vit import ViT
+from vit_explorer.web.session import Controls, ModelCache
+from vit_explorer.web.tabs import TABS, layers_heads, shared
+from vit_explorer.web.tabs import class_maps as class_tab
 
 VIT_B16 = {"image_size": 224, "patch_size": 16, "num_classes": 1000, "dim": 768, "depth": 12, "heads": 12, "dim_head": 64, "mlp_dim": 3072}
 VIT_L_518 = {"image_size": 518, "patch_size": 14, "num_classes": 10, "dim": 64, "depth": 24, "heads": 16, "dim_head": 8, "mlp_dim": 128}
@@ -90,7 +90,7 @@ def paired_ratio(numerator, denominator, repeats: int, warmup: int = 1) -> dict:
         ratios.append((end - middle) / (middle - start))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {"numerator_s": statistics.median(tops), "denominator_s": statistics.median(bottoms), "ratio": statistics.median(ratios),
-            "ratio_q1": quartiles[0], "ratio_q3": quartiles[2]}
+            "ratio_q1": quartiles[0], "ratio_q3": quartiles[2], "pair_ratios": ratios}
 
 
 def capture_overhead(models: dict[str, LoadedModel], batches: list[int], repeats: int) -> list[dict]:
@@ -110,6 +110,7 @@ def capture_overhead(models: dict[str, LoadedModel], batches: list[int], repeats
                 reused = paired_ratio(lambda: record(images), plain, repeats)
             rows.append({"model": name, "batch": batch, "forward_s": fresh["denominator_s"], "capture_s": fresh["numerator_s"],
                          "ratio": fresh["ratio"], "ratio_q1": fresh["ratio_q1"], "ratio_q3": fresh["ratio_q3"],
+                         "pair_ratios": fresh["pair_ratios"],
                          "ratio_reused_output": reused["ratio"]})
     return rows
 
@@ -175,7 +176,7 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
                     model.module(pixels)
 
             forward_s = median_time(forward, repeats)
-            heads.render_grid(session, controls)
+            layers_heads.render_grid(session, controls)
             tiles = alternating(*(select(x + 2, y + 2) for y, x in (session.screen.geometry.tile_origin(0, 0),
                                                                       session.screen.geometry.tile_origin(1, 1))))
             height, width = pictures.view_hw(session.analysis)
@@ -199,7 +200,7 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
                 return draw
 
             events = {
-                "layer/head (tile click)": lambda: heads.on_tile_click(next(tiles), session, *values),
+                "layer/head (tile click)": lambda: layers_heads.on_tile_click(next(tiles), session, *values),
                 "query patch (image click)": next_patch,
                 "colormap": lambda: shared.on_controls(session, "Layers × heads", *next(colormaps)),
                 "normalisation/ordering": lambda: shared.on_controls(session, "Layers × heads", *next(orderings)),
@@ -392,7 +393,7 @@ def dataset_throughput(models: dict[str, LoadedModel], count: int, batch_size: i
     DataLoader (decoding included in both), forward only; the two alternate, medians of ``repeats``."""
     from torch.utils.data import DataLoader
 
-    from vit_explorer.dataset import ImageDataset, collect, list_images
+    from vit_explorer.methods.dataset import ImageDataset, collect, list_images
 
     rows = []
     for name, model in models.items():

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from independent_shapes import independent_set  # noqa: E402
 
 from vit_explorer import analyze, load_model  # noqa: E402
-from vit_explorer.evaluation import evaluate_on_shapes  # noqa: E402
-from vit_explorer.shapes import generate_set  # noqa: E402
-from vit_explorer.train import HELDOUT_SEED  # noqa: E402
+from vit_explorer.methods.evaluation import evaluate_on_shapes  # noqa: E402
+from vit_explorer.shapes.generator import generate_set  # noqa: E402
+from vit_explorer.shapes.train import HELDOUT_SEED  # noqa: E402
 
 
 def ood_share(model, images: list[np.ndarray]) -> float:

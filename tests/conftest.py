@@ -12,7 +12,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from vit_explorer.models.checkpoint import CONFIG_KEY
-from vit_explorer.vit import ViT
+from vit_explorer.models.vit import ViT
 
 TINY = {"image_size": 64, "patch_size": 16, "num_classes": 5, "dim": 32, "depth": 3, "heads": 4, "dim_head": 8, "mlp_dim": 64}
 CLI_MODEL = {"image_size": 256, "patch_size": 16, "num_classes": 4, "dim": 32, "depth": 6, "heads": 4, "dim_head": 8, "mlp_dim": 64}
@@ -79,9 +79,10 @@ def image_file(tmp_path: Path) -> Path:
 
 def assert_class_maps_work(model, image) -> None:
     """Every map method, gradient importance and a short faithfulness score on one image, for any family."""
-    from vit_explorer import analyze, maps
-    from vit_explorer.analysis import class_evidence
-    from vit_explorer.faithfulness import deletion_insertion
+    from vit_explorer import analyze
+    from vit_explorer.core import maps
+    from vit_explorer.core.analysis import class_evidence
+    from vit_explorer.methods.faithfulness import deletion_insertion
 
     analysis = analyze(model, image)
     evidence = class_evidence(model, analysis)
@@ -114,12 +115,13 @@ def dinov2_weights() -> Path:
 
 def write_stats_folder(model, folder: Path, count: int = 3, seed: int = 40) -> Path:
     """``vit-explorer stats`` output in ``folder / "stats"`` for ``count`` photos (``folder / "photos"``), source "three photos"."""
-    from vit_explorer.dataset import collect, list_images, write_outputs
+    from vit_explorer.draw.files import write_dataset_outputs
+    from vit_explorer.methods.dataset import collect, list_images
 
     (folder / "photos").mkdir(parents=True)
     for index in range(count):
         photo((96, 80), seed=seed + index).save(folder / "photos" / f"{index}.png")
     images = list_images(folder / "photos")
     totals, run = collect(model, images, folder / "stats" / ".shards", show_progress=False)
-    write_outputs(folder / "stats", totals, run, model, "three photos", images)
+    write_dataset_outputs(folder / "stats", totals, run, model, "three photos", images)
     return folder / "stats"

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from conftest import TINY, make_vit, photo, write_checkpoint
 
 from vit_explorer import load_model
-from vit_explorer.ablation import (
+from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.methods.ablation import (
     MODES,
     ablated_logits,
     ablation_of,
@@ -24,8 +26,6 @@ from vit_explorer.ablation import (
     mean_attention,
     prediction_without,
 )
-from vit_explorer.analysis import analyze, class_evidence, pixels_of
-from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel, Preprocess
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter
 
@@ -227,7 +227,7 @@ def test_prediction_without_a_head_matches_the_heat_map_and_ablation_is_kept_on_
 
 
 def test_mean_attention_is_the_mean_of_the_captured_maps():
-    from vit_explorer.capture import record_attention
+    from vit_explorer.core.capture import record_attention
 
     model = seed_model()
     images = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(6))
@@ -282,9 +282,9 @@ def test_on_held_out_shapes_the_largest_effects_matter_more_than_random_or_small
     """Mean drop of the target (top) probability over 20 held-out images, three heads removed together
     (zero mode), measured: largest effects 0.342 (± 0.045 s.e.), random 0.117 (± 0.039), smallest 0.009
     (± 0.009); the largest beat the random three on 20 of 20 images."""
-    from vit_explorer.images import to_pixels
-    from vit_explorer.shapes import generate_set
-    from vit_explorer.train import HELDOUT_SEED
+    from vit_explorer.core.images import to_pixels
+    from vit_explorer.shapes.generator import generate_set
+    from vit_explorer.shapes.train import HELDOUT_SEED
 
     model = load_model("builtin:shapes")
     rng = np.random.default_rng(0)
@@ -308,8 +308,8 @@ def test_on_held_out_shapes_the_largest_effects_matter_more_than_random_or_small
 
 
 def test_heat_map_is_red_where_removal_lowers_the_target_and_clicks_map_to_heads():
-    from vit_explorer.ablation import HeadAblation
-    from vit_explorer.pictures import ablation_picture
+    from vit_explorer.draw.pictures import ablation_picture
+    from vit_explorer.methods.ablation import HeadAblation
 
     delta = torch.zeros(3, 4)
     delta[1, 2], delta[2, 0] = -0.3, 0.1

@@ -4,8 +4,8 @@ import torch
 from conftest import photo
 
 from vit_explorer import analyze, load_model, record_attention
-from vit_explorer.analysis import class_evidence, recompute_query_rows
-from vit_explorer.images import model_view, to_pixels
+from vit_explorer.core.analysis import class_evidence, recompute_query_rows
+from vit_explorer.core.images import model_view, to_pixels
 
 
 def test_analyze_captures_once_and_returns_cpu_arrays(tiny_checkpoint, image_file):
@@ -34,9 +34,11 @@ def test_analyze_accepts_pil_images_and_bytes(tiny_checkpoint, image_file):
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # capture left no global mode behind
 
 
-from vit_explorer import VitExplorerError, maps, pictures
-from vit_explorer.analysis import choose_storage, map_bytes
-from vit_explorer.layout import TokenLayout
+from vit_explorer import VitExplorerError
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import choose_storage, map_bytes
+from vit_explorer.draw import pictures
+from vit_explorer.models.layout import TokenLayout
 
 
 def test_dinov2_large_at_518_would_not_hold_float32_maps():

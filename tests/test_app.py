@@ -11,16 +11,19 @@ import pandas as pd
 import pytest
 from conftest import CLI_MODEL, photo, write_checkpoint, write_stats_folder
 
-from vit_explorer import app, charts, maps, norms, pictures, plots, render
-from vit_explorer.ablation import kept_ablation, prediction_without
-from vit_explorer.analysis import analyze, class_evidence, pixels_of
-from vit_explorer.captions import MEAN_PATCHES, NO_CLASS_SCORE, NO_CLASSIFIER
-from vit_explorer.sanity import sanity_check
-from vit_explorer.session import Controls, ModelCache
-from vit_explorer.tabs import TABS, class_maps, export, heads, shared, statistics
-from vit_explorer.tabs import ablation as ablation_tab
-from vit_explorer.tabs import compare as compare_tab
-from vit_explorer.tabs import norms as norms_tab
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
+from vit_explorer.draw import charts, pictures, plots, render
+from vit_explorer.methods import norms
+from vit_explorer.methods.ablation import kept_ablation, prediction_without
+from vit_explorer.methods.sanity import sanity_check
+from vit_explorer.web import app
+from vit_explorer.web.captions import MEAN_PATCHES, NO_CLASS_SCORE, NO_CLASSIFIER
+from vit_explorer.web.session import Controls, ModelCache
+from vit_explorer.web.tabs import TABS, class_maps, export, head_statistics, layers_heads, shared
+from vit_explorer.web.tabs import compare as compare_tab
+from vit_explorer.web.tabs import head_ablation as ablation_tab
+from vit_explorer.web.tabs import token_norms as norms_tab
 
 # by title, so that a tab added to ``TABS`` leaves these tests as they are
 OVERVIEW, GRID, ROLLOUT, CLASS_MAPS, STATISTICS, ABLATION, NORMS, EXPORT = (
@@ -142,7 +145,7 @@ def test_opening_a_tab_draws_it_once_until_what_it_shows_changes(models, upload,
     views = opened(STATISTICS, session)
     assert len(draws) == 1
     analysis = session.analysis
-    for name, (statistic, _) in statistics.PLOTS.items():
+    for name, (statistic, _) in head_statistics.PLOTS.items():
         plot = views[name]
         table = plot["value"]
         assert isinstance(table, pd.DataFrame) and list(table.columns) == ["layer", "head", "value"], name  # what hover shows
@@ -222,7 +225,7 @@ def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, 
     calls = forward_counter(models, checkpoint)
     before = opened(GRID, session)  # drawn by the upload: unchanged
     assert all(is_unchanged(value) for value in before.values())
-    grid_before, head_before = heads.render_grid(session, Controls()), heads.render_head(session, Controls())
+    grid_before, head_before = layers_heads.render_grid(session, Controls()), layers_heads.render_head(session, Controls())
 
     height, width = pictures.view_hw(session.analysis)
     patch = by_name(shared.on_patch_click(models, click(2, height - 2), session, GRID, *CONTROLS), shared.QUERIED)
@@ -240,7 +243,7 @@ def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, 
     assert again["state"].query == session.query and again["query"]["value"] == "patch at row 15, col 0"  # the query stays
 
     y, x = session.screen.geometry.tile_origin(2, 3)
-    tile = by_name(heads.on_tile_click(click(x + 5, y + 5), session, *CONTROLS), heads.CLICKED)
+    tile = by_name(layers_heads.on_tile_click(click(x + 5, y + 5), session, *CONTROLS), layers_heads.CLICKED)
     session = tile["state"]
     assert (session.layer, session.head) == (2, 3) and tile["layer"]["value"] == 2 and tile["head"]["value"] == "h3"
     assert "layer 2, head h3" in tile["grid_caption"]
@@ -264,7 +267,7 @@ def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, 
 
 def test_tile_click_on_a_label_changes_nothing(models, upload, checkpoint):
     session, _ = analysed(models, upload, checkpoint, visible=GRID)
-    result = heads.on_tile_click(click(1, 1), session, *CONTROLS)
+    result = layers_heads.on_tile_click(click(1, 1), session, *CONTROLS)
     assert result[0] is session and all(is_unchanged(value) for value in result[1:])
 
 
@@ -273,7 +276,7 @@ def test_ordered_grid_click_selects_the_head_shown_in_that_tile(models, upload, 
     ordered = controls(order_by="distance")
     opened(GRID, session, ordered)
     y, x = session.screen.geometry.tile_origin(4, 0)
-    clicked = heads.on_tile_click(click(x + 1, y + 1), session, *ordered)[0]
+    clicked = layers_heads.on_tile_click(click(x + 1, y + 1), session, *ordered)[0]
     assert clicked.head == int(session.screen.order[4, 0])
 
 
@@ -327,10 +330,10 @@ def test_model_cache_is_bounded(tmp_path):
 
 def test_layer_and_head_controls_select_a_head(models, upload, checkpoint):
     session, _ = analysed(models, upload, checkpoint, visible=GRID)
-    selected = by_name(heads.on_layer_head(session, 1, "h2", *CONTROLS), heads.SELECTED)
+    selected = by_name(layers_heads.on_layer_head(session, 1, "h2", *CONTROLS), layers_heads.SELECTED)
     session = selected["state"]
     assert (session.layer, session.head) == (1, 2) and "layer 1, head h2" in selected["grid_caption"]
-    mean = by_name(heads.on_layer_head(session, 1, heads.MEAN_HEADS, *CONTROLS), heads.SELECTED)
+    mean = by_name(layers_heads.on_layer_head(session, 1, layers_heads.MEAN_HEADS, *CONTROLS), layers_heads.SELECTED)
     assert mean["state"].head is None and "layer 1, mean of heads" in mean["grid_caption"]
     assert not np.array_equal(selected["head_view"], mean["head_view"])
     assert not np.array_equal(selected["grid"], mean["grid"])  # the outline moves from the tile to the whole row
@@ -442,7 +445,7 @@ def test_a_stats_folder_puts_the_dataset_means_beside_this_images_heads(models, 
     import csv
     import json
 
-    from vit_explorer.dataset import read_statistics
+    from vit_explorer.methods.dataset import read_statistics
 
     session, _ = analysed(models, upload, checkpoint)
     write_stats_folder(models.get(checkpoint), tmp_path)
@@ -776,8 +779,8 @@ def test_with_shared_normalisation_the_large_view_keeps_the_grids_scale(models, 
     layer, head = divmod(int(peaks.argmin()), peaks.shape[1])  # the faintest head: saturated on its own scale
     session = replace(session, layer=layer, head=head)
     gray = {"cmap": "gray", "overlay": False}
-    own = heads.render_head(session, Controls(**gray))
-    kept = heads.render_head(session, Controls(**gray, normalisation="shared"))
+    own = layers_heads.render_head(session, Controls(**gray))
+    kept = layers_heads.render_head(session, Controls(**gray, normalisation="shared"))
     height, width = pictures.view_hw(session.analysis)
     assert own[:height, :width].max() >= 245  # on its own scale its maximum is (nearly: bilinear upsampling) white
     low, high = pictures.shared_bounds(query_maps)

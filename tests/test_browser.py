@@ -13,8 +13,9 @@ import pytest
 from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint, write_stats_folder
 from serving import chromium_page, open_and_upload, running_app
 
-from vit_explorer import analyze, load_model, pictures
-from vit_explorer.tabs import TABS as APP_TABS
+from vit_explorer import analyze, load_model
+from vit_explorer.draw import pictures
+from vit_explorer.web.tabs import TABS as APP_TABS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("playwright.sync_api")
@@ -214,8 +215,8 @@ def test_a_stats_folder_overlays_the_dataset_on_the_head_statistics(served, tmp_
 
 def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
     """Run the ablation, click a head, see the prediction without it; then the token norms, drawn when opened."""
-    from vit_explorer.ablation import HeadAblation
-    from vit_explorer.tabs.ablation import heat_map
+    from vit_explorer.methods.ablation import HeadAblation
+    from vit_explorer.web.tabs.head_ablation import heat_map
 
     url, _ = served
     upload = tmp_path / "upload.png"

@@ -4,7 +4,7 @@ from conftest import TINY, make_vit
 from einops import rearrange
 
 from vit_explorer import VitExplorerError
-from vit_explorer.capture import AttentionRecorder, record_attention, record_attention_gradients
+from vit_explorer.core.capture import AttentionRecorder, record_attention, record_attention_gradients
 
 
 def manual_attention(model, images):

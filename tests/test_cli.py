@@ -222,8 +222,8 @@ def hand_rollout_and_last_layer(maps: np.ndarray, residual_weight: float = 0.5) 
 
 def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout(tmp_path, capsys):
     from vit_explorer import load_model
-    from vit_explorer.capture import StackingSink, capture
-    from vit_explorer.images import load_image, to_pixels
+    from vit_explorer.core.capture import StackingSink, capture
+    from vit_explorer.core.images import load_image, to_pixels
 
     assert main(["make-shapes", str(tmp_path / "set"), "--count", "6", "--seed", "11"]) in (0, None)
     out = tmp_path / "scores"

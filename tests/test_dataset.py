@@ -18,11 +18,11 @@ from conftest import TINY, photo, write_checkpoint
 from PIL import Image
 
 from vit_explorer import load_model
-from vit_explorer.capture import StackingSink, capture
-from vit_explorer.dataset import HISTOGRAM_BINS, HeadTotals, collect, histogram_quantiles, list_images
+from vit_explorer.core.capture import StackingSink, capture
+from vit_explorer.core.images import load_image, model_view, to_pixels
+from vit_explorer.core.statistics import HEAD_STATISTICS
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.images import load_image, model_view, to_pixels
-from vit_explorer.stats import HEAD_STATISTICS
+from vit_explorer.methods.dataset import HISTOGRAM_BINS, HeadTotals, collect, histogram_quantiles, list_images
 
 CLASSES = ["thing 0", "thing 1", "thing 2"]
 

@@ -10,11 +10,13 @@ import pytest
 from independent_shapes import independent_set
 from PIL import Image, ImageDraw
 
-from vit_explorer import analyze, load_model, maps
-from vit_explorer.analysis import class_evidence
-from vit_explorer.evaluation import evaluate_on_shapes, heldout_faithfulness, heldout_figures
+from vit_explorer import analyze, load_model
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import class_evidence
+from vit_explorer.methods.evaluation import evaluate_on_shapes
 from vit_explorer.models import DEFAULT_MODEL
-from vit_explorer.shapes import CLASSES, draw_shape
+from vit_explorer.shapes.generator import CLASSES, draw_shape
+from vit_explorer.shapes.train import heldout_faithfulness, heldout_figures
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from vit_explorer.evaluation import energy, patch_mask, pointing_hit
+from vit_explorer.methods.evaluation import energy, patch_mask, pointing_hit
 
 
 def test_patch_mask_marks_touched_patches_and_dilates_by_one():
@@ -29,9 +29,9 @@ def test_pointing_and_energy():
 
 def test_a_batch_of_known_and_unknown_labels_explains_each_image_for_its_own_target():
     from vit_explorer import load_model
-    from vit_explorer.analysis import class_evidence
-    from vit_explorer.evaluation import Labelled, sample_analyses
-    from vit_explorer.shapes import generate_set
+    from vit_explorer.core.analysis import class_evidence
+    from vit_explorer.methods.evaluation import Labelled, sample_analyses
+    from vit_explorer.shapes.generator import generate_set
 
     model = load_model("builtin:shapes")
     samples = generate_set(5, 2)

@@ -6,9 +6,16 @@ import torch
 from conftest import TINY, write_checkpoint
 
 from vit_explorer import VitExplorerError, load_model
-from vit_explorer.faithfulness import area_under, baseline_view, deletion_insertion, importance_order, pixel_masks, step_masks
-from vit_explorer.images import to_pixels
-from vit_explorer.layout import TokenLayout
+from vit_explorer.core.images import to_pixels
+from vit_explorer.methods.faithfulness import (
+    area_under,
+    baseline_view,
+    deletion_insertion,
+    importance_order,
+    pixel_masks,
+    step_masks,
+)
+from vit_explorer.models.layout import TokenLayout
 
 LAYOUT = TokenLayout(prefix_names=("cls",), grid_hw=(2, 3), patch_hw=(4, 4))
 
@@ -85,7 +92,7 @@ def test_a_map_of_the_wrong_shape_is_refused(tiny_model):
 
 
 def test_beating_chance_needs_a_margin_at_both_curves():
-    from vit_explorer.faithfulness import FaithfulnessCurves
+    from vit_explorer.methods.faithfulness import FaithfulnessCurves
 
     fractions = np.linspace(0, 1, 3)
 

@@ -86,7 +86,7 @@ def test_class_specific_maps_and_faithfulness(case):
 
 
 def test_a_backbone_has_no_class_to_explain():
-    from vit_explorer.analysis import class_evidence
+    from vit_explorer.core.analysis import class_evidence
 
     backbone = from_hf_module(CASES["dinov2-registers-56px"][0](), "dinov2-test")
     with pytest.raises(VitExplorerError, match="no classifier head"):

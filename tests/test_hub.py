@@ -8,7 +8,7 @@ import torch
 from conftest import photo
 
 from vit_explorer import VitExplorerError, analyze, load_model
-from vit_explorer.export import write_npz
+from vit_explorer.draw.files import write_npz
 
 pytestmark = [pytest.mark.timm, pytest.mark.slow]
 timm = pytest.importorskip("timm")

@@ -6,7 +6,7 @@ from conftest import photo
 from PIL import Image
 
 from vit_explorer import VitExplorerError
-from vit_explorer.images import MAX_PIXELS, fit_note, load_image, model_view, to_pixels
+from vit_explorer.core.images import MAX_PIXELS, fit_note, load_image, model_view, to_pixels
 from vit_explorer.models.base import Preprocess
 
 

@@ -26,7 +26,8 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_holds_the_model_and_the_examples(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "vit_explorer/assets/shapes.safetensors" in names
-    assert {"vit_explorer/app.py", "vit_explorer/tabs/__init__.py", "vit_explorer/tabs/shared.py"} <= names  # the app and its tabs
+    assert {"vit_explorer/web/app.py", "vit_explorer/web/tabs/__init__.py", "vit_explorer/web/tabs/shared.py", "vit_explorer/core/capture.py",
+            "vit_explorer/methods/sanity.py", "vit_explorer/draw/render.py", "vit_explorer/shapes/train.py"} <= names  # every layer
     assert len([name for name in names if name.startswith("vit_explorer/assets/examples/") and name.endswith(".png")]) == 6
     assert not any(name.startswith("vit_explorer/assets/screenshot") for name in names)  # the README's pictures stay out
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from vit_explorer.layout import TokenLayout
+from vit_explorer.models.layout import TokenLayout
 
 LAYOUTS = [
     TokenLayout((), (4, 3), (16, 16)),

@@ -18,8 +18,9 @@ from conftest import CLI_MODEL, photo, write_checkpoint
 from PIL import Image
 from serving import rss_mib, running_server
 
-from vit_explorer import analyze, load_model, pictures
-from vit_explorer.session import CONTROL_NAMES, Controls
+from vit_explorer import analyze, load_model
+from vit_explorer.draw import pictures
+from vit_explorer.web.session import CONTROL_NAMES, Controls
 
 pytestmark = pytest.mark.slow
 gradio_client = pytest.importorskip("gradio_client")

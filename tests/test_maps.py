@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from vit_explorer import VitExplorerError, analyze, load_model
-from vit_explorer.analysis import ClassEvidence, class_evidence
-from vit_explorer.capture import record_attention_gradients
-from vit_explorer.images import to_pixels
-from vit_explorer.maps import (
+from vit_explorer.core.analysis import ClassEvidence, class_evidence
+from vit_explorer.core.capture import record_attention_gradients
+from vit_explorer.core.images import to_pixels
+from vit_explorer.core.maps import (
     CLASS_METHODS,
     RolloutOptions,
     attention_map,
@@ -18,9 +18,9 @@ from vit_explorer.maps import (
     rollout_map,
     top_heads,
 )
-from vit_explorer.pictures import grid_picture, map_picture, token_at, view_hw
-from vit_explorer.relevance import relevance
-from vit_explorer.rollout import attention_rollout
+from vit_explorer.core.relevance import relevance
+from vit_explorer.core.rollout import attention_rollout
+from vit_explorer.draw.pictures import grid_picture, map_picture, token_at, view_hw
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_a_random_dinov2s_near_uniform_maps_are_drawn_near_uniform_and_called_fl
     pytest.importorskip("timm")
     from conftest import photo
 
-    from vit_explorer import render
+    from vit_explorer.draw import render
 
     torch.manual_seed(0)
     model = load_model("timm:vit_small_patch14_dinov2@random", input_hw=(98, 98), device="cpu")

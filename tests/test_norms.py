@@ -10,12 +10,13 @@ import pytest
 import torch
 from conftest import TINY, make_vit, photo
 
-from vit_explorer import analyze, load_model, norms
-from vit_explorer.capture import TOP, LayerSink, capture
+from vit_explorer import analyze, load_model
 from vit_explorer.cli import main
-from vit_explorer.layout import TokenLayout
+from vit_explorer.core.capture import TOP, LayerSink, capture
+from vit_explorer.methods import norms
 from vit_explorer.models import adapter_for
 from vit_explorer.models.base import LoadedModel, Preprocess
+from vit_explorer.models.layout import TokenLayout
 
 PLANTED = 1 + 5  # the patch at row 1, col 1 of TINY's 4×4 grid
 MARK, OUT = 0, 1  # residual coordinates: the planted marker, and where layer 1's MLP writes the artefact

@@ -9,9 +9,9 @@ from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint
 from scipy.special import logsumexp
 
 from vit_explorer import analyze, load_model
-from vit_explorer.captions import model_summary
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.ood import OodCalibration, OodVerdict, calibrate, energy
+from vit_explorer.models.ood import OodCalibration, OodVerdict, calibrate, energy
+from vit_explorer.web.captions import model_summary
 
 
 def test_energy_is_minus_logsumexp_of_the_logits():

@@ -17,7 +17,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from vit_explorer import VitExplorerError, analyze, load_model, record_attention
-from vit_explorer.analysis import pixels_of
+from vit_explorer.core.analysis import pixels_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_weights, pytest.mark.timm, pytest.mark.hf]
 timm = pytest.importorskip("timm")
@@ -96,7 +96,7 @@ def test_capture_equals_softmax_recomputed_from_the_real_weights(models, dinov2_
 
 @pytest.mark.parametrize("family", ["timm", "hf"])
 def test_a_backbone_loads_without_a_head_and_says_so(models, family):
-    from vit_explorer.captions import model_summary
+    from vit_explorer.web.captions import model_summary
 
     model = models[family]
     assert model.labels is None and not model.random_weights

@@ -5,9 +5,15 @@ import pytest
 import torch
 
 from vit_explorer import VitExplorerError
-from vit_explorer.capture import record_attention_gradients
-from vit_explorer.relevance import grad_rollout_factors, gradient_importance, relevance, relevance_factors, weighted_attention
-from vit_explorer.rollout import rollout_factors, rollout_rows
+from vit_explorer.core.capture import record_attention_gradients
+from vit_explorer.core.relevance import (
+    grad_rollout_factors,
+    gradient_importance,
+    relevance,
+    relevance_factors,
+    weighted_attention,
+)
+from vit_explorer.core.rollout import rollout_factors, rollout_rows
 
 
 def reference_relevance(attentions: np.ndarray, gradients: np.ndarray) -> np.ndarray:

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from vit_explorer import VitExplorerError, render
-from vit_explorer.render import (
+from vit_explorer import VitExplorerError
+from vit_explorer.draw import render
+from vit_explorer.draw.render import (
     GridGeometry,
     colorize,
     colormap_lut,

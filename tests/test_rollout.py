@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from vit_explorer import VitExplorerError, attention_rollout
-from vit_explorer.rollout import attention_row, discard_lowest, fuse_heads, rollout_factors, rollout_row, rollout_rows
+from vit_explorer.core.rollout import attention_row, discard_lowest, fuse_heads, rollout_factors, rollout_row, rollout_rows
 
 
 def random_attention(layers=4, heads=3, n=7, seed=0):

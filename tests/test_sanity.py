@@ -11,10 +11,10 @@ from conftest import TINY, photo, write_checkpoint
 from PIL import Image
 
 from vit_explorer import analyze, load_model
-from vit_explorer.analysis import pixels_of
 from vit_explorer.cli import main
-from vit_explorer.sanity import SanityCurves, randomise, sanity_check
-from vit_explorer.shapes import generate_set
+from vit_explorer.core.analysis import pixels_of
+from vit_explorer.methods.sanity import SanityCurves, randomise, sanity_check
+from vit_explorer.shapes.generator import generate_set
 
 
 def centre_prior(analysis, evidence) -> np.ndarray:

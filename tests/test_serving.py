@@ -47,7 +47,7 @@ def test_file_routes_do_not_serve_files_outside_the_app(tmp_path):
 
 
 def test_share_is_off_by_default_and_warns_when_on(monkeypatch, capsys, tmp_path):
-    from vit_explorer import app
+    from vit_explorer.web import app
 
     launches = []
 
@@ -87,7 +87,7 @@ def test_rendered_views_and_uploads_are_deleted_after_their_time_to_live(tmp_pat
     from conftest import photo
     from serving import running_server
 
-    from vit_explorer import app
+    from vit_explorer.web import app
 
     cache = tmp_path / "gradio-cache"
     image = tmp_path / "image.png"
@@ -112,7 +112,7 @@ def test_rendered_views_and_uploads_are_deleted_after_their_time_to_live(tmp_pat
 def test_old_export_zips_are_removed(tmp_path, monkeypatch):
     import os
 
-    from vit_explorer import session
+    from vit_explorer.web import session
 
     monkeypatch.setattr(session.tempfile, "gettempdir", lambda: str(tmp_path))
     folder = session.export_dir(ttl_s=60)

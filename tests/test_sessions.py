@@ -9,10 +9,11 @@ from conftest import CLI_MODEL, photo, write_checkpoint
 from serving import running_app
 
 from vit_explorer import analyze, load_model
+from vit_explorer.web.session import CONTROL_NAMES, Controls
 
 pytestmark = pytest.mark.slow
 gradio_client = pytest.importorskip("gradio_client")
-CONTROLS = ("inferno", True, "per tile", "none", "mean", 0.0, 0, 0.5, "relevance")
+CONTROLS = tuple(getattr(Controls(), name) for name in CONTROL_NAMES if name != "comparison")  # a State is no API input
 
 
 def session_run(url: str, image_path: str) -> np.ndarray:

@@ -1,7 +1,7 @@
 import numpy as np
 from scipy import ndimage
 
-from vit_explorer.shapes import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZE, generate_set, visible_contrast
+from vit_explorer.shapes.generator import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZE, generate_set, visible_contrast
 
 
 def test_generator_is_deterministic_from_its_seed():

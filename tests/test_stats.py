@@ -3,8 +3,15 @@ import pytest
 import torch
 from scipy.stats import entropy as scipy_entropy
 
-from vit_explorer.layout import TokenLayout
-from vit_explorer.stats import attention_entropy, mean_attention_distance, patch_distances, prefix_share, ranks, spearman
+from vit_explorer.core.statistics import (
+    attention_entropy,
+    mean_attention_distance,
+    patch_distances,
+    prefix_share,
+    ranks,
+    spearman,
+)
+from vit_explorer.models.layout import TokenLayout
 
 LAYOUT = TokenLayout(("cls",), (3, 3), (16, 16))
 
@@ -65,7 +72,7 @@ def test_entropy_matches_scipy_on_rows_with_exact_zeros_in_numpy_and_torch():
 
 
 def test_head_statistics_in_groups_match_each_statistic_over_the_whole_batch(monkeypatch):
-    from vit_explorer import stats
+    from vit_explorer.core import statistics
 
     layout = TokenLayout(("cls", "reg1"), (4, 5), (16, 16))
     maps = torch.softmax(torch.randn(3, 2, 4, layout.num_tokens, layout.num_tokens) * 2, dim=-1)  # [b, layers, heads, n, n]
@@ -74,11 +81,11 @@ def test_head_statistics_in_groups_match_each_statistic_over_the_whole_batch(mon
         "distance": mean_attention_distance(maps, layout),
         "prefix share": maps[..., 2:, :2].sum(-1).mean(-1),
     }
-    monkeypatch.setattr(stats, "GROUP_BYTES", 3 * layout.num_tokens**2 * 4)  # groups of 3 maps: 24 maps in 8 groups
-    together = stats.head_statistics(maps, layout)
-    assert list(together) == list(stats.HEAD_STATISTICS)
+    monkeypatch.setattr(statistics, "GROUP_BYTES", 3 * layout.num_tokens**2 * 4)  # groups of 3 maps: 24 maps in 8 groups
+    together = statistics.head_statistics(maps, layout)
+    assert list(together) == list(statistics.HEAD_STATISTICS)
     for name, values in together.items():
         assert values.shape == (3, 2, 4)
         torch.testing.assert_close(values, expected[name], rtol=1e-5, atol=1e-6)
-    as_numpy = stats.head_statistics(maps.numpy(), layout)
+    as_numpy = statistics.head_statistics(maps.numpy(), layout)
     assert all(isinstance(values, np.ndarray) for values in as_numpy.values())

@@ -4,7 +4,8 @@ import pytest
 import torch
 from conftest import assert_class_maps_work, photo
 
-from vit_explorer import analyze, load_model, maps, record_attention
+from vit_explorer import analyze, load_model, record_attention
+from vit_explorer.core import maps
 from vit_explorer.models import adapter_for
 from vit_explorer.models.timm_adapter import TimmAdapter, from_timm_module
 
@@ -86,7 +87,7 @@ def test_fused_attention_is_restored_when_the_forward_raises():
 
 
 def test_a_failure_inside_the_gradient_pass_restores_everything():
-    from vit_explorer.capture import record_attention_gradients
+    from vit_explorer.core.capture import record_attention_gradients
 
     model = CASES["vit"][0]()
 

@@ -5,11 +5,11 @@ whole images, and the locality-biased start attends nearer than the default one.
 import numpy as np
 import torch
 
-from vit_explorer import stats
-from vit_explorer.capture import StackingSink, capture
-from vit_explorer.layout import TokenLayout
-from vit_explorer.train import SHAPES_VIT, _window_offset, augment, locality_init, tokens_and_logits
-from vit_explorer.vit import ViT
+from vit_explorer.core import statistics
+from vit_explorer.core.capture import StackingSink, capture
+from vit_explorer.models.layout import TokenLayout
+from vit_explorer.models.vit import ViT
+from vit_explorer.shapes.train import SHAPES_VIT, _window_offset, augment, locality_init, tokens_and_logits
 
 GRID, WINDOW_ROWS, PATCH = 16, 8, 16
 
@@ -67,7 +67,7 @@ def mean_distance_at_start(model: ViT) -> float:
     layout = TokenLayout(("cls",), (GRID, GRID), (PATCH, PATCH))
     captured = capture(model.eval(), 0.1 * torch.randn(4, 3, 256, 256), StackingSink(len(model.transformer.layers)))
     first_layer = captured.kept[:, 0]  # [b, heads, n, n]
-    return float(stats.mean_attention_distance(first_layer, layout).mean())
+    return float(statistics.mean_attention_distance(first_layer, layout).mean())
 
 
 def test_locality_init_starts_heads_nearer_than_the_default_init():

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 import vit_explorer
-from vit_explorer.upload import image_upload
+from vit_explorer.web.upload import image_upload
 
 
 def test_the_upload_hands_over_the_path_of_even_a_broken_file(tmp_path):

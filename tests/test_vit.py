@@ -2,7 +2,7 @@ import pytest
 import torch
 from conftest import TINY, make_vit
 
-from vit_explorer.vit import ViT
+from vit_explorer.models.vit import ViT
 
 vit_pytorch = pytest.importorskip("vit_pytorch")
 

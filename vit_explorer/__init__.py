@@ -4,12 +4,12 @@ Public API: ``load_model``, ``analyze``, ``record_attention``, ``attention_rollo
 exception type ``VitExplorerError``. Importing this package does not import gradio or build models.
 """
 
-from .analysis import Analysis, analyze
-from .capture import AttentionRecorder, record_attention
-from .errors import VitExplorerError
-from .layout import TokenLayout
-from .models import load_model
-from .rollout import attention_rollout
+from vit_explorer.core.analysis import Analysis, analyze
+from vit_explorer.core.capture import AttentionRecorder, record_attention
+from vit_explorer.core.rollout import attention_rollout
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import load_model
+from vit_explorer.models.layout import TokenLayout
 
 __all__ = [
     "Analysis",

@@ -8,10 +8,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .dataset import SHARD_SIZE
-from .errors import VitExplorerError
-from .images import FITS
-from .models import DEFAULT_MODEL
+from vit_explorer.core.images import FITS
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.methods.dataset import SHARD_SIZE
+from vit_explorer.models import DEFAULT_MODEL
 
 
 def progress(message: str) -> None:
@@ -19,11 +19,12 @@ def progress(message: str) -> None:
 
 
 def run_analyze(args: argparse.Namespace) -> None:
-    from . import export, maps, pictures, render
-    from .analysis import analyze, class_evidence
-    from .faithfulness import deletion_insertion, forward_passes
-    from .images import load_image
-    from .models import load_model
+    from vit_explorer.core import maps
+    from vit_explorer.core.analysis import analyze, class_evidence
+    from vit_explorer.core.images import load_image
+    from vit_explorer.draw import files, pictures, render
+    from vit_explorer.methods.faithfulness import deletion_insertion, forward_passes
+    from vit_explorer.models import load_model
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
     progress(f"loading {args.model}")
@@ -53,13 +54,13 @@ def run_analyze(args: argparse.Namespace) -> None:
                                     steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
     sanity = None
     if args.sanity:
-        from .sanity import sanity_check
+        from vit_explorer.methods.sanity import sanity_check
 
         progress(f"sanity check: randomising the model's {analysis.map_shape[0]} layers from the top, one more per pass")
         sanity = sanity_check(model, analysis, args.target, options=options)
     ablation = None
     if args.ablation:
-        from .ablation import ablation_of, cost_text
+        from vit_explorer.methods.ablation import ablation_of, cost_text
 
         progress(f"head ablation ({args.ablation_mode}): each head removed in turn, {cost_text(*analysis.map_shape)}")
         ablation = ablation_of(model, analysis, args.target, args.ablation_mode)
@@ -68,20 +69,20 @@ def run_analyze(args: argparse.Namespace) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".vit-explorer-", dir=out.parent))
     try:
-        written, npz_note = export.write_views(analysis, staging, options=options, cmap=args.cmap, scale=args.scale,
+        written, npz_note = files.write_views(analysis, staging, options=options, cmap=args.cmap, scale=args.scale,
                                                full_maps=args.full_maps)
         if args.method != "rollout":
             written.append(staging / f"{args.method}.png")
             render.save_png(pictures.class_map_picture(analysis, args.method, evidence, options, args.cmap, args.scale), str(written[-1]))
         if curves is not None:
-            written += export.write_faithfulness(analysis, curves, args.method, staging, image=str(args.image),
+            written += files.write_faithfulness(analysis, curves, args.method, staging, image=str(args.image),
                                                  steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
         if sanity is not None:
-            written += export.write_sanity(sanity, staging)
+            written += files.write_sanity(sanity, staging)
         if args.norms:
-            written += export.write_norms(analysis, staging, cmap=args.cmap)
+            written += files.write_norms(analysis, staging, cmap=args.cmap)
         if ablation is not None:
-            written += export.write_ablation(analysis, ablation, class_evidence(model, analysis, ablation.target).importance, staging)
+            written += files.write_ablation(analysis, ablation, class_evidence(model, analysis, ablation.target).importance, staging)
         out.mkdir(exist_ok=True)
         for path in staging.iterdir():
             path.replace(out / path.name)
@@ -100,7 +101,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     if sanity is not None:
         print(sanity.summary(), flush=True)
     if args.norms:
-        from .norms import for_analysis
+        from vit_explorer.methods.norms import for_analysis
 
         print(for_analysis(analysis).summary(), flush=True)
     if ablation is not None:
@@ -114,8 +115,8 @@ def run_analyze(args: argparse.Namespace) -> None:
 def check_analyze_options(args: argparse.Namespace, model) -> None:
     """Refuse, before any pass runs, every requested option that ``model`` cannot serve, all in one message:
     nothing is computed only to be thrown away when a later option fails."""
-    from .analysis import choose_storage, map_bytes
-    from .maps import CLASS_SPECIFIC
+    from vit_explorer.core.analysis import choose_storage, map_bytes
+    from vit_explorer.core.maps import CLASS_SPECIFIC
 
     full_bytes = map_bytes(model.layout, *model.adapter.map_shape(model.module))
     if args.full_maps and choose_storage(full_bytes, memory_budget(args)) == "compact":
@@ -141,22 +142,23 @@ def memory_budget(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> None:
-    from .app import serve
+    from vit_explorer.web.app import serve
 
     serve(model_spec=args.model, host=args.host, port=args.port, share=args.share, open_browser=not args.no_browser,
           memory_budget=int(args.memory_budget_mb * 2**20), cache_ttl_s=args.cache_ttl_s, input_hw=args.input_size)
 
 
 def run_train_default(args: argparse.Namespace) -> None:
-    from .train import train_default
+    from vit_explorer.shapes.train import train_default
 
     figures = train_default(Path(args.out), seed=args.seed, scale=args.scale, resume=args.resume)
     progress(f"wrote {args.out}: held-out accuracy {figures['heldout_accuracy']:.1%}")
 
 
 def run_stats(args: argparse.Namespace) -> None:
-    from .dataset import collect, list_images, process_group, write_outputs
-    from .models import load_model
+    from vit_explorer.draw.files import write_dataset_outputs
+    from vit_explorer.methods.dataset import collect, list_images, process_group
+    from vit_explorer.models import load_model
 
     with process_group(args.device) as (device, rank, world):
         images = list_images(args.source)
@@ -167,7 +169,7 @@ def run_stats(args: argparse.Namespace) -> None:
         totals, run = collect(model, images, out / ".shards", batch_size=args.batch_size, workers=args.workers, fit=args.fit,
                               shard_size=args.shard_size, resume=args.resume)
         if rank == 0:
-            written = write_outputs(out, totals, run, model, str(args.source), images)
+            written = write_dataset_outputs(out, totals, run, model, str(args.source), images)
             if totals.skipped:
                 progress(f"skipped {len(totals.skipped)} unreadable files (listed in summary.json)")
             if run["resumed_shards"]:
@@ -180,10 +182,17 @@ def run_evaluate(args: argparse.Namespace) -> None:
 
     import numpy as np
 
-    from .dataset import ImageList, contiguous_share, gather_in_rank_order, labelled_views, list_images, process_group
-    from .evaluation import SCORES, score_images, score_table
-    from .maps import CLASS_METHODS
-    from .models import load_model
+    from vit_explorer.core.maps import CLASS_METHODS
+    from vit_explorer.methods.dataset import (
+        ImageList,
+        contiguous_share,
+        gather_in_rank_order,
+        labelled_views,
+        list_images,
+        process_group,
+    )
+    from vit_explorer.methods.evaluation import SCORES, score_images, score_table
+    from vit_explorer.models import load_model
 
     methods = tuple(method.strip() for method in args.methods.split(","))
     unknown = [method for method in methods if method not in CLASS_METHODS]
@@ -237,7 +246,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
 
 
 def run_make_shapes(args: argparse.Namespace) -> None:
-    from .shapes import write_set
+    from vit_explorer.shapes.generator import write_set
 
     write_set(Path(args.folder), args.count, args.seed)
     progress(f"wrote {args.count} images to {Path(args.folder) / 'images'} and their masks to {Path(args.folder) / 'masks'}")
@@ -277,12 +286,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
-    from .ablation import MODES as ABLATION_MODES
-    from .faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
-    from .maps import CLASS_METHODS
-    from .models.builtin import ASSETS
-    from .render import COLORMAPS, COLOUR_SCALES
-    from .rollout import HEAD_FUSIONS
+    from vit_explorer.core.maps import CLASS_METHODS
+    from vit_explorer.core.rollout import HEAD_FUSIONS
+    from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
+    from vit_explorer.methods.ablation import MODES as ABLATION_MODES
+    from vit_explorer.methods.faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
+    from vit_explorer.models.builtin import ASSETS
 
     try:
         installed = version("vit-explorer")

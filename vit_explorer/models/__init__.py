@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import VitExplorerError
-from .base import CaptureAdapter, LoadedModel, Preprocess
-from .hf_adapter import HFAdapter
-from .timm_adapter import TimmAdapter
-from .vit_pytorch import VitPytorchAdapter
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import CaptureAdapter, LoadedModel, Preprocess
+from vit_explorer.models.hf_adapter import HFAdapter
+from vit_explorer.models.timm_adapter import TimmAdapter
+from vit_explorer.models.vit_pytorch import VitPytorchAdapter
 
 DEFAULT_MODEL = "builtin:shapes"
 ADAPTERS: list[type[CaptureAdapter]] = [VitPytorchAdapter, TimmAdapter, HFAdapter]
@@ -39,10 +39,10 @@ def default_device() -> torch.device:
 def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = None, device: str | torch.device | None = None) -> LoadedModel:
     """Load a model by spec onto ``device`` (default: ``default_device()``); ``input_hw`` asks for
     another input size where the family allows it."""
-    from .builtin import load_builtin
-    from .checkpoint import load_vit_checkpoint
-    from .hf_adapter import load_hf
-    from .timm_adapter import load_timm
+    from vit_explorer.models.builtin import load_builtin
+    from vit_explorer.models.checkpoint import load_vit_checkpoint
+    from vit_explorer.models.hf_adapter import load_hf
+    from vit_explorer.models.timm_adapter import load_timm
 
     try:
         target = torch.device(device) if device is not None else default_device()

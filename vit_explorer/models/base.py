@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import VitExplorerError
-from ..layout import TokenLayout
-from ..ood import OodCalibration
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.layout import TokenLayout
+from vit_explorer.models.ood import OodCalibration
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

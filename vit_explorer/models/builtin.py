@@ -5,9 +5,9 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from ..errors import VitExplorerError
-from .base import LoadedModel
-from .checkpoint import load_vit_checkpoint
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import LoadedModel
+from vit_explorer.models.checkpoint import load_vit_checkpoint
 
 # installs unpack packages as folders, so the data package is a real directory
 ASSETS = Path(str(files("vit_explorer.assets")))

@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import VitExplorerError
-from ..ood import OodCalibration
-from .base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, Preprocess, listed
-from .vit_pytorch import VitPytorchAdapter, build_vit
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, Preprocess, listed
+from vit_explorer.models.ood import OodCalibration
+from vit_explorer.models.vit_pytorch import VitPytorchAdapter, build_vit
 
 CONFIG_KEY = "vit_explorer"
 

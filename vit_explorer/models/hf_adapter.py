@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import VitExplorerError
-from ..layout import TokenLayout
-from .base import HEAD_TOO, IMAGENET_MEAN, IMAGENET_STD, CaptureAdapter, LoadedModel, Preprocess, listed
-from .hub import load_cached_or_fetch
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import HEAD_TOO, IMAGENET_MEAN, IMAGENET_STD, CaptureAdapter, LoadedModel, Preprocess, listed
+from vit_explorer.models.hub import load_cached_or_fetch
+from vit_explorer.models.layout import TokenLayout
 
 MODEL_TYPES = {"vit", "deit", "dinov2", "dinov2_with_registers"}
 RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's numbers, as image processors store them

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 from urllib.parse import urlparse
 
-from ..errors import VitExplorerError
+from vit_explorer.errors import VitExplorerError
 
 T = TypeVar("T")
 PROBE_TIMEOUT_S = 3.0

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import VitExplorerError
-from ..layout import TokenLayout
-from .base import HEAD_TOO, HookAdapter, LoadedModel, Preprocess, listed
-from .hub import load_cached_or_fetch
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import HEAD_TOO, HookAdapter, LoadedModel, Preprocess, listed
+from vit_explorer.models.hub import load_cached_or_fetch
+from vit_explorer.models.layout import TokenLayout
 
 
 def require_timm():

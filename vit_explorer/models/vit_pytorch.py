@@ -7,10 +7,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import VitExplorerError
-from ..layout import TokenLayout
-from ..vit import ViT
-from .base import HookAdapter
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import HookAdapter
+from vit_explorer.models.layout import TokenLayout
+from vit_explorer.models.vit import ViT
 
 VIT_ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim", "pool", "channels", "dim_head", "dropout", "emb_dropout"}
 REQUIRED_ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim"}

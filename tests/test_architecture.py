@@ -1,0 +1,95 @@
+"""The package's shape: its folders are its layers, imports point one way (web, cli → draw → methods → core →
+models), and no module imports itself back through others, counting imports inside functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vit_explorer"
+# a layer may import its own layer and those to its right; errors is the package's one exception, below everything
+ORDER = ("web", "cli", "shapes", "draw", "methods", "core", "models", "errors")
+ALLOWED = {
+    "web": {"web", "draw", "methods", "core", "models", "errors", "shapes"},  # the app offers the built-in model's examples
+    "cli": {"cli", "web", "shapes", "draw", "methods", "core", "models", "errors"},
+    "shapes": {"shapes", "draw", "methods", "core", "models", "errors"},
+    "draw": {"draw", "methods", "core", "models", "errors"},
+    "methods": {"methods", "core", "models", "errors"},
+    "core": {"core", "models", "errors"},
+    "models": {"models", "errors"},
+    "errors": set(),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every vit_explorer module ``path`` imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vit_explorer"):
+            assert node.level == 0, f"{path}: relative import"
+            for alias in node.names:  # ``from package import module`` imports the module
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists()
+                          or (PACKAGE.parent / candidate.replace(".", "/")).is_dir() else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("vit_explorer")}
+    return found
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
+
+
+GRAPH = {module_name(path): imports(path) for path in PACKAGE.rglob("*.py")}
+
+
+def test_at_most_six_modules_at_the_top_and_a_folder_per_layer():
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    folders = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists() and path.name != "assets")
+    assert len(top) <= 6, top
+    assert folders == ["core", "draw", "methods", "models", "shapes", "web"], folders
+
+
+def test_imports_point_down_the_layers_only():
+    wrong = [f"{module} → {imported}" for module, imported_set in GRAPH.items() for imported in imported_set
+             if layer(module) and layer(imported) and layer(imported) not in ALLOWED[layer(module)]]
+    assert not wrong, wrong
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle a depth-first walk meets, as the chain of modules that closes it."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                cycles.append(trail[trail.index(target):] + [target])
+            elif target not in state:
+                visit(target, [*trail, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return cycles
+
+
+def test_no_import_cycle_counting_function_level_imports():
+    # the package's own __init__ is the public API, which re-exports from below: importing it is importing those
+    graph = {module: {target for target in targets if target in GRAPH and target != "vit_explorer"} for module, targets in GRAPH.items()}
+    assert find_cycles(graph) == []
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]  # the walk finds a planted one
+
+
+def test_the_checker_sees_a_function_level_import(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text("def late():\n    from vit_explorer.draw import charts\n")
+    assert imports(source) == {"vit_explorer.draw.charts"}

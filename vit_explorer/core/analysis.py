@@ -1,0 +1,290 @@
+"""``analyze``: one image through one model, captured once, kept as CPU tensors for every view.
+
+One upload costs one forward and one backward pass: the maps of every layer, and the gradient
+evidence of the top class for the class-specific maps, come from the same pass (``capture``). Maps are
+kept in float32 while they fit the memory budget, in float16 while half of that fits, and beyond
+that compactly (``capture.CompactSink``). The ``Analysis`` holds CPU torch tensors (and the image as a
+numpy picture), never the model: the analysis layer (``maps``, ``rollout``, ``relevance``, ``stats``,
+``norms``) computes in torch, and pictures and files convert to numpy once, at the render boundary
+(``render.to_numpy``). What needs the model again (another target class, a compact analysis's patch
+query) is an explicit call that takes it (``class_evidence``, ``recompute_query_rows``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch
+
+from vit_explorer.core import relevance, statistics
+from vit_explorer.core.capture import TOP, CompactSink, RowSink, StackingSink, capture, compact_layer, stack_compact
+from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import LoadedModel
+from vit_explorer.models.layout import TokenLayout
+from vit_explorer.models.ood import OodVerdict
+
+DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of maps kept per analysis
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    index: int
+    label: str
+    prob: float
+
+
+@dataclass
+class Analysis:
+    """Everything the views need for one (image, model) pair.
+
+    Every array but the image is a CPU torch tensor.
+
+    Attributes:
+        image: the image as the model saw it ``[H, W, 3]`` uint8 (a numpy picture).
+        attentions: softmax attention of every layer and head ``[layers, heads, n, n]`` (float32, or
+            float16 above the memory budget); None when the analysis is compact.
+        logits: ``[classes]`` float32 (empty for a backbone without a classifier).
+        layout: token layout (prefix tokens, patch grid).
+        labels: class names, or None when the model has none.
+        model_name: the spec the model was loaded from.
+        random_weights: the model was built with random weights (``@random``): a real layout, nothing learned.
+        view_note: how the uploaded image became the model's input (size, stretched or padded).
+        ood: the out-of-distribution verdict, for a model calibrated for one (``ood`` module); else None.
+        compact: for a compact analysis, ``head_mean`` ``[layers, n, n]``, ``prefix_rows``
+            ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` (float16) and the
+            statistics ``[layers, heads]`` by name; else None. A patch query's rows are then
+            recomputed with the model by ``recompute_query_rows``.
+        token_norms: the L2 norm of every token of the residual stream after each layer ``[layers, n]``
+            float32, from the same pass (the ``norms`` module reads it); None when not captured.
+    """
+
+    image: np.ndarray
+    attentions: torch.Tensor | None
+    logits: torch.Tensor
+    layout: TokenLayout
+    labels: list[str] | None
+    model_name: str
+    compact: dict[str, Any] | None = None
+    ood: OodVerdict | None = None
+    view_note: str = ""
+    random_weights: bool = False
+    token_norms: torch.Tensor | None = None
+    # tensors that views derive and reuse (rollout factors, query rows, statistics), bounded
+    derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
+    derived_limit: ClassVar[int] = 32
+    # class evidence by target class: each holds a [layers, n, n] stack, so fewer are kept
+    evidence: OrderedDict[int, ClassEvidence] = field(default_factory=OrderedDict, repr=False, compare=False)
+    evidence_limit: ClassVar[int] = 4
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.layout.grid_hw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.layout.num_prefix_tokens
+
+    @property
+    def map_shape(self) -> tuple[int, int]:
+        """(layers, heads)."""
+        maps = self.attentions if self.attentions is not None else self.compact["patch_mean_rows"]
+        return tuple(maps.shape[:2])
+
+    @property
+    def storage(self) -> str:
+        if self.attentions is None:
+            return "compact float16 (head means, prefix rows, statistics)"
+        return str(self.attentions.dtype).removeprefix("torch.")
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """Class probabilities ``[classes]``; empty for a backbone without a classifier head."""
+        return self.logits.softmax(dim=-1)
+
+    @property
+    def num_classes(self) -> int:
+        return self.logits.numel()
+
+    def label(self, index: int) -> str:
+        return self.labels[index] if self.labels is not None else f"class {index}"
+
+    def class_index(self, target: int | str | None) -> int:
+        """A class given by index or by name (case-insensitive); None is the top prediction."""
+        if self.num_classes == 0:
+            raise VitExplorerError(f"{self.model_name} has no classifier head, so it has no classes to explain")
+        if target is None:
+            return int(self.logits.argmax())
+        if isinstance(target, str) and not target.strip().lstrip("-").isdigit():
+            names = [self.label(index).lower() for index in range(self.num_classes)]
+            if target.strip().lower() in names:
+                return names.index(target.strip().lower())
+            import difflib
+
+            close = difflib.get_close_matches(target.lower(), names, n=3)
+            hint = f"; did you mean {', '.join(repr(name) for name in close)}?" if close else ""
+            raise VitExplorerError(f"{self.model_name} has no class named {target!r}{hint}")
+        index = int(target)
+        if not 0 <= index < self.num_classes:
+            raise VitExplorerError(f"class index {index} is outside 0…{self.num_classes - 1}")
+        return index
+
+    def top_k(self, k: int = 5) -> list[Prediction]:
+        probs = self.probs
+        order = probs.argsort(descending=True, stable=True)[:k].tolist()
+        return [Prediction(i, self.label(i), float(probs[i])) for i in order]
+
+    def compact_form(self) -> dict[str, Any]:
+        """The compact reduction of the maps (``capture.compact_layer``: head means, prefix rows, mean patch rows,
+        statistics): kept as it is for a compact analysis, reduced from the full stack (once) otherwise."""
+        if self.compact is not None:
+            return self.compact
+        return memo(self, ("compact_form",), lambda: stack_compact(
+            [compact_layer(layer, self.layout, statistics.head_statistics) for layer in self.attentions]))
+
+    def full_map_bytes(self) -> int:
+        """Bytes of every head's full map as kept (0 for a compact analysis, which has none)."""
+        return 0 if self.attentions is None else self.attentions.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of arrays this analysis holds (image, maps, logits), derived caches excluded."""
+        arrays = [self.image, self.logits] + ([self.token_norms] if self.token_norms is not None else [])
+        if self.attentions is not None:
+            arrays.append(self.attentions)
+        else:
+            arrays += [value for value in self.compact.values() if isinstance(value, torch.Tensor)]
+            arrays += list(self.compact["statistics"].values())
+        return sum(array.nbytes for array in arrays)
+
+
+def memo(analysis: Analysis, key: tuple, compute: Callable[[], T]) -> T:
+    """``compute()`` once per (analysis, key); the oldest entries go beyond ``analysis.derived``'s bound."""
+    return bounded(analysis.derived, analysis.derived_limit, key, compute)
+
+
+def bounded(cache: OrderedDict, limit: int, key: Any, compute: Callable[[], T]) -> T:
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = compute()
+    cache[key] = value
+    while len(cache) > limit:
+        cache.popitem(last=False)
+    return value
+
+
+@dataclass(frozen=True)
+class ClassEvidence:
+    """What the class-specific views need for one target class of one analysis.
+
+    Attributes:
+        target: the class index.
+        weighted: Ē = mean over heads of (∇A ⊙ A)⁺ ``[layers, n, n]`` float32, shared by
+            gradient-weighted rollout and relevance (``relevance`` module).
+        importance: Σ |∇A ⊙ A| per head ``[layers, heads]``.
+    """
+
+    target: int
+    weighted: torch.Tensor
+    importance: torch.Tensor
+
+    @classmethod
+    def from_gradients(cls, target: int, attentions: torch.Tensor, gradients: torch.Tensor) -> ClassEvidence:
+        """Reduce one image's maps and their gradients, both ``[layers, heads, n, n]``."""
+        return cls(target=target, weighted=relevance.weighted_attention(attentions, gradients),
+                   importance=relevance.gradient_importance(attentions, gradients))
+
+    @classmethod
+    def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0) -> ClassEvidence:
+        """Image ``image``'s evidence from ``capture``'s per-layer ``relevance.layer_evidence`` pairs."""
+        return cls(target=target, weighted=torch.stack([weighted[image] for weighted, _ in layers]),
+                   importance=torch.stack([importance[image] for _, importance in layers]))
+
+
+def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None) -> ClassEvidence:
+    """The gradient evidence of ``target`` (default: top class). The top class's comes with the analysis;
+    another costs one forward and one backward pass of ``analysis``'s image, and the last few are kept
+    on the analysis so that switching back costs nothing."""
+    check_model(model, analysis)
+    index = analysis.class_index(target)
+
+    def compute() -> ClassEvidence:
+        captured = capture(model, pixels_of(model, analysis), target=index, reduce_gradients=relevance.layer_evidence)
+        return ClassEvidence.from_layers(index, captured.gradients)
+
+    return bounded(analysis.evidence, analysis.evidence_limit, index, compute)
+
+
+def check_model(model: LoadedModel, analysis: Analysis) -> None:
+    if model.name != analysis.model_name:
+        raise VitExplorerError(f"this analysis was made with {analysis.model_name}, not {model.name}")
+
+
+def pixels_of(model: LoadedModel, analysis: Analysis) -> torch.Tensor:
+    """The model's input for the image of ``analysis`` ``[1, 3, H, W]``, on the model's device."""
+    return to_pixels(analysis.image, model.preprocess).to(model.device)
+
+
+def map_bytes(layout: TokenLayout, layers: int, heads: int, itemsize: int = 4) -> int:
+    """Bytes of the full ``[layers, heads, n, n]`` stack."""
+    return layers * heads * layout.num_tokens**2 * itemsize
+
+
+def choose_storage(full_bytes: int, memory_budget: int) -> str:
+    """"float32" if the full float32 stack fits the budget, "float16" if half of it does, else "compact"."""
+    if full_bytes <= memory_budget:
+        return "float32"
+    return "float16" if full_bytes // 2 <= memory_budget else "compact"
+
+
+def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+            fit: str = "stretch", explain: bool = True) -> Analysis:
+    """Decode ``image``, fit it to the model's input (``images.FITS``), and capture every layer's attention
+    in one forward pass; with ``explain`` (and a classifier head), the backward pass of the same pass
+    gives the top class's evidence for the class-specific maps.
+
+    ``memory_budget`` (bytes) decides how the maps are kept: float32, float16 or compact (module doc).
+    """
+    decoded = load_image(image, name)
+    view = model_view(decoded, model.preprocess, fit)
+    pixels = to_pixels(view, model.preprocess).to(model.device)
+    layers, _ = model.adapter.map_shape(model.module)
+    storage = choose_storage(map_bytes(model.layout, *model.adapter.map_shape(model.module)), memory_budget)
+    sink = (CompactSink(model.layout, statistics.head_statistics) if storage == "compact"
+            else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
+    # a backbone has no class to differentiate: no graph is built for it (one forward under inference mode)
+    captured = capture(model, pixels, sink, target=TOP if explain and model.num_classes else None,
+                       reduce_gradients=relevance.layer_evidence, norms=True)
+    result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu(), layout=model.layout,
+                      labels=model.labels, model_name=model.name,
+                      ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,
+                      view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), random_weights=model.random_weights,
+                      token_norms=captured.token_norms[0])
+    if storage == "compact":
+        result.compact = captured.kept
+        model.layout.validate(result.compact["head_mean"].shape[-1])
+    else:
+        result.attentions = captured.kept[0].cpu()  # [layers, heads, n, n], one transfer from the device
+        model.layout.validate(result.attentions.shape[-1])
+    if captured.targets is not None:
+        target = int(captured.targets[0])
+        result.evidence[target] = ClassEvidence.from_layers(target, captured.gradients)
+    return result
+
+
+def recompute_query_rows(model: LoadedModel, analysis: Analysis, query: int) -> torch.Tensor:
+    """Every head's row of token ``query`` in every layer ``[layers, heads, n]``, recomputed with one
+    forward pass of ``model`` and kept on the analysis, where ``maps.query_rows`` finds it. For a
+    compact analysis, which did not keep patch queries' rows."""
+    check_model(model, analysis)
+
+    def compute() -> torch.Tensor:
+        return capture(model, pixels_of(model, analysis), RowSink(query)).kept
+
+    return memo(analysis, ("query_rows", query), compute)

@@ -1,0 +1,402 @@
+"""One forward pass (and, on request, one backward pass) with the attention of every layer captured.
+
+``capture`` is the one call: it runs the model once with hooks on every attention softmax and hands
+each layer's map ``[b, heads, n, n]`` to a *sink* that decides, as the map arrives, what of it to
+keep — the full stack in float32 or float16 (``StackingSink``), a compact reduction (``CompactSink``),
+one query's rows (``RowSink``) — so that a large model's full stack need never be held. Asked for a
+target class, it also takes ∂ logit[target] / ∂ A on the per-layer maps the forward used and reduces
+them layer by layer. ``record_attention``, ``record_attention_gradients`` and ``AttentionRecorder``
+are the batch conveniences built on the same pieces.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import adapter_for
+from vit_explorer.models.base import CaptureAdapter, LoadedModel
+from vit_explorer.models.layout import TokenLayout
+
+# Hooks live on the module, so two threads capturing from one module at once would each record the
+# other's maps: one lock per module (weakly held, so it goes with the module) serialises capture.
+_module_locks: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_module_locks_guard = threading.Lock()
+
+TOP = "top"  # target: each image's own top prediction
+
+
+def capture_lock(module: nn.Module) -> threading.RLock:
+    with _module_locks_guard:
+        return _module_locks.setdefault(module, threading.RLock())
+
+
+def resolve(model: nn.Module | LoadedModel, adapter: CaptureAdapter | None = None) -> tuple[nn.Module, CaptureAdapter]:
+    """The module to run and the adapter that knows where its attention appears."""
+    module = model.module if isinstance(model, LoadedModel) else model
+    if adapter is None:
+        adapter = model.adapter if isinstance(model, LoadedModel) else adapter_for(module)
+    return module, adapter
+
+
+def check_captured(sink: Mapping[int, object], module: nn.Module, adapter: CaptureAdapter) -> None:
+    if not len(sink):
+        raise RuntimeError(
+            f"{type(adapter).__name__} captured no attention maps from {type(module).__name__}: "
+            "its attention does not run through the hooked modules"
+        )
+
+
+# ---- sinks: what of each layer's map is kept as it arrives ---------------------------------------
+
+
+class LayerSink(MutableMapping):
+    """Where an adapter puts each layer's map (``sink[layer] = map``). This base keeps each layer's own
+    tensor (so maps in the autograd graph stay there); subclasses keep less, and ``result`` gives what
+    was kept in layer order."""
+
+    def __init__(self) -> None:
+        self.layers: dict[int, Any] = {}
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        self.layers[layer] = attention
+
+    def __getitem__(self, layer: int) -> Any:
+        return self.layers[layer]
+
+    def __delitem__(self, layer: int) -> None:
+        del self.layers[layer]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.layers))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def in_layer_order(self) -> list:
+        return [self.layers[layer] for layer in range(len(self.layers))]
+
+    def result(self) -> Any:
+        """The per-layer tensors stacked ``[b, layers, heads, n, n]``."""
+        return torch.stack(self.in_layer_order(), dim=1)
+
+
+class StackingSink(LayerSink):
+    """Copies each layer's map, in ``dtype`` (default: as it comes), into one ``[b, layers, heads, n, n]``
+    tensor as it arrives, so the per-layer maps are freed at once instead of all being held until a
+    final stack.
+
+    With ``reuse``, the tensor outlives ``clear`` and the next pass of the same shape writes into it:
+    a fresh tensor of tens of MB costs a page fault per 4 KiB on first write, which is most of
+    what capture adds to a forward pass (see the README's figures).
+    """
+
+    def __init__(self, num_layers: int, dtype: torch.dtype | None = None, reuse: bool = False) -> None:
+        super().__init__()
+        self.num_layers = num_layers
+        self.dtype = dtype
+        self.reuse = reuse
+        self.stacked: torch.Tensor | None = None
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        dtype = self.dtype or attention.dtype
+        shape = (attention.shape[0], self.num_layers, *attention.shape[1:])
+        fits = (self.stacked is not None and self.stacked.shape == shape and self.stacked.dtype == dtype
+                and self.stacked.device == attention.device)
+        if not fits:
+            self.stacked = attention.new_empty(shape, dtype=dtype)
+        self.stacked[:, layer] = attention
+        self.layers[layer] = self.stacked[:, layer]
+
+    def clear(self) -> None:
+        self.layers = {}
+        if not self.reuse:
+            self.stacked = None
+
+    def result(self) -> torch.Tensor:
+        return self.stacked
+
+
+def compact_layer(maps: torch.Tensor, layout: TokenLayout,
+                  statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> dict[str, Any]:
+    """One layer's maps ``[heads, n, n]`` reduced to what the views need (``CompactSink``), on the CPU."""
+    maps = maps.to(torch.float32).cpu()
+    prefix = layout.num_prefix_tokens
+    return {
+        "head_mean": maps.mean(dim=0).half(),  # [n, n]
+        "prefix_rows": maps[:, :prefix, :].half(),  # [heads, prefix, n]
+        "patch_mean_rows": maps[:, prefix:, :].mean(dim=1).half(),  # [heads, n]
+        "statistics": {name: values[0] for name, values in statistics(maps[None], layout).items()},  # {name: [heads]}
+    }
+
+
+def stack_compact(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-layer ``compact_layer`` results stacked along a leading layer axis."""
+    return {
+        "head_mean": torch.stack([layer["head_mean"] for layer in layers]),
+        "prefix_rows": torch.stack([layer["prefix_rows"] for layer in layers]),
+        "patch_mean_rows": torch.stack([layer["patch_mean_rows"] for layer in layers]),
+        "statistics": {name: torch.stack([layer["statistics"][name] for layer in layers]) for name in layers[0]["statistics"]},
+    }
+
+
+class CompactSink(LayerSink):
+    """Reduces image 0's map of each layer to what the views need, then drops it: the head-mean matrix
+    (for rollout), every head's rows of the prefix tokens and of the mean patch query, and per-head
+    ``statistics`` (a function of ``[1, heads, n, n]`` and the layout giving ``{name: [1, heads]}``)."""
+
+    def __init__(self, layout: TokenLayout, statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> None:
+        super().__init__()
+        self.layout = layout
+        self.statistics = statistics
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        self.layers[layer] = compact_layer(attention[0], self.layout, self.statistics)
+
+    def result(self) -> dict[str, Any]:
+        """CPU tensors: ``head_mean`` ``[layers, n, n]``, ``prefix_rows`` ``[layers, heads, prefix, n]``, ``patch_mean_rows``
+        ``[layers, heads, n]`` (float16) and ``statistics`` ``{name: [layers, heads]}`` (float32)."""
+        return stack_compact(self.in_layer_order())
+
+
+class StatisticsSink(LayerSink):
+    """Reduces every image's map of each layer to per-head ``statistics`` (a function of ``[b, heads, n, n]``
+    and the layout giving ``{name: [b, heads]}``) and drops it: a batch of a dataset never holds more than
+    one layer's maps."""
+
+    def __init__(self, layout: TokenLayout, statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> None:
+        super().__init__()
+        self.layout = layout
+        self.statistics = statistics
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        maps = attention.detach()  # [b, heads, n, n], this layer only, reduced where it is (CPU or GPU)
+        self.layers[layer] = {name: values.float().cpu() for name, values in self.statistics(maps, self.layout).items()}
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """``{name: [b, layers, heads]}`` float32 CPU tensors, like every other sink's."""
+        layers = self.in_layer_order()
+        return {name: torch.stack([layer[name] for layer in layers], dim=1) for name in layers[0]}
+
+
+class RowSink(LayerSink):
+    """Keeps only token ``query``'s row of every head of image 0 ``[heads, n]`` per layer."""
+
+    def __init__(self, query: int) -> None:
+        super().__init__()
+        self.query = query
+
+    def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
+        self.layers[layer] = attention[0, :, self.query, :].to(torch.float32)
+
+    def result(self) -> torch.Tensor:
+        """``[layers, heads, n]`` float32, on the CPU."""
+        return torch.stack(self.in_layer_order()).cpu()
+
+
+# ---- the one call ------------------------------------------------------------------------------
+
+
+@contextmanager
+def recording_norms(module: nn.Module, adapter: CaptureAdapter, active: bool) -> Iterator[dict[int, torch.Tensor]]:
+    """While active, the L2 norm of every token of the residual stream after each layer ``[b, n]`` (float32,
+    detached) lands in the yielded dict by layer. Only the norms are kept: a hidden state is never held
+    past its layer."""
+    norms: dict[int, torch.Tensor] = {}
+    if not active:
+        yield norms
+        return
+
+    def record(layer: int, hidden: torch.Tensor) -> None:
+        norms[layer] = torch.linalg.vector_norm(hidden.detach(), dim=-1, dtype=torch.float32)
+
+    with adapter.layer_outputs(module, record):
+        yield norms
+
+
+@dataclass
+class Captured:
+    """What one ``capture`` call returns.
+
+    Attributes:
+        logits: ``[b, classes]`` (``[b, 0]`` for a backbone), detached.
+        kept: what the sink kept (``LayerSink.result``), or None when no sink was given.
+        targets: the class of each image the gradients are for ``[b]``; None without gradients.
+        gradients: per layer, what ``reduce_gradients`` made of (map, ∂ logit[target] / ∂ map), or the
+            gradients stacked ``[b, layers, heads, n, n]`` without a reducer; None when not asked for
+            (or when a backbone has no class for a ``TOP`` target).
+        token_norms: the L2 norm of every token of the residual stream after each layer ``[b, layers, n]``
+            (float32, on the CPU) when asked for, else None.
+    """
+
+    logits: torch.Tensor
+    kept: Any
+    targets: torch.Tensor | None = None
+    gradients: Any = None
+    token_norms: torch.Tensor | None = None
+
+
+def capture(
+    model: nn.Module | LoadedModel,
+    images: torch.Tensor,
+    sink: LayerSink | None = None,
+    *,
+    target: str | int | torch.Tensor | None = None,
+    reduce_gradients: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
+    norms: bool = False,
+) -> Captured:
+    """Run ``model`` once on ``images`` ``[b, 3, H, W]`` with every layer's softmax(q·kᵀ/√d) going to ``sink``.
+
+    Without ``target`` the pass runs under ``torch.inference_mode``. With one (``TOP``, a class index,
+    or indices ``[b]``), one backward pass gives ∂ logit[target] / ∂ A on the per-layer maps the forward
+    used (the input requires grad, so frozen weights still put the maps in the graph); the maps reach
+    the sink after it, detached. ``norms`` also records the token norms after every layer
+    (``recording_norms``). Hooks are removed before this returns or raises.
+    """
+    module, adapter = resolve(model)
+    graph = LayerSink() if target is not None else None
+    hooked = graph if graph is not None else (sink if sink is not None else LayerSink())
+    targets = gradients = None
+    with (capture_lock(module), recording_norms(module, adapter, norms) as layer_norms,
+          adapter.attached(module, hooked) as forward):
+        if graph is None:
+            with torch.inference_mode():
+                logits = forward(images)
+            check_captured(hooked, module, adapter)
+        else:
+            with torch.enable_grad():
+                logits = forward(images.detach().requires_grad_(True))
+                check_captured(graph, module, adapter)
+                maps = graph.in_layer_order()
+                targets = class_targets(logits, target)
+                if targets is not None:
+                    # each image's score depends on its own maps only, so the gradient of the sum is per image
+                    score = logits.gather(1, targets.view(-1, 1)).sum()
+                    layer_gradients = torch.autograd.grad(score, maps)
+            if sink is not None:
+                for layer, attention in enumerate(maps):
+                    sink[layer] = attention.detach()
+            if targets is not None:
+                if reduce_gradients is None:
+                    gradients = torch.stack(layer_gradients, dim=1)
+                else:
+                    gradients = [reduce_gradients(attention.detach(), gradient) for attention, gradient in zip(maps, layer_gradients)]
+            del maps, graph
+    token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu() if norms else None
+    return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets, gradients=gradients,
+                    token_norms=token_norms)
+
+
+def class_targets(logits: torch.Tensor, target: str | int | torch.Tensor) -> torch.Tensor | None:
+    """The class index of each image ``[b]`` for ``target`` (indices below 0: that image's top class); None
+    for ``TOP`` on a backbone without classes."""
+    if logits.shape[-1] == 0:
+        if isinstance(target, str) and target == TOP:
+            return None
+        raise VitExplorerError("this model has no classifier head, so it has no class score to take gradients of")
+    if isinstance(target, str):
+        if target != TOP:
+            raise ValueError(f"target must be {TOP!r}, a class index or indices, not {target!r}")
+        return logits.detach().argmax(dim=-1)
+    indices = torch.as_tensor(target, device=logits.device).reshape(-1).expand(logits.shape[0])
+    return torch.where(indices >= 0, indices, logits.detach().argmax(dim=-1))
+
+
+# ---- batch conveniences ------------------------------------------------------------------------
+
+
+def record_attention(
+    model: nn.Module | LoadedModel, images: torch.Tensor, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``model`` once on ``images`` ``[b, 3, H, W]`` and capture softmax(q·kᵀ/√d) of every layer.
+
+    Returns logits ``[b, classes]`` and attentions ``[b, layers, heads, n, n]`` in layer order, each row
+    a probability distribution over the n keys. Hooks are removed before this returns or raises.
+    ``keep_graph=True`` keeps the maps in the autograd graph (for gradient-based maps).
+    """
+    with AttentionRecorder(model, adapter=adapter, keep_graph=keep_graph) as record:
+        return record(images)
+
+
+def record_attention_gradients(
+    model: nn.Module | LoadedModel, images: torch.Tensor, targets: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The maps of every layer and their gradients for a class, from one forward and one backward pass.
+
+    ``targets`` ``[b]`` are class indices (default: each image's top prediction). Returns logits
+    ``[b, classes]``, attentions and ∂ logit[target] / ∂ attention, both ``[b, layers, heads, n, n]``,
+    detached.
+    """
+    module, adapter = resolve(model)
+    captured = capture(model, images, StackingSink(adapter.map_shape(module)[0]), target=TOP if targets is None else targets)
+    return captured.logits, captured.kept, captured.gradients
+
+
+class AttentionRecorder:
+    """Context manager that keeps capture attached for repeated forward passes.
+
+    ``with AttentionRecorder(model) as record: logits, attentions = record(images)`` — hooks (and
+    any fused-attention switch) are in place inside the block only and are undone on exit, also when
+    a forward pass raises. Outside ``keep_graph`` the passes run under ``torch.inference_mode``.
+
+    ``reuse_output=True`` (for loops over batches that consume each batch's maps before the next):
+    every call returns the same attentions tensor, overwritten by the next call of the same shape,
+    which saves allocating and first-touching it each time.
+    """
+
+    def __init__(self, model: nn.Module | LoadedModel, *, adapter: CaptureAdapter | None = None, keep_graph: bool = False,
+                 reuse_output: bool = False) -> None:
+        if keep_graph and reuse_output:
+            raise ValueError("reuse_output cannot be combined with keep_graph: the graph holds each layer's own map")
+        self.module, self.adapter = resolve(model, adapter)
+        self.keep_graph = keep_graph
+        self.num_layers = self.adapter.map_shape(self.module)[0]
+        self._sink: LayerSink = LayerSink() if keep_graph else StackingSink(self.num_layers, reuse=reuse_output)
+        self._stack: ExitStack | None = None
+        self._forward = None
+
+    def __enter__(self) -> AttentionRecorder:
+        self._stack = ExitStack()
+        self._stack.enter_context(capture_lock(self.module))
+        try:
+            self._forward = self._stack.enter_context(self.adapter.attached(self.module, self._sink))
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        assert self._stack is not None
+        self._forward = None
+        self._sink.clear()
+        if isinstance(self._sink, StackingSink):
+            self._sink.stacked = None  # the reused tensor stays with the caller, not with the recorder
+        self._stack.close()
+
+    def __call__(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pixels ``[b, 3, H, W]`` → logits ``[b, classes]`` and attentions ``[b, layers, heads, n, n]``."""
+        if self._forward is None:
+            raise RuntimeError("AttentionRecorder is called outside its `with` block")
+        self._sink.clear()
+        try:
+            if self.keep_graph:
+                logits = self._forward(images)
+            else:
+                with torch.inference_mode():
+                    logits = self._forward(images)
+            check_captured(self._sink, self.module, self.adapter)
+            layers = sorted(self._sink)
+            assert layers == list(range(self.num_layers)), f"captured layers {layers} are not 0…{self.num_layers - 1}"
+            attentions = self._sink.result()
+        finally:
+            self._sink.clear()
+        return logits, attentions

@@ -1,0 +1,199 @@
+"""The maps every view shows, computed from one cached ``Analysis``, never from the model.
+
+Pure torch math over the analysis's CPU tensors (no pictures, no UI): the rows a query sends to every
+layer and head, rollout and the class-specific maps over the patch grid, head statistics and rankings.
+Every map comes back as a tensor; the render layer turns it into pixels. Derived tensors that several
+views reuse (rollout factors, query rows, statistics) are memoised on the analysis, bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vit_explorer.core import statistics
+from vit_explorer.core.analysis import Analysis, ClassEvidence, memo
+from vit_explorer.core.relevance import grad_rollout_factors, relevance_factors
+from vit_explorer.core.rollout import rollout_factors, rollout_rows
+from vit_explorer.errors import VitExplorerError
+
+GRADIENT_IMPORTANCE = "gradient importance"
+# the direction each ranking lists heads in: focused, local heads first; sinks and important heads first
+RANKINGS = {"entropy": "lowest first", "distance": "shortest first", "prefix share": "highest first",
+            GRADIENT_IMPORTANCE: "highest first"}
+ORDERINGS = ("none", *RANKINGS)
+# class-specific maps first; the class-agnostic ones beside them, for comparing their faithfulness
+CLASS_METHODS = {
+    "relevance": "relevance (Chefer et al.)",
+    "grad-rollout": "gradient-weighted rollout",
+    "rollout": "attention rollout",
+    "cls": "last-layer class attention",
+}
+CLASS_SPECIFIC = ("relevance", "grad-rollout")  # the methods that need a target class
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    head_fusion: str = "mean"
+    discard_ratio: float = 0.0
+    start_layer: int = 0
+    residual_weight: float = 0.5
+
+
+def default_query(analysis: Analysis) -> int | None:
+    """The class token when the model has one; else None, the mean over patch queries."""
+    return analysis.layout.prefix_names.index("cls") if analysis.layout.has_class_token else None
+
+
+def query_name(analysis: Analysis, query: int | None) -> str:
+    return "mean of patch queries" if query is None else analysis.layout.token_name(query)
+
+
+def query_vector(analysis: Analysis, query: int | None) -> torch.Tensor:
+    """Weights over query tokens ``[n]``: one-hot, or uniform over patches for None."""
+    layout = analysis.layout
+    vector = torch.zeros(layout.num_tokens)
+    if query is None:
+        vector[layout.num_prefix_tokens :] = 1.0 / layout.num_patches
+    else:
+        vector[check_query(analysis, query)] = 1.0
+    return vector
+
+
+def check_query(analysis: Analysis, query: int) -> int:
+    if not 0 <= query < analysis.layout.num_tokens:
+        raise VitExplorerError(f"query token {query} is outside 0…{analysis.layout.num_tokens - 1}")
+    return query
+
+
+def query_rows(analysis: Analysis, query: int | None) -> torch.Tensor:
+    """Where the query looks in every layer and head ``[layers, heads, n]`` float32 (for a compact analysis and a
+    patch query, the rows ``analysis.recompute_query_rows`` put there)."""
+
+    def compute() -> torch.Tensor:
+        token = None if query is None else check_query(analysis, query)
+        if analysis.attentions is None:  # compact: reduced at capture, or recomputed with the model beforehand
+            if token is None:
+                return analysis.compact["patch_mean_rows"].float()
+            if token < analysis.num_prefix_tokens:
+                return analysis.compact["prefix_rows"][:, :, token, :].float()
+            raise VitExplorerError(
+                f"this analysis kept its maps compactly, so the rows of patch query {token} must be recomputed with the model "
+                "first: analysis.recompute_query_rows(model, analysis, query)"
+            )
+        if token is None:
+            return analysis.attentions[:, :, analysis.num_prefix_tokens :, :].mean(dim=2, dtype=torch.float32)
+        return analysis.attentions[:, :, token, :].float().contiguous()
+
+    return memo(analysis, ("query_rows", query), compute)
+
+
+def head_statistic(analysis: Analysis, name: str) -> torch.Tensor:
+    """One of ``stats.HEAD_STATISTICS`` for this analysis ``[layers, heads]``."""
+    if name not in statistics.HEAD_STATISTICS:
+        raise VitExplorerError(f"unknown head statistic {name!r}; use one of {', '.join(statistics.HEAD_STATISTICS)}")
+    if analysis.attentions is None:
+        return analysis.compact["statistics"][name]
+    return memo(analysis, ("statistic", name), lambda: statistics.HEAD_STATISTICS[name](analysis.attentions, analysis.layout))
+
+
+def ranking_values(analysis: Analysis, name: str, evidence: ClassEvidence | None = None) -> torch.Tensor:
+    """The value heads are ranked by ``[layers, heads]``: a head statistic, or the gradient importance
+    for ``evidence``'s target class."""
+    if name == GRADIENT_IMPORTANCE:
+        if evidence is None:
+            raise VitExplorerError("ranking heads by gradient importance needs a target class, and this model has no classifier head")
+        return evidence.importance
+    return head_statistic(analysis, name)
+
+
+def ranking_keys(analysis: Analysis, name: str, evidence: ClassEvidence | None) -> torch.Tensor:
+    """Values whose ascending order is the ranking's order ``[layers, heads]``."""
+    if name not in RANKINGS:
+        raise VitExplorerError(f"unknown head ranking {name!r}; use one of {', '.join(RANKINGS)}")
+    values = ranking_values(analysis, name, evidence)
+    return values if RANKINGS[name] != "highest first" else -values
+
+
+def head_order(analysis: Analysis, order_by: str, evidence: ClassEvidence | None = None) -> torch.Tensor:
+    """Per layer, the heads in display order ``[layers, heads]`` int64 (by ``RANKINGS``, or as they are)."""
+    layers, heads = analysis.map_shape
+    if order_by == "none":
+        return torch.arange(heads).repeat(layers, 1)
+    return ranking_keys(analysis, order_by, evidence).argsort(dim=1, stable=True)
+
+
+def top_heads(analysis: Analysis, evidence: ClassEvidence | None, k: int = 5) -> dict[str, list[tuple[int, int, float]]]:
+    """By each ranking, the ``k`` first heads of the whole model as (layer, head, value); gradient
+    importance only where there is a target class."""
+    tops = {}
+    for name in RANKINGS:
+        if name == GRADIENT_IMPORTANCE and evidence is None:
+            continue
+        values = ranking_values(analysis, name, evidence)
+        flat = ranking_keys(analysis, name, evidence).flatten().argsort(stable=True)[:k].tolist()
+        heads = (divmod(index, values.shape[1]) for index in flat)
+        tops[name] = [(layer, head, float(values[layer, head])) for layer, head in heads]
+    return tops
+
+
+def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) -> torch.Tensor:
+    """The query's rollout over the patches ``[grid_h, grid_w]``."""
+    attentions = analysis.attentions
+    if attentions is None:  # compact: only the head means were kept, as one "head"
+        if options.head_fusion != "mean":
+            raise VitExplorerError(
+                "this analysis kept only head-mean maps to stay within its memory budget, so rollout can fuse heads "
+                "by mean only; raise the memory budget for max or min"
+            )
+        attentions = analysis.compact["head_mean"][:, None]
+    factors = memo(
+        analysis,
+        ("rollout_factors", options.head_fusion, options.discard_ratio, options.residual_weight),
+        lambda: rollout_factors(
+            attentions, options.head_fusion, options.discard_ratio, options.residual_weight,
+            num_protected=int(analysis.layout.has_class_token),
+        ),
+    )
+    return factors_map(analysis, factors, query, options.start_layer)
+
+
+def factors_map(analysis: Analysis, factors: torch.Tensor, query: int | None, start_layer: int) -> torch.Tensor:
+    """The query's row of a chain of per-layer factors ``[layers, n, n]``, over the patches ``[grid_h, grid_w]``."""
+    row = rollout_rows(factors, query_vector(analysis, query)[None], start_layer)[0]
+    return analysis.layout.patch_map(row)
+
+
+def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions) -> torch.Tensor:
+    """The map of ``method`` (``CLASS_METHODS``) for the default query (class token) ``[grid_h, grid_w]``.
+
+    ``relevance`` and ``grad-rollout`` are for ``evidence``'s target class; ``rollout`` and ``cls``
+    are class-agnostic. Discard ratio, residual weight and start layer come from ``options``.
+    """
+    query = default_query(analysis)
+    if method == "rollout":
+        return rollout_map(analysis, query, options)
+    if method == "cls":
+        return attention_map(analysis, query, analysis.map_shape[0] - 1, None)
+    if method not in CLASS_METHODS:
+        raise VitExplorerError(f"unknown map method {method!r}; use one of {', '.join(CLASS_METHODS)}")
+    if evidence is None:  # method is one of CLASS_SPECIFIC
+        raise VitExplorerError(f"{CLASS_METHODS[method]} explains a class score, and this model has no classifier head")
+    weighted = evidence.weighted
+    if method == "relevance":
+        factors = memo(analysis, ("relevance_factors", evidence.target), lambda: relevance_factors(weighted))
+    else:
+        factors = memo(
+            analysis,
+            ("grad_rollout_factors", evidence.target, options.discard_ratio, options.residual_weight),
+            lambda: grad_rollout_factors(weighted, options.discard_ratio, options.residual_weight,
+                                         num_protected=int(analysis.layout.has_class_token)),
+        )
+    return factors_map(analysis, factors, query, options.start_layer)
+
+
+def attention_map(analysis: Analysis, query: int | None, layer: int, head: int | None) -> torch.Tensor:
+    """Where the query looks in one layer, one head or the mean of heads ``[grid_h, grid_w]``."""
+    rows = query_rows(analysis, query)[layer]  # [heads, n]
+    return analysis.layout.patch_map(rows.mean(dim=0) if head is None else rows[head])

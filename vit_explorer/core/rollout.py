@@ -1,0 +1,125 @@
+"""Attention rollout (Abnar & Zuidema, 2020) and the maps views read off attention rows.
+
+Pure tensor math: inputs are ``[layers, heads, n, n]`` attention stacks (torch or numpy),
+outputs are torch tensors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vit_explorer.errors import VitExplorerError
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+def as_attention_stack(attentions: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """``[layers, heads, n, n]`` as a float32 tensor (float16 maps are widened here)."""
+    stack = torch.as_tensor(attentions)
+    if stack.ndim != 4 or stack.shape[-1] != stack.shape[-2]:
+        raise VitExplorerError(f"expected attentions [layers, heads, n, n], got shape {tuple(stack.shape)}")
+    return stack.float()
+
+
+def fuse_heads(attentions: torch.Tensor | np.ndarray, head_fusion: str = "mean") -> torch.Tensor:
+    """``[layers, heads, n, n]`` → ``[layers, n, n]`` by mean, max or min over heads."""
+    stack = as_attention_stack(attentions)
+    if head_fusion == "mean":
+        return stack.mean(dim=1)
+    if head_fusion == "max":
+        return stack.amax(dim=1)
+    if head_fusion == "min":
+        return stack.amin(dim=1)
+    raise VitExplorerError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+
+
+def discard_lowest(fused: torch.Tensor, discard_ratio: float, num_protected: int = 1) -> torch.Tensor:
+    """Zero the lowest ``discard_ratio`` share of each row's weights ``[..., n, n]``.
+
+    The first ``num_protected`` columns (the class token) are never discarded, so a row always keeps
+    the path to the class token.
+    """
+    if not 0.0 <= discard_ratio < 1.0:
+        raise VitExplorerError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    num_discard = int(fused.shape[-1] * discard_ratio)
+    if num_discard == 0:
+        return fused
+    ranking = fused.clone()
+    ranking[..., :num_protected] = float("inf")
+    lowest = ranking.topk(num_discard, dim=-1, largest=False).indices
+    return fused.scatter(-1, lowest, 0.0)
+
+
+def rollout_factors(
+    attentions: torch.Tensor | np.ndarray,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    residual_weight: float = 0.5,
+    num_protected: int = 1,
+) -> torch.Tensor:
+    """The per-layer factors Â_l = rownorm((1−w)·fuse(A_l) + w·I) ``[layers, n, n]``."""
+    if not 0.0 <= residual_weight <= 1.0:
+        raise VitExplorerError(f"residual_weight must be in [0, 1], got {residual_weight}")
+    fused = discard_lowest(fuse_heads(attentions, head_fusion), discard_ratio, num_protected)
+    identity = torch.eye(fused.shape[-1], dtype=fused.dtype)
+    mixed = (1.0 - residual_weight) * fused + residual_weight * identity
+    # each row is a distribution over keys: normalise along the key axis, keeping it for broadcasting
+    return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(mixed.dtype).tiny)
+
+
+def check_start_layer(start_layer: int, num_layers: int) -> None:
+    if not 0 <= start_layer < num_layers:
+        raise VitExplorerError(f"start_layer must be in 0…{num_layers - 1}, got {start_layer}")
+
+
+def attention_rollout(
+    attentions: torch.Tensor | np.ndarray,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    start_layer: int = 0,
+    residual_weight: float = 0.5,
+    num_protected: int = 1,
+) -> torch.Tensor:
+    """The full rollout R = Â_L ⋯ Â_start ``[n, n]``; row i says how token i's output draws on each input token."""
+    factors = rollout_factors(attentions, head_fusion, discard_ratio, residual_weight, num_protected)
+    check_start_layer(start_layer, factors.shape[0])
+    result = factors[start_layer]
+    for factor in factors[start_layer + 1 :]:
+        result = factor @ result
+    return result
+
+
+def rollout_rows(factors: torch.Tensor, queries: torch.Tensor, start_layer: int = 0) -> torch.Tensor:
+    """Rows of the rollout for query weights ``[q, n]`` from the factors ``[layers, n, n]``: O(layers·q·n²).
+
+    A one-hot query row gives that token's rollout row; a mean over patch rows gives the patch-mean row.
+    """
+    check_start_layer(start_layer, factors.shape[0])
+    rows = queries.to(factors.dtype)
+    for factor in factors.flip(0)[: factors.shape[0] - start_layer]:
+        rows = rows @ factor
+    return rows
+
+
+def rollout_row(
+    attentions: torch.Tensor | np.ndarray,
+    query: int,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    start_layer: int = 0,
+    residual_weight: float = 0.5,
+    num_protected: int = 1,
+) -> torch.Tensor:
+    """Row ``query`` of ``attention_rollout`` ``[n]``, without forming the n×n product."""
+    factors = rollout_factors(attentions, head_fusion, discard_ratio, residual_weight, num_protected)
+    one_hot = torch.zeros(1, factors.shape[-1], dtype=factors.dtype)
+    one_hot[0, query] = 1.0
+    return rollout_rows(factors, one_hot, start_layer)[0]
+
+
+def attention_row(attentions: torch.Tensor | np.ndarray, layer: int, query: int, head: int | None = None) -> torch.Tensor:
+    """Where token ``query`` looks in ``layer``: one head's row, or the mean over heads ``[n]``."""
+    stack = as_attention_stack(attentions)
+    rows = stack[layer, :, query, :]  # [heads, n]
+    return rows.mean(dim=0) if head is None else rows[head]

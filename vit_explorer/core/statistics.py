@@ -1,0 +1,123 @@
+"""Per-head statistics of attention ``[..., heads, n, n]`` (one image's layers, or a batch): entropy, distance,
+prefix share. Each gives ``[..., heads]``, computed in torch (every core, and the GPU a dataset's batch is on)
+and returned as the maps came: numpy for numpy, a tensor for a tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from vit_explorer.models.layout import TokenLayout
+
+
+def _like(result: torch.Tensor, attentions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """``result`` as the caller's kind: numpy for numpy maps, a tensor for tensors."""
+    return result.numpy() if isinstance(attentions, np.ndarray) else result
+
+
+# A dataset batch's maps are tens of MB: a statistic that made a temporary of that size would pay a page
+# fault per 4 KiB and a trip to memory per pass, which cost four times the arithmetic. So each statistic
+# reads the maps in groups of about this many bytes, which stay in cache while it passes over them twice.
+GROUP_BYTES = 2 << 20
+
+
+def _per_map(attentions: np.ndarray | torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``reduce`` (float32 maps ``[m, n, n]`` → ``[k, m]``) over every map of ``[..., n, n]``, giving ``[k, ...]``."""
+    maps = torch.as_tensor(attentions)
+    flat = maps.reshape(-1, *maps.shape[-2:])  # [maps, n, n]
+    step = max(1, GROUP_BYTES // (flat[0].numel() * 4)) if len(flat) else 1
+    values = torch.cat([reduce(group.to(torch.float32)) for group in flat.split(step)], dim=1)  # [k, maps]
+    return values.view(-1, *maps.shape[:-2])
+
+
+def _entropy(maps: torch.Tensor) -> torch.Tensor:
+    # -Σ p·log p as one log pass and one fused dot per row (``torch.special.entr`` is twice as slow); a weight
+    # of exactly 0 contributes 0·log(tiny) = 0, as it should
+    logs = maps.clamp_min(torch.finfo(maps.dtype).tiny).log_()
+    return torch.linalg.vecdot(maps, logs).mean(dim=-1).neg_()
+
+
+def _distance(maps: torch.Tensor, distances: torch.Tensor, prefix: int) -> torch.Tensor:
+    patch_to_patch = maps[:, prefix:, prefix:]  # [m, patches, patches]
+    # Σ_k A[q, k]·d(q, k) / Σ_k A[q, k]: the renormalisation divides the sum, not each weight
+    weighted = torch.linalg.vecdot(patch_to_patch, distances)
+    return (weighted / patch_to_patch.sum(dim=-1).clamp_min(1e-12)).mean(dim=-1)
+
+
+def _prefix_share(maps: torch.Tensor, prefix: int) -> torch.Tensor:
+    return maps[:, prefix:, :prefix].sum(dim=-1).mean(dim=-1)
+
+
+def _distances_for(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    return torch.from_numpy(patch_distances(layout)).to(torch.as_tensor(attentions).device)  # [patches, patches]
+
+
+def attention_entropy(attentions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Mean entropy (nats) of each head's rows ``[..., heads]``; log(n) is uniform, 0 is one-hot."""
+    return _like(_per_map(attentions, lambda maps: _entropy(maps)[None])[0], attentions)
+
+
+def patch_distances(layout: TokenLayout) -> np.ndarray:
+    """Pixel distance between the centres of every pair of patches ``[patches, patches]``."""
+    rows, cols = np.divmod(np.arange(layout.num_patches), layout.grid_hw[1])
+    ys, xs = rows * layout.patch_hw[0], cols * layout.patch_hw[1]
+    return np.hypot(ys[:, None] - ys[None, :], xs[:, None] - xs[None, :]).astype(np.float32)
+
+
+def mean_attention_distance(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> np.ndarray | torch.Tensor:
+    """Mean distance in input pixels over which each head integrates ``[..., heads]``.
+
+    For every patch query, the expected distance to the patch keys it attends to (weights
+    renormalised over patches, so attention parked on prefix tokens does not count as distance
+    zero), averaged over queries — the measure of Fig. 7 of the ViT paper.
+    """
+    distances, prefix = _distances_for(attentions, layout), layout.num_prefix_tokens
+    return _like(_per_map(attentions, lambda maps: _distance(maps, distances, prefix)[None])[0], attentions)
+
+
+def prefix_share(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> np.ndarray | torch.Tensor:
+    """Share of each head's attention from patch queries that lands on prefix tokens ``[..., heads]``."""
+    prefix = layout.num_prefix_tokens
+    return _like(_per_map(attentions, lambda maps: _prefix_share(maps, prefix)[None])[0], attentions)
+
+
+def head_statistics(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> dict[str, np.ndarray | torch.Tensor]:
+    """Every statistic of ``HEAD_STATISTICS`` ``{name: [..., heads]}``, from one read of each group of maps
+    (what capture's statistics sinks use: a dataset batch's maps come from memory once, not once per statistic)."""
+    distances, prefix = _distances_for(attentions, layout), layout.num_prefix_tokens
+    values = _per_map(attentions, lambda maps: torch.stack([_entropy(maps), _distance(maps, distances, prefix), _prefix_share(maps, prefix)]))
+    return {name: _like(value, attentions) for name, value in zip(HEAD_STATISTICS, values)}
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks of the flattened ``values`` (0 = smallest), ties sharing their mean rank ``[values.size]``."""
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    order = np.argsort(flat, kind="stable")
+    sorted_values = flat[order]
+    # each run of equal values gets the mean of the positions it spans
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    ends = np.r_[starts[1:], flat.size]
+    mean_positions = np.repeat((starts + ends - 1) / 2.0, ends - starts)
+    result = np.empty_like(flat)
+    result[order] = mean_positions
+    return result
+
+
+def spearman(first: np.ndarray, second: np.ndarray) -> float:
+    """Spearman rank correlation of two arrays of the same size (flattened), NaN when either is constant."""
+    first_ranks, second_ranks = ranks(first), ranks(second)
+    if first_ranks.size != second_ranks.size:
+        raise ValueError(f"spearman needs arrays of one size, not {first_ranks.size} and {second_ranks.size}")
+    first_ranks -= first_ranks.mean()
+    second_ranks -= second_ranks.mean()
+    scale = np.sqrt((first_ranks**2).sum() * (second_ranks**2).sum())
+    return float((first_ranks * second_ranks).sum() / scale) if scale > 0 else float("nan")
+
+
+HEAD_STATISTICS = {
+    "entropy": lambda attentions, layout: attention_entropy(attentions),
+    "distance": mean_attention_distance,
+    "prefix share": prefix_share,
+}

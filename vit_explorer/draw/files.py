@@ -1,0 +1,177 @@
+"""Files a user takes away: ``attention.npz`` with the raw maps, PNGs of the views."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.draw import charts, pictures, render
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.methods import norms
+from vit_explorer.methods.ablation import HeadAblation
+from vit_explorer.methods.dataset import HEAD_STATISTICS, UNITS, HeadTotals, ImageList, dataset_tables
+from vit_explorer.methods.faithfulness import FaithfulnessCurves
+from vit_explorer.methods.sanity import SanityCurves
+from vit_explorer.models.base import LoadedModel
+
+
+def write_npz(analysis: Analysis, path: Path, full_maps: bool = False) -> int:
+    """Raw maps, and return the bytes written.
+
+    Always: the compact form (``Analysis.compact_form``): ``head_mean`` [layers, n, n], ``prefix_rows``
+    [layers, heads, prefix, n], ``patch_mean_rows`` [layers, heads, n] (float16) and ``statistic_*`` [layers, heads];
+    with ``full_maps``, also ``attentions`` [layers, heads, n, n], every head's full map as analysed (float32, or
+    float16 above the memory budget); beside them ``grid``, ``num_prefix_tokens``, ``prefix_names``, ``image``,
+    ``logits``, ``probs``, ``weights`` ("trained" or "random"), ``ood_score`` and ``ood_threshold`` for a model
+    calibrated for out-of-distribution inputs, ``labels`` when the model has them, and ``token_norms`` [layers, n]
+    (each token's norm after each layer) when the analysis has them.
+
+    Not compressed: attention maps barely compress, and deflating hundreds of MB was most of a large run's time.
+    """
+    if full_maps and analysis.attentions is None:
+        raise VitExplorerError("this analysis kept its maps compactly (they were above the memory budget), so there is no "
+                               "full stack to write; raise the memory budget (--memory-budget-mb) or leave out --full-maps")
+    compact = analysis.compact_form()
+    arrays = {
+        "grid": np.array(analysis.grid),
+        "num_prefix_tokens": np.array(analysis.num_prefix_tokens),
+        "prefix_names": np.array(analysis.layout.prefix_names, dtype=str),
+        "image": analysis.image,
+        "logits": render.to_numpy(analysis.logits),
+        "probs": render.to_numpy(analysis.probs),
+        "model": np.array(analysis.model_name),
+        "weights": np.array("random" if analysis.random_weights else "trained"),
+        **{key: render.to_numpy(value) for key, value in compact.items() if isinstance(value, torch.Tensor)},
+        **{f"statistic_{name.replace(' ', '_')}": render.to_numpy(value) for name, value in compact["statistics"].items()},
+    }
+    if analysis.ood is not None:
+        arrays.update(ood_score=np.array(analysis.ood.score), ood_threshold=np.array(analysis.ood.threshold))
+    if full_maps:
+        arrays["attentions"] = render.to_numpy(analysis.attentions)
+    if analysis.labels is not None:
+        arrays["labels"] = np.array(analysis.labels, dtype=str)
+    if analysis.token_norms is not None:
+        arrays["token_norms"] = render.to_numpy(analysis.token_norms)
+    np.savez(path, **arrays)
+    return path.stat().st_size
+
+
+def npz_note(analysis: Analysis, written_bytes: int, full_maps: bool) -> str:
+    """What ``attention.npz`` holds and its size, and what the other choice would have added."""
+    if full_maps:
+        return f"attention.npz: {megabytes(written_bytes)}, every head's full map and the compact form"
+    if analysis.attentions is None:
+        return f"attention.npz: {megabytes(written_bytes)}, the compact form (the full maps were above the memory budget)"
+    return (f"attention.npz: {megabytes(written_bytes)}, the compact form (head means, prefix rows, statistics); every head's "
+            f"full map would add {megabytes(analysis.full_map_bytes())}")
+
+
+def megabytes(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
+def write_views(
+    analysis: Analysis,
+    out_dir: Path,
+    *,
+    query: int | None = None,
+    options: maps.RolloutOptions = maps.RolloutOptions(),
+    cmap: str = "inferno",
+    order_by: str = "none",
+    evidence: ClassEvidence | None = None,
+    shared: bool = False,
+    scale: str = "linear",
+    full_maps: bool = False,
+) -> tuple[list[Path], str]:
+    """``rollout.png``, ``heads.png`` (the layers × heads grid of the query) and ``attention.npz`` (``write_npz``) in
+    ``out_dir``; returns the paths and ``npz_note``'s words on the npz.
+
+    ``evidence`` (the target class's) is needed only to order heads by gradient importance; ``scale`` is the
+    colour scale (``render.COLOUR_SCALES``).
+    """
+    query = maps.default_query(analysis) if query is None else query
+    rollout = maps.rollout_map(analysis, query, options)
+    written = [out_dir / "rollout.png", out_dir / "heads.png", out_dir / "attention.npz"]
+    render.save_png(pictures.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, unit=pictures.ROLLOUT,
+                                         scale=scale), str(written[0]))
+    grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence,
+                                       scale=scale)
+    render.save_png(grid, str(written[1]))
+    return written, npz_note(analysis, write_npz(analysis, written[2], full_maps), full_maps)
+
+
+def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: str, out_dir: Path, **settings) -> list[Path]:
+    """``faithfulness.json`` (AUCs, curves, target, ``settings``) and ``faithfulness.png`` (the curves) in ``out_dir``."""
+    record = {"model": analysis.model_name, "method": method, "target_label": analysis.label(curves.target), **settings,
+              **curves.as_dict()}
+    written = [out_dir / "faithfulness.json", out_dir / "faithfulness.png"]
+    written[0].write_text(json.dumps(record, indent=2) + "\n")
+    title = f"{maps.CLASS_METHODS[method]} · target {analysis.label(curves.target)}"
+    render.save_png(charts.faithfulness_chart(curves, title), str(written[1]))
+    return written
+
+
+def write_sanity(curves: SanityCurves, out_dir: Path) -> list[Path]:
+    """``sanity.json`` (``SanityCurves.as_dict``) and ``sanity.png`` (the chart) in ``out_dir``."""
+    written = [out_dir / "sanity.json", out_dir / "sanity.png"]
+    written[0].write_text(curves.to_json())
+    render.save_png(charts.sanity_chart(curves), str(written[1]))
+    return written
+
+
+def write_norms(analysis: Analysis, out_dir: Path, k: float = norms.K, cmap: str = "inferno") -> list[Path]:
+    """``norms.json`` (``TokenNorms.as_dict``), ``norms.png`` (the layers × tokens norm map), ``norms_chart.png``
+    (norms and attention shares per layer) and ``norm_outliers.png`` (the outliers on the image, in the layer
+    with the most of them) in ``out_dir``."""
+    result = norms.for_analysis(analysis, k)
+    written = [out_dir / "norms.json", out_dir / "norms.png", out_dir / "norms_chart.png", out_dir / "norm_outliers.png"]
+    written[0].write_text(result.to_json(), encoding="utf-8")
+    render.save_png(pictures.norm_map_picture(result, cmap), str(written[1]))
+    render.save_png(charts.token_norm_chart(result), str(written[2]))
+    render.save_png(pictures.outlier_picture(analysis, result, result.peak_layer, cmap), str(written[3]))
+    return written
+
+
+def write_ablation(analysis: Analysis, ablation: HeadAblation, importance: torch.Tensor, out_dir: Path) -> list[Path]:
+    """``ablation.json`` (``HeadAblation.as_dict`` with the Spearman correlation of |Δ probability| with the gradient
+    ``importance`` ``[layers, heads]``) and ``ablation.png`` (the layers × heads heat map) in ``out_dir``."""
+    record = {"model": analysis.model_name, "target_label": analysis.label(ablation.target), **ablation.as_dict(importance)}
+    written = [out_dir / "ablation.json", out_dir / "ablation.png"]
+    written[0].write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    render.save_png(pictures.ablation_picture(ablation)[0], str(written[1]))
+    return written
+
+
+def write_dataset_outputs(out: Path, totals: HeadTotals, run: dict, model: LoadedModel, source: str, images: ImageList) -> list[Path]:
+    """``heads.csv``, ``summary.json`` (``dataset.dataset_tables``) and one chart per statistic, written into a sibling
+    folder and then moved into ``out``, file by file, so that no reader sees half a file."""
+    rows, summary = dataset_tables(totals, run, model, source, images)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".stats-", dir=out))
+    written = []
+    try:
+        with open(staging / "heads.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["group"], extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2))
+        for name in HEAD_STATISTICS:
+            mean = np.asarray(summary["statistics"][name]["mean"])
+            std = [row["std"] for row in rows if row["group"] == "all" and row["statistic"] == name]
+            chart = charts.dataset_statistic_chart(mean, np.asarray(std).reshape(mean.shape), name, UNITS[name], summary["analysed"])
+            render.save_png(chart, str(staging / f"{name.replace(' ', '_')}.png"))
+        for path in sorted(staging.iterdir()):
+            os.replace(path, out / path.name)
+            written.append(out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return written

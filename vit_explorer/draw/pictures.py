@@ -1,0 +1,221 @@
+"""Pictures of an analysis for the app and the CLI: large map views with colour bars, the image with the
+query patch outlined, the layers × heads grid. Numbers come from ``maps`` as tensors; pixels from ``render``,
+which turns them into numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.maps import RolloutOptions, class_map, head_order, query_rows
+from vit_explorer.draw import render
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.methods.ablation import HeadAblation
+from vit_explorer.methods.norms import TokenNorms
+
+# sizes in screen pixels: the app shows pictures at their natural size, and these fit its columns at 1280 px wide
+VIEW_PX = 320  # longer side of the large views
+GRID_PX = 500  # about the width of the layers × heads grid
+ATTENTION = "attention weight"
+ROLLOUT = "rollout weight"
+# what the colour of each class-maps method measures, for its colour bar
+UNITS = {"relevance": "relevance", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
+
+
+def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """Pixel box (x0, y0, x1, y1) of a patch token in a picture of ``picture_hw``, None for others."""
+    patch = None if token is None else analysis.layout.token_patch(token)
+    if patch is None:
+        return None
+    rows, cols = analysis.grid
+    cell_h, cell_w = picture_hw[0] / rows, picture_hw[1] / cols
+    return (int(patch[1] * cell_w), int(patch[0] * cell_h), int((patch[1] + 1) * cell_w) - 1, int((patch[0] + 1) * cell_h) - 1)
+
+
+def view_hw(analysis: Analysis, side: int = VIEW_PX) -> tuple[int, int]:
+    """Display size of a large view with the image's aspect ratio, longer side ``side``."""
+    height, width = analysis.image.shape[:2]
+    scale = side / max(height, width)
+    return (round(height * scale), round(width * scale))
+
+
+def token_at(analysis: Analysis, x: float, y: float, picture_hw: tuple[int, int]) -> int:
+    """The patch token under pixel (x, y) of a picture of ``picture_hw`` showing the image."""
+    rows, cols = analysis.grid
+    row = min(rows - 1, max(0, int(y * rows / picture_hw[0])))
+    col = min(cols - 1, max(0, int(x * cols / picture_hw[1])))
+    return analysis.layout.patch_token(row, col)
+
+
+def map_picture(analysis: Analysis, grid_map: torch.Tensor | np.ndarray, *, cmap: str, overlay: bool, query: int | None,
+                unit: str, scale: str = "linear", bounds: tuple[float, float] | None = None) -> np.ndarray:
+    """A large view of one ``[grid_h, grid_w]`` map on the colour ``scale`` (``render.COLOUR_SCALES``), or on
+    ``bounds`` (low, high) shared with other views, query patch outlined, with a colour bar of what the colour
+    measures (``unit``) that says when the map is flat (``render.flat_note``)."""
+    size = view_hw(analysis)
+    picture = render.heat(grid_map, size, cmap, image=analysis.image if overlay else None, scale=scale, bounds=bounds)
+    box = patch_box(analysis, query, size)
+    if box is not None:
+        picture = render.outline(picture, box)
+    low, high = (np.float32(value) for value in bounds) if bounds is not None else render.value_range(grid_map, scale=scale)
+    return render.with_colorbar(picture, cmap, low.item(), high.item(), unit, clipped=scale != "linear",
+                                note=render.flat_note(grid_map))
+
+
+def shared_bounds(maps: torch.Tensor | np.ndarray, scale: str = "linear") -> tuple[float, float]:
+    """The (low, high) of one colour scale shared by all of ``maps`` ``[..., h, w]``: the grid's "shared" normalisation,
+    which a large view of one of them follows."""
+    low, high = render.value_range(maps, shared=True, scale=scale)
+    return float(low.item()), float(high.item())
+
+
+def image_picture(analysis: Analysis, query: int | None) -> np.ndarray:
+    """The image as the model saw it, at display size, with the query patch outlined."""
+    size = view_hw(analysis)
+    picture = render.resize_image(analysis.image, size)
+    box = patch_box(analysis, query, size)
+    return render.outline(picture, box) if box is not None else picture
+
+
+def query_maps(analysis: Analysis, query: int | None) -> torch.Tensor:
+    """Where the query looks in every layer and head, on the patch grid ``[layers, heads, grid_h, grid_w]``."""
+    return analysis.layout.patch_map(query_rows(analysis, query))
+
+
+def grid_picture(
+    analysis: Analysis,
+    query: int | None,
+    *,
+    cmap: str = "inferno",
+    overlay: bool = True,
+    shared: bool = False,
+    order_by: str = "none",
+    evidence: ClassEvidence | None = None,
+    selected: tuple[int, int | None] | None = None,
+    tile_px: int | None = None,
+    scale: str = "linear",
+) -> tuple[np.ndarray, render.GridGeometry, torch.Tensor]:
+    """The layers × heads grid of the query's attention: picture, geometry, head order ``[layers, heads]``.
+
+    ``evidence`` is the target class's, for ordering by gradient importance. ``selected`` is
+    (layer, head); that head is outlined wherever the ordering put it, and (layer, None), the layer's
+    mean of heads, outlines the whole row.
+    """
+    layers, heads = analysis.map_shape
+    tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
+    order = head_order(analysis, order_by, evidence)
+    maps = query_maps(analysis, query)
+    maps = maps.take_along_dim(order[:, :, None, None], dim=1)
+    tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared, scale=scale)
+    bounds = shared_bounds(maps, scale) if shared else None
+    highlight = None
+    if selected is not None:
+        layer, head = selected
+        highlight = (layer, None if head is None else order[layer].tolist().index(head))
+    ordered = order_by != "none"
+    picture, geometry = render.tile_grid(
+        tiles,
+        row_labels=[f"L{layer}" for layer in range(layers)],
+        col_labels=[f"#{rank + 1}" if ordered else f"h{rank}" for rank in range(heads)],
+        axis_names=("layer", f"head by {order_by}" if ordered else "head"),
+        tile_notes=[[f"h{head}" for head in order[layer].tolist()] for layer in range(layers)] if ordered else None,
+        highlight=highlight,
+    )
+    if bounds is not None:  # one scale for every tile: say what it is, as the large views do
+        picture = render.with_colorbar(picture, cmap, *bounds, f"{ATTENTION}, one scale for all tiles", clipped=scale != "linear")
+    return picture, geometry, order
+
+
+def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions,
+                      cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
+    """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
+    grid_map = class_map(analysis, method, evidence, options)
+    return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale)
+
+
+DIFFERENCE_CMAP = "RdBu_r"  # diverging: red where the first map is higher, blue where the second is, white where they agree
+
+
+def centred_on_zero(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """Signed ``values`` → [0, 1] with 0 at 0.5 (a diverging colour map's middle), on a scale symmetric about 0,
+    and that scale's bound max|values| (all 0.5 when every value is 0)."""
+    bound = float(np.abs(values).max())
+    return (0.5 + values / (2 * bound) if bound > 0 else np.full(values.shape, 0.5)), bound
+
+
+def difference_picture(analysis: Analysis, difference: torch.Tensor | np.ndarray, unit: str) -> np.ndarray:
+    """A large view of a signed ``[grid_h, grid_w]`` difference of two maps on a scale symmetric about 0 (white),
+    at the size of ``analysis``'s views, with a colour bar from −max|difference| to +max|difference| of ``unit``."""
+    centred, bound = centred_on_zero(render.to_numpy(difference, np.float32))
+    picture = render.colorize(render.upsample(centred, view_hw(analysis)), DIFFERENCE_CMAP)
+    return render.with_colorbar(picture, DIFFERENCE_CMAP, -bound, bound, unit)
+
+
+NORM_RATIO = "token norm ÷ its layer's median patch norm"
+
+
+def norm_map_picture(result: TokenNorms, cmap: str = "inferno", width: int = GRID_PX) -> np.ndarray:
+    """The layers × tokens map of token norms (``norms.TokenNorms``), each over its layer's median patch norm,
+    prefix tokens then patches row by row; a triangle marks each patch flagged in some layer."""
+    layout = result.layout
+    relative = result.relative  # [layers, n]
+    low, high = render.value_range(relative, shared=True)
+    values = render.normalize(relative, shared=True)
+    layers = result.num_layers
+    names = layout.prefix_names
+    prefix = ", ".join(names) if len(names) <= 3 else f"{names[0]}, {names[1]}…{names[-1]}"
+    picture = render.row_map(
+        values, width - render.GRID_LEFT - 10, int(np.clip(240 // layers, 6, 20)), cmap,
+        title=f"{render.axis_title(('layer', 'token'))}   ▲ high-norm patch (k = {result.k:g})",
+        row_labels=[f"L{layer}" for layer in range(layers)],
+        column_labels=(prefix, f"{layout.grid_hw[0]}×{layout.grid_hw[1]} patches, row by row →"),
+        lead=layout.num_prefix_tokens, marks=result.flagged.any(dim=0),
+    )
+    return render.with_colorbar(picture, cmap, low.item(), high.item(), NORM_RATIO)
+
+
+def outlier_picture(analysis: Analysis, result: TokenNorms, layer: int | None = None, cmap: str = "inferno") -> np.ndarray:
+    """The image under one layer's token norms (default: the last layer), each patch flagged by ``result``
+    outlined, with a colour bar of the norm over the layer's median patch norm."""
+    layer = result.num_layers - 1 if layer is None else layer
+    if not 0 <= layer < result.num_layers:
+        raise VitExplorerError(f"layer {layer} is outside 0…{result.num_layers - 1}")
+    grid_map = analysis.layout.patch_map(result.relative[layer])  # [grid_h, grid_w]
+    size = view_hw(analysis)
+    picture = render.heat(grid_map, size, cmap, image=analysis.image)
+    for token in result.flagged_tokens(layer).tolist():
+        picture = render.outline(picture, patch_box(analysis, token, size))
+    low, high = render.value_range(grid_map)
+    count = len(result.flagged_tokens(layer))
+    unit = f"L{layer} norm ÷ median patch norm · {count} outlier{'' if count == 1 else 's'} outlined"
+    return render.with_colorbar(picture, cmap, low.item(), high.item(), unit)
+
+
+ABLATION_UNIT = "Δ target probability, percentage points (head removed)"
+ABLATION_CMAP = "RdBu"  # diverging: red where removing the head lowers the target, blue where it raises it, white for no change
+
+
+def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None = None,
+                     tile_px: int | None = None) -> tuple[np.ndarray, render.GridGeometry]:
+    """The layers × heads heat map of how the target probability changes when each head alone is removed, in
+    percentage points on a scale symmetric about 0, each tile labelled with its value, a colour bar below;
+    and its geometry, which maps a click to (layer, head). ``selected`` (layer, head) is outlined."""
+    points = render.to_numpy(ablation.delta_probability, np.float32) * 100.0  # [layers, heads]
+    layers, heads = points.shape
+    tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
+    centred, bound = centred_on_zero(points)
+    colours = render.colorize(centred, ABLATION_CMAP)  # [layers, heads, 3]
+    picture, geometry = render.tile_grid(np.broadcast_to(colours[:, :, None, None, :], (layers, heads, tile_px, tile_px, 3)),
+                                         row_labels=[f"L{layer}" for layer in range(layers)],
+                                         col_labels=[f"h{head}" for head in range(heads)], highlight=selected)
+    decimals = 1 if bound < 10 else 0
+    texts = [[signed(value, decimals) for value in row] for row in points]
+    picture = render.label_tiles(picture, geometry, texts, colours)
+    return render.with_colorbar(picture, ABLATION_CMAP, -bound, bound, ABLATION_UNIT), geometry
+
+
+def signed(value: float, decimals: int) -> str:
+    """``value`` with its sign (a true minus), none when it rounds to zero."""
+    text = f"{value:+.{decimals}f}"
+    return text[1:] if float(text) == 0 else text.replace("-", "−")

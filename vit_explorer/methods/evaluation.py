@@ -1,0 +1,218 @@
+"""Ground-truth checks of attention: accuracy, pointing game, energy, and deletion/insertion over a set of images.
+
+Pure math over maps and masks, plus functions that run a model on a held-out set and score the
+maps the app shows (``maps.class_map``) against each object's mask and by deletion / insertion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from vit_explorer.core import relevance
+from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.capture import TOP, StackingSink, capture
+from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
+from vit_explorer.methods.faithfulness import area_under, deletion_insertion
+from vit_explorer.models.base import LoadedModel
+
+
+def patch_mask(mask: np.ndarray, grid_hw: tuple[int, int], dilate: int = 1) -> torch.Tensor:
+    """Pixel mask ``[H, W]`` bool (a picture, like the image) → patches touching the object ``[grid_h, grid_w]``
+    bool, grown by ``dilate`` patches."""
+    rows, cols = grid_hw
+    touched = torch.from_numpy(mask).reshape(rows, mask.shape[0] // rows, cols, mask.shape[1] // cols).any(dim=3).any(dim=1)
+    # a max over each (2·dilate + 1)² neighbourhood, padded with -inf: the border clips, it does not wrap round
+    grown = torch.nn.functional.max_pool2d(touched[None, None].float(), 2 * dilate + 1, stride=1, padding=dilate)
+    return grown[0, 0] > 0
+
+
+def pointing_hit(grid_map: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether the map's maximum ``[grid_h, grid_w]`` falls on a target patch."""
+    return bool(target.flatten()[grid_map.argmax()])
+
+
+def energy(grid_map: torch.Tensor, target: torch.Tensor) -> float:
+    """Share of the map's (non-negative) mass on the target patches."""
+    mass = grid_map.clamp_min(0)
+    return float(mass[target].sum() / max(float(mass.sum()), 1e-12))
+
+
+@dataclass(frozen=True)
+class GroundTruthFigures:
+    """Accuracy, and per map method (``maps.CLASS_METHODS``, plus ``random``) the pointing-game hit
+    rate and the mean energy on the object, for the true class of each image."""
+
+    images: int
+    accuracy: float
+    pointing: dict[str, float]
+    energy: dict[str, float]
+    target_share: float  # the dilated mask's share of the patches: the energy of a uniform map
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FaithfulnessFigures:
+    """Mean deletion and insertion AUCs per map method, and of random orders, over a set of images."""
+
+    images: int
+    steps: int
+    auc: dict[str, dict[str, float]]  # method → {deletion, insertion}; "random" → the random orders' AUCs
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """An image as the model sees it ``[H, W, 3]`` uint8, its class (-1: unknown, the top prediction is
+    scored), and its object's mask ``[H, W]`` bool (None: no mask). ``shapes.Sample`` is one too."""
+
+    image: np.ndarray
+    label: int
+    mask: np.ndarray | None = None
+
+
+def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50
+                    ) -> Iterator[tuple[Labelled, Analysis, ClassEvidence | None]]:
+    """Each sample's analysis and the class evidence for its true class (its top class when the label is
+    unknown; None for a backbone without a classifier head, whose labels must be unknown), from one forward
+    and backward pass per batch; the maps then come from the same ``maps`` the app shows."""
+    from vit_explorer.core.images import to_pixels
+
+    for start in range(0, len(samples), batch_size):
+        batch = samples[start : start + batch_size]
+        pixels = torch.cat([to_pixels(sample.image, model.preprocess) for sample in batch]).to(model.device)
+        labels = torch.tensor([sample.label for sample in batch])
+        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]), target=TOP if (labels < 0).all() else labels,
+                           reduce_gradients=relevance.layer_evidence)
+        targets = captured.targets
+        for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):
+            analysis = Analysis(image=sample.image, attentions=maps, logits=sample_logits, layout=model.layout,
+                                labels=model.labels, model_name=model.name)
+            yield sample, analysis, None if targets is None else ClassEvidence.from_layers(int(targets[index]), captured.gradients, image=index)
+
+
+def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
+    """Accuracy, and pointing game and energy of every map method (default rollout options) and of a
+    uniform random map, against each object's mask dilated by one patch."""
+    rng = np.random.default_rng(seed)  # numpy's generator: a seed gives the random maps of the published figures
+    correct, hits, energies, shares = 0, {name: 0 for name in (*CLASS_METHODS, "random")}, {name: [] for name in CLASS_METHODS}, []
+    for sample, analysis, evidence in sample_analyses(model, samples, batch_size):
+        correct += int(analysis.logits.argmax() == sample.label)
+        target = patch_mask(sample.mask, model.layout.grid_hw)
+        hits["random"] += pointing_hit(torch.from_numpy(rng.random(model.layout.grid_hw)), target)
+        for method in CLASS_METHODS:
+            grid_map = class_map(analysis, method, evidence, RolloutOptions())
+            hits[method] += pointing_hit(grid_map, target)
+            energies[method].append(energy(grid_map, target))
+        shares.append(float(target.float().mean()))
+    count = len(samples)
+    return GroundTruthFigures(
+        images=count,
+        accuracy=correct / count,
+        pointing={name: hit / count for name, hit in hits.items()},
+        energy={name: float(np.mean(values)) for name, values in energies.items()},
+        target_share=float(np.mean(shares)),
+    )
+
+
+def faithfulness_on_shapes(
+    model: LoadedModel, samples: Sequence[Labelled], methods: tuple[str, ...] = tuple(CLASS_METHODS), steps: int = 10, random_orders: int = 1
+) -> FaithfulnessFigures:
+    """Mean deletion / insertion AUCs of each method's map for each image's true class, and of random orders."""
+    aucs: dict[str, list] = {name: [] for name in (*methods, "random")}
+    for index, (sample, analysis, evidence) in enumerate(sample_analyses(model, samples)):
+        for method in methods:
+            curves = deletion_insertion(model, analysis.image, class_map(analysis, method, evidence, RolloutOptions()), sample.label,
+                                        steps=steps, random_orders=random_orders, seed=index)
+            aucs[method].append([curves.aucs["deletion"], curves.aucs["insertion"]])
+        aucs["random"].append([curves.aucs["random_deletion"], curves.aucs["random_insertion"]])
+    means = {name: np.mean(values, axis=0) for name, values in aucs.items()}
+    return FaithfulnessFigures(images=len(samples), steps=steps,
+                               auc={name: {"deletion": float(mean[0]), "insertion": float(mean[1])} for name, mean in means.items()})
+
+
+SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "perturbation", "pointing", "energy")
+
+
+def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[str, ...], *, steps: int = 10,
+                 random_orders: int = 1, baseline: str = "blur", batch_size: int = 16, seed: int = 0) -> dict[str, list[float]]:
+    """Per-image figures, each a list in the order of ``items``: ``METHOD/deletion`` and ``METHOD/insertion``
+    (AUC of the target probability), ``METHOD/deletion_relative`` and ``METHOD/insertion_relative`` (the same
+    over the unperturbed image's probability of the target, so that 1 is "as sure as on the whole image" on any
+    model, also on a random one whose probabilities are all near 1/classes), ``METHOD/perturbation`` (area under the deletion curve of "the target is
+    still the top class": averaged over a labelled set, the positive-perturbation accuracy AUC of Chefer et
+    al. 2021, lower is better), ``METHOD/pointing`` and ``METHOD/energy`` against the mask dilated by one patch
+    (NaN without a mask); the same for ``random`` orders (and a random map's pointing), and ``correct`` (NaN
+    where the label is unknown). The random orders and map of the i-th item are seeded ``seed + i``, so scoring
+    a list in blocks, each with ``seed`` at its block's start, gives the figures of one run."""
+    scores: dict[str, list[float]] = {f"{method}/{score}": [] for method in (*methods, "random") for score in SCORES}
+    scores["correct"] = []
+    batch: list[Labelled] = []
+    index = 0
+
+    def flush() -> None:
+        nonlocal index
+        for sample, analysis, evidence in sample_analyses(model, batch, batch_size):
+            scores["correct"].append(np.nan if sample.label < 0 else float(int(analysis.logits.argmax()) == sample.label))
+            target = None if sample.mask is None else patch_mask(sample.mask, model.layout.grid_hw)
+            for method in methods:
+                grid_map = class_map(analysis, method, evidence, RolloutOptions())
+                curves = deletion_insertion(model, analysis.image, grid_map, evidence.target, steps=steps, random_orders=random_orders,
+                                            baseline=baseline, seed=seed + index)
+                aucs = curves.aucs
+                relative = curves.relative_aucs
+                scores[f"{method}/deletion"].append(aucs["deletion"])
+                scores[f"{method}/insertion"].append(aucs["insertion"])
+                scores[f"{method}/deletion_relative"].append(relative["deletion"])
+                scores[f"{method}/insertion_relative"].append(relative["insertion"])
+                scores[f"{method}/perturbation"].append(area_under(curves.fractions, curves.deletion_top1))
+                scores[f"{method}/pointing"].append(np.nan if target is None else float(pointing_hit(grid_map, target)))
+                scores[f"{method}/energy"].append(np.nan if target is None else energy(grid_map, target))
+            scores["random/deletion"].append(aucs["random_deletion"])
+            scores["random/insertion"].append(aucs["random_insertion"])
+            scores["random/deletion_relative"].append(relative["random_deletion"])
+            scores["random/insertion_relative"].append(relative["random_insertion"])
+            scores["random/perturbation"].append(area_under(curves.fractions, curves.random_deletion_top1))
+            random_map = torch.from_numpy(np.random.default_rng(seed + index).random(model.layout.grid_hw))
+            scores["random/pointing"].append(np.nan if target is None else float(pointing_hit(random_map, target)))
+            scores["random/energy"].append(np.nan if target is None else energy(random_map, target))
+            index += 1
+        batch.clear()
+
+    for item in items:
+        batch.append(item)
+        if len(batch) == batch_size:
+            flush()
+    if batch:
+        flush()
+    return scores
+
+
+def bootstrap_interval(values: np.ndarray, resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (NaNs dropped): (low, high), NaN when empty."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return (np.nan, np.nan)
+    means = np.random.default_rng(seed).choice(values, size=(resamples, values.size), replace=True).mean(axis=1)
+    return (float(np.quantile(means, (1 - level) / 2)), float(np.quantile(means, (1 + level) / 2)))
+
+
+def score_table(scores: dict[str, list[float]], methods: tuple[str, ...]) -> list[dict]:
+    """One row per method (and ``random``): per score its mean and 95% bootstrap interval, None without data."""
+    rows = []
+    for method in (*methods, "random"):
+        row: dict = {"method": method}
+        for score in SCORES:
+            values = np.asarray(scores[f"{method}/{score}"], dtype=np.float64)
+            present = values[~np.isnan(values)]
+            row[score] = None if present.size == 0 else {"mean": float(present.mean()), "ci95": bootstrap_interval(present), "images": int(present.size)}
+        rows.append(row)
+    return rows

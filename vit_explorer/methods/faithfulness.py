@@ -1,0 +1,185 @@
+"""How faithful a map is: deletion and insertion curves (Petsiuk et al., RISE, 2018) against random orders.
+
+Deletion replaces the patches, most important first by the map, with a baseline (the image blurred,
+or its mean colour) and records the target class's probability; a faithful map makes it fall fast
+(low area under the curve). Insertion starts from the baseline and puts the patches back in the same
+order; a faithful map makes the probability rise fast (high area). The same curves for random patch
+orders say what chance gives, so a user sees whether a map beats it. All perturbed images of one
+score run through the model in a few batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image, ImageFilter
+
+from vit_explorer.core.images import to_pixels
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import LoadedModel
+from vit_explorer.models.layout import TokenLayout
+
+BASELINES = ("blur", "mean")
+DEFAULT_STEPS = 16
+DEFAULT_RANDOM_ORDERS = 3
+CLEAR_MARGIN = 0.05  # AUC difference from chance below which a map is not called better than random
+
+
+def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS) -> int:
+    """Images one ``deletion_insertion`` runs through the model: 2 curves × (1 + random orders) × (steps + 1)."""
+    return 2 * (1 + random_orders) * (steps + 1)
+
+
+def area_under(fractions: np.ndarray, values: np.ndarray) -> float:
+    """Trapezoidal area under ``values`` over ``fractions`` (0…1)."""
+    return float(((values[1:] + values[:-1]) * np.diff(fractions)).sum() / 2)
+
+
+@dataclass(frozen=True)
+class FaithfulnessCurves:
+    """Target probability after each step ``[steps + 1]``, for the map's order and for random orders (mean);
+    and at each deletion step whether the target is still the top class (1.0 or 0.0; for random orders
+    the share of them): over a labelled set, the mean is the accuracy of Chefer et al.'s positive perturbation."""
+
+    target: int
+    fractions: np.ndarray  # share of patches deleted / inserted at each step, 0…1
+    deletion: np.ndarray
+    insertion: np.ndarray
+    random_deletion: np.ndarray
+    random_insertion: np.ndarray
+    deletion_top1: np.ndarray
+    random_deletion_top1: np.ndarray
+
+    @property
+    def aucs(self) -> dict[str, float]:
+        """Areas under the four curves: ``deletion`` (lower is better), ``insertion`` (higher is better)."""
+        return {name: area_under(self.fractions, getattr(self, name))
+                for name in ("deletion", "insertion", "random_deletion", "random_insertion")}
+
+    @property
+    def unperturbed(self) -> float:
+        """The target's probability on the whole image (the deletion curve before any patch is removed)."""
+        return float(self.deletion[0])
+
+    @property
+    def relative_aucs(self) -> dict[str, float]:
+        """``aucs`` over the unperturbed probability: 1 is as sure as on the whole image, on any model."""
+        scale = max(self.unperturbed, np.finfo(np.float64).tiny)
+        return {name: value / scale for name, value in self.aucs.items()}
+
+    @property
+    def margins(self) -> dict[str, float]:
+        """How much better than random orders the map is: positive is better, for both curves."""
+        aucs = self.aucs
+        return {"deletion": aucs["random_deletion"] - aucs["deletion"], "insertion": aucs["insertion"] - aucs["random_insertion"]}
+
+    def beats_chance(self, margin: float = CLEAR_MARGIN) -> bool:
+        """Whether the map beats random orders by ``margin`` at both deletion and insertion."""
+        return min(self.margins.values()) >= margin
+
+    @property
+    def verdict(self) -> str:
+        """The verdict in words, as the app and the CLI print it."""
+        return "beats random orders" if self.beats_chance() else f"does not beat random orders by {CLEAR_MARGIN} at both"
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
+                "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
+                **{name: getattr(self, name).round(6).tolist()
+                   for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
+
+
+def importance_order(grid_map: torch.Tensor) -> torch.Tensor:
+    """Patch indices (row-major) from the most to the least important ``[patches]``; ties keep grid order."""
+    return (-grid_map.double().flatten()).argsort(stable=True)
+
+
+def step_masks(order: torch.Tensor, steps: int) -> torch.Tensor:
+    """``[steps + 1, patches]`` bool: at step s, the first round(s/steps · patches) patches of ``order`` (halves
+    rounded to even)."""
+    patches = order.numel()
+    counts = (torch.arange(steps + 1, dtype=torch.float64) * (patches / steps)).round()  # [steps + 1]
+    rank = torch.empty(patches, dtype=torch.long)
+    rank[order] = torch.arange(patches)
+    return rank[None, :] < counts[:, None]
+
+
+def pixel_masks(masks: torch.Tensor, layout: TokenLayout, input_hw: tuple[int, int]) -> torch.Tensor:
+    """Patch masks ``[k, patches]`` bool → pixel masks ``[k, 1, H, W]`` float (1 where the patch is changed)."""
+    rows, cols = layout.grid_hw
+    height, width = input_hw
+    pixel_rows = torch.arange(height) * rows // height  # the patch row of every pixel row
+    pixel_cols = torch.arange(width) * cols // width
+    patch_index = pixel_rows[:, None] * cols + pixel_cols[None, :]  # [H, W]
+    return masks[:, patch_index].float()[:, None]
+
+
+def baseline_view(view: np.ndarray, layout: TokenLayout, kind: str = "blur") -> np.ndarray:
+    """What a removed patch shows ``[H, W, 3]`` uint8: the image blurred over about a patch, or its mean colour."""
+    if kind == "blur":
+        radius = max(layout.patch_hw)
+        return np.asarray(Image.fromarray(view).filter(ImageFilter.GaussianBlur(radius)), dtype=np.uint8)
+    if kind == "mean":
+        return np.broadcast_to(view.reshape(-1, 3).mean(axis=0).round().astype(np.uint8), view.shape).copy()
+    raise VitExplorerError(f"baseline must be one of {BASELINES}, got {kind!r}")
+
+
+def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]``, and whether
+    ``target`` is the top class ``[b]``."""
+    logits = model.logits(pixels).float()
+    if logits.shape[-1] == 0:
+        raise VitExplorerError(f"{model.name} has no classifier head, so there is no class probability to score maps by")
+    return torch.softmax(logits, dim=-1)[:, target].cpu().numpy(), (logits.argmax(-1) == target).cpu().numpy()
+
+
+def deletion_insertion(
+    model: LoadedModel,
+    view: np.ndarray,
+    grid_map: torch.Tensor,
+    target: int,
+    *,
+    steps: int = DEFAULT_STEPS,
+    random_orders: int = DEFAULT_RANDOM_ORDERS,
+    baseline: str = "blur",
+    seed: int = 0,
+    batch_size: int = 32,
+) -> FaithfulnessCurves:
+    """Deletion and insertion curves of ``grid_map`` ``[grid_h, grid_w]`` for the image ``view`` ``[H, W, 3]``
+    (as the model sees it) and class ``target``, with ``random_orders`` random orders as the baseline.
+
+    Costs ``forward_passes(steps, random_orders)`` images through the model, in batches of ``batch_size``.
+    """
+    layout = model.layout
+    if tuple(grid_map.shape) != layout.grid_hw:
+        raise VitExplorerError(f"map of shape {tuple(grid_map.shape)} does not match the {layout.grid_hw} patch grid")
+    if steps < 1 or random_orders < 1:
+        raise VitExplorerError("faithfulness needs at least one step and one random order")
+    # numpy's generator draws the random orders: a seed gives the orders the published figures were scored with
+    rng = np.random.default_rng(seed)
+    orders = [importance_order(grid_map)] + [torch.from_numpy(rng.permutation(layout.num_patches)) for _ in range(random_orders)]
+    masks = torch.cat([step_masks(order, steps) for order in orders])  # [orders · (steps + 1), patches]
+    image = to_pixels(view, model.preprocess)[0]
+    blank = to_pixels(baseline_view(view, layout, baseline), model.preprocess)[0]
+    probs, tops = [], []
+    # deletion replaces the first patches of each order; insertion shows only them
+    for start_from, put_in in ((image, blank), (blank, image)):
+        for start in range(0, len(masks), batch_size):  # perturbed images are built batch by batch
+            changed = pixel_masks(masks[start : start + batch_size], layout, view.shape[:2])
+            batch_probs, batch_tops = target_probabilities(model, start_from * (1 - changed) + put_in * changed, target)
+            probs.append(batch_probs)
+            tops.append(batch_tops)
+    deletion, insertion = np.concatenate(probs).reshape(2, len(orders), steps + 1)
+    deletion_top1 = np.concatenate(tops).reshape(2, len(orders), steps + 1)[0].astype(np.float64)
+    return FaithfulnessCurves(
+        target=target,
+        fractions=np.linspace(0.0, 1.0, steps + 1),
+        deletion=deletion[0],
+        insertion=insertion[0],
+        random_deletion=deletion[1:].mean(axis=0),
+        random_insertion=insertion[1:].mean(axis=0),
+        deletion_top1=deletion_top1[0],
+        random_deletion_top1=deletion_top1[1:].mean(axis=0),
+    )

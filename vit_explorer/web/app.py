@@ -1,0 +1,241 @@
+"""The Gradio app: the page's layout and its event wiring, and ``serve``. The tabs are modules of ``tabs``
+(each builds its components, renders its views and wires its own events); the events every tab follows
+are in ``tabs.shared``. Components and callbacks meet by name: ``CONTROL_NAMES`` for the controls,
+``FULL_OUTPUTS`` and the other output tuples for what a callback fills.
+
+The model runs once per (image, model); the resulting ``Analysis`` (CPU arrays, no model reference)
+is the session's state, and every other control re-renders from it, only the tab that is open.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import gradio as gr
+
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET
+from vit_explorer.draw import render
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import DEFAULT_MODEL
+from vit_explorer.models.builtin import EXAMPLES
+from vit_explorer.web.session import CACHE_TTL_S, CONTROL_NAMES, ModelCache, model_choices
+from vit_explorer.web.tabs import TABS
+from vit_explorer.web.tabs.base import MAP_VIEW, Wiring
+from vit_explorer.web.tabs.shared import (
+    FIRST_TAB,
+    FULL_OUTPUTS,
+    QUERIED,
+    TAB_OUTPUTS,
+    TARGETED,
+    on_controls,
+    on_model_change,
+    on_patch_click,
+    on_query_choice,
+    on_reset_query,
+    on_target,
+    opener,
+    run_analysis,
+    show_visible,
+)
+from vit_explorer.web.upload import image_upload
+
+TITLE = "vit_explorer"
+INTRO = ("See what a Vision Transformer looks at: the attention of every head of every layer, rollout, and the patches a "
+         "class depends on. Click any patch to see where it looks.")
+MAX_UPLOAD = "20mb"
+# Gradio floats an image's buttons over its top-right corner, where they hid column labels and map corners:
+# on our pictures they get a line of their own above the picture instead
+# A dropdown's arrow is drawn over the right end of its text box: the text stops short of it (and ends in "…")
+CSS = f""".{MAP_VIEW} .icon-button-wrapper {{ position: static; justify-content: flex-end; margin: 0 0 2px auto; }}
+.secondary-wrap input {{ padding-right: 28px; text-overflow: ellipsis; min-width: 0; }}"""
+NORMALISATIONS = ("per tile", "shared")
+
+
+def page_header(model_spec: str) -> dict:
+    """Upload, model, fit, the model summary and the examples."""
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=280):
+            upload = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=200, elem_id="upload")
+        with gr.Column(scale=5):
+            with gr.Row():
+                model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
+                                    info="built-in, timm:NAME, hf:REPO or a checkpoint file", scale=3)
+                fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch", label="Fit to the model's input",
+                               info="for images of other proportions", scale=2, min_width=220)
+                # in sight from every tab: the tabs that explain a class (class maps, ablation, compare) all follow this one
+                target = gr.Dropdown([], label="Target class", interactive=False, scale=2, min_width=200, elem_id="target")
+            summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
+            # the shapes are what the built-in model knows; another model is offered no examples it would misread.
+            # Open until an image is analysed, then folded, so that the maps come up on the first screen
+            with gr.Accordion("Examples (generated shapes, for the built-in model)", open=True, visible=shows_examples(model_spec),
+                              elem_id="examples") as examples:
+                if EXAMPLES.is_dir():
+                    gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label=None)
+    return {"upload": upload, "model": model, "fit": fit, "target": target, "summary": summary, "examples": examples}
+
+
+def shows_examples(model_spec: str) -> bool:
+    """Whether the generated-shape examples are offered: for the built-in model only."""
+    return model_spec == DEFAULT_MODEL
+
+
+def query_panel() -> dict:
+    """The image as the model sees it (click a patch to make it the query), the query and the predictions."""
+    gr.Markdown("**The image as the model sees it** — click a patch to make it the query")
+    query_image = gr.Image(show_label=False, label="The image as the model sees it", interactive=False, format="png", buttons=[],
+                           elem_id="query-image")
+    caption = gr.Markdown("", elem_id="query-caption")
+    query = gr.Dropdown([], label="Query token", info="a prefix token, the mean of patch queries, or the clicked patch", elem_id="query")
+    reset = gr.Button("Back to class token", size="sm")
+    top5 = gr.Label(num_top_classes=5, label="Top-5 predictions", elem_id="top5")
+    return {"query_image": query_image, "caption": caption, "query": query, "reset": reset, "top5": top5}
+
+
+def view_controls() -> dict:
+    """The controls every map follows: colormap, colour scale, overlay, grid normalisation and head order; folded
+    under one line, so that the maps come up on the first screen."""
+    with gr.Accordion("View: colormap, colour scale, overlay, grid normalisation, head order", open=False,
+                      elem_id="view-controls"), gr.Row():
+        cmap = gr.Dropdown(list(render.COLORMAPS), value="inferno", label="Colormap", min_width=110)
+        colour_scale = gr.Dropdown([(name, key) for key, name in render.COLOUR_SCALES.items()], value="linear", label="Colour scale",
+                                   min_width=170)
+        overlay = gr.Checkbox(True, label="Overlay on image", min_width=110)
+        normalisation = gr.Dropdown(list(NORMALISATIONS), value="per tile", label="Normalisation", min_width=130)
+        order_by = gr.Dropdown(list(maps.ORDERINGS), value="none", label="Order heads by", min_width=140)
+    return {"cmap": cmap, "colour_scale": colour_scale, "overlay": overlay, "normalisation": normalisation, "order_by": order_by}
+
+
+def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None, cache_ttl_s: int = CACHE_TTL_S) -> gr.Blocks:
+    """The app's layout and wiring; ``model_spec`` is the model selected at start.
+
+    Every rendered view is a file in Gradio's cache; files older than ``cache_ttl_s`` are deleted
+    (checked every ``cache_ttl_s / 2`` seconds, at most every 10 minutes), and all of them when the
+    server stops, so disk use is bounded by what one ``cache_ttl_s`` of use produces.
+    """
+    models = models or ModelCache()
+    with gr.Blocks(title=TITLE, delete_cache=(max(1, min(600, cache_ttl_s // 2)), cache_ttl_s)) as demo:
+        ui: dict = {"state": gr.State(None, time_to_live=CACHE_TTL_S), "current_model": gr.State(model_spec),
+                    "visible_tab": gr.State(FIRST_TAB)}
+        gr.Markdown(f"### {TITLE}\n{INTRO}")
+        ui.update(page_header(model_spec))
+        # the query image sits beside the tabs, level with the grid and the maps that follow the query
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=280):
+                ui.update(query_panel())
+            with gr.Column(scale=5):
+                ui.update(view_controls())
+                with gr.Tabs(overflow_behavior="wrap"):  # every tab in sight, in two rows on a narrow screen
+                    containers = {}
+                    for tab in TABS:
+                        with gr.Tab(tab.title, elem_id=f"tab-{tab.slug}") as containers[tab.title]:
+                            ui.update(tab.layout())
+        wire(Wiring(ui, models, cache_ttl_s), containers)
+    return demo
+
+
+def wire(app: Wiring, containers: dict) -> None:
+    """The events every tab follows, then each tab's own."""
+    state, visible, current_model, upload = app["state"], app["visible_tab"], app["current_model"], app["upload"]
+    controls = app.controls  # by name: a control without a component fails here
+
+    def analyse(upload_path, spec, tab, *values):
+        return run_analysis(app.models, upload_path, spec, tab, *values)
+
+    def switch_model(spec, current, upload_path, session, tab, *values):
+        return on_model_change(app.models, spec, current, upload_path, session, tab, *values)
+
+    def select_patch(evt: gr.SelectData, session, tab, *values):
+        return on_patch_click(app.models, evt, session, tab, *values)
+
+    analyses = (
+        upload.change(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze",
+                      concurrency_limit=2, show_progress="full"),
+        app["fit"].input(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="set_fit",
+                         concurrency_limit=2),
+        app["model"].input(switch_model, [app["model"], current_model, upload, state, visible, *controls],
+                           [current_model, app["model"], *app.all(FULL_OUTPUTS)], api_name="change_model", concurrency_limit=2),
+    )
+    analyses[2].then(lambda spec: gr.update(visible=shows_examples(spec)), current_model, app["examples"], api_name=False,
+                     show_progress="hidden")
+    analyses[0].then(lambda: gr.update(open=False), None, app["examples"], api_name=False, show_progress="hidden")
+    for event, name in zip(analyses, ("analyze", "set_fit", "change_model")):
+        # a tab opened while the model ran was drawn from the previous analysis, or not at all: draw it now
+        event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",
+                      show_progress="hidden")
+
+    app["query_image"].select(select_patch, [state, visible, *controls], app.all(QUERIED), api_name="select_patch")
+    app["query"].input(on_query_choice, [state, app["query"], visible, *controls], app.all(QUERIED), api_name="select_query")
+    app["reset"].click(on_reset_query, [state, visible, *controls], app.all(QUERIED), api_name="reset_query")
+
+    def choose_target(session, target, tab, *values):
+        return on_target(app.models, session, target, tab, *values)
+
+    app["target"].input(choose_target, [state, app["target"], visible, *controls], app.all(TARGETED), api_name="set_target",
+                        concurrency_limit=2)
+    for name in CONTROL_NAMES:
+        component = app[name]
+        # the fit changes the model's input: it analyses again, above; a state is set by its own tab's events
+        if name != "fit" and not isinstance(component, gr.State):
+            # a text box answers once its text is submitted, not at every key
+            event = component.submit if isinstance(component, gr.Textbox) else component.input
+            event(on_controls, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"set_{component.label.lower().replace(' ', '_')}")
+    for tab in TABS:
+        containers[tab.title].select(opener(tab), [state, *controls], [visible, *app.all(tab.outputs)], api_name=f"open_{tab.slug}")
+        if tab.wire is not None:
+            tab.wire(app)
+
+
+SHARE_WARNING = ("vit-explorer: warning: --share opens a public Gradio link: anyone with it can use this app, upload files to "
+                 "this machine and run the model here")
+
+
+def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False, open_browser: bool = True,
+          memory_budget: int = DEFAULT_MEMORY_BUDGET, cache_ttl_s: int = CACHE_TTL_S, input_hw: tuple[int, int] | None = None) -> None:
+    """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app; ``input_hw``
+    sets every model's input size where the model allows it."""
+    check_port(host, port)
+    models = ModelCache(memory_budget=memory_budget, input_hw=input_hw)
+    models.get(model_spec)
+    if share:
+        print(SHARE_WARNING, file=sys.stderr, flush=True)
+    demo = build_demo(model_spec, models, cache_ttl_s)
+    demo.queue(default_concurrency_limit=4)
+    demo.launch(server_name=host, server_port=port, share=share, inbrowser=open_browser, max_file_size=MAX_UPLOAD,
+                allowed_paths=[str(EXAMPLES)] if EXAMPLES.is_dir() else None, footer_links=["api"],
+                theme=gr.themes.Soft(), css=CSS, quiet=True, prevent_thread_lock=True)
+    print(serving_line(model_spec, host, demo.server_port, demo.share_url), file=sys.stderr, flush=True)
+    try:
+        demo.block_thread()
+    except KeyboardInterrupt:
+        demo.close()
+
+
+def check_port(host: str, port: int) -> None:
+    """A port another program listens on is a one-line error naming a free one, before the model loads (Gradio
+    would print a long traceback about GRADIO_SERVER_PORT)."""
+    import socket
+
+    def free(candidate: int) -> bool:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                return False
+            return True
+
+    if free(port):
+        return
+    spare = next((candidate for candidate in range(port + 1, port + 50) if free(candidate)), None)
+    hint = f"; try --port {spare}" if spare is not None else ""
+    raise VitExplorerError(f"port {port} is in use on {host}{hint}")
+
+
+def serving_line(model_spec: str, host: str, port: int, share_url: str | None) -> str:
+    """The one line ``serve`` prints: where the app is, who can reach it, and how to stop it."""
+    local = host in ("127.0.0.1", "localhost", "::1")
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    reach = "this machine only" if local else f"other machines that can reach {host} too"
+    if share_url:
+        reach += f", and anyone with the public link {share_url}"
+    return f"vit-explorer: serving {model_spec} at http://{shown}:{port} ({reach}); press Ctrl+C to stop"

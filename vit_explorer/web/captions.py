@@ -1,0 +1,356 @@
+"""The words the app shows beside its pictures: the model summary, names of queries and heads, the choices of
+its dropdowns, captions that say what a view shows and what is selected, the predictions, the top-heads
+table and the faithfulness verdict. Plain text and numbers from ``maps``; no Gradio, so the CLI or a
+notebook can reuse them."""
+
+from __future__ import annotations
+
+import math
+
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import Analysis, Prediction
+from vit_explorer.draw.pictures import signed
+from vit_explorer.methods import norms
+from vit_explorer.methods.ablation import HeadAblation
+from vit_explorer.methods.ablation import cost_text as ablation_cost_text
+from vit_explorer.methods.comparison import Comparison, Side, same_classes
+from vit_explorer.methods.dataset import DatasetStatistics
+from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, FaithfulnessCurves, forward_passes
+from vit_explorer.methods.sanity import SanityCurves
+from vit_explorer.web.session import Controls, Session
+
+RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
+BACKBONE_NOTE = "Backbone: no classifier head, so no predictions, class maps or faithfulness scores; attention, rollout and head statistics work."
+NO_CLASSIFIER = ("This model has no classifier head, so it has no class to explain: relevance and gradient-weighted rollout, "
+                 "and the faithfulness score, need class scores and are off. Rollout and last-layer class attention show; "
+                 "the sanity check runs on them.")
+
+
+def model_summary(analysis: Analysis) -> str:
+    """The lines above the views: the model, its input and token layout, what the analysis holds, and notices."""
+    layout = analysis.layout
+    layers, heads = analysis.map_shape
+    prefix = ", ".join(layout.prefix_names) or "none (rollout and grid use the mean over patch queries)"
+    summary = (
+        f"**{analysis.model_name}** · input {layout.input_hw[0]}×{layout.input_hw[1]} px · {layers} layers × {heads} heads · "
+        f"{layout.num_tokens} tokens = {layout.grid_hw[0]}×{layout.grid_hw[1]} patches of {layout.patch_hw[0]}×{layout.patch_hw[1]} px "
+        f"+ prefix: {prefix} · held: {analysis.nbytes / 2**20:.1f} MiB ({analysis.storage})"
+    )
+    if analysis.num_classes:  # on the first screen, whatever the height of the window; the top-5 is beside the tabs
+        top = analysis.top_k(1)[0]
+        summary = f"Prediction: **{top.label}** {top.prob:.1%}  \n{summary}"
+    if analysis.random_weights:
+        summary += f"  \n**{RANDOM_WEIGHTS_NOTE}**"
+    if analysis.num_classes == 0:
+        summary += f"  \n{BACKBONE_NOTE}"
+    if analysis.view_note:
+        summary += f"  \n{analysis.view_note}"
+    if analysis.ood is not None and analysis.ood.flagged:
+        summary = f"> ⚠️ **Outside what this model knows.** {analysis.ood.notice(analysis.model_name)}\n\n{summary}"
+    return summary
+
+MEAN_HEADS = "mean of heads"
+MEAN_PATCHES = "mean of patch queries"
+
+
+def query_choices(analysis: Analysis, query: int | None = None) -> list[str]:
+    """The query dropdown's entries: the prefix tokens, the mean of patch queries, and the clicked patch while it
+    is the query (so the dropdown can show it rather than go blank)."""
+    choices = [*analysis.layout.prefix_names, MEAN_PATCHES]
+    if query is not None and query >= analysis.num_prefix_tokens:
+        choices.append(maps.query_name(analysis, query))
+    return choices
+
+
+def query_label(session: Session) -> str:
+    """The current query's name: a prefix token, "mean of patch queries" or "patch at row 9, col 4"."""
+    return maps.query_name(session.analysis, session.query)
+
+
+def head_choices(analysis: Analysis) -> list[str]:
+    """The head dropdown's entries: the mean of heads, then h0, h1, …"""
+    return [MEAN_HEADS] + [f"h{head}" for head in range(analysis.map_shape[1])]
+
+
+def head_label(head: int | None) -> str:
+    """A head as the grid's column labels name it, or the mean of heads for None."""
+    return MEAN_HEADS if head is None else f"h{head}"
+
+
+def predictions(top: list[Prediction]) -> dict[str, float]:
+    """Predictions as the predictions label shows them."""
+    return {prediction.label: prediction.prob for prediction in top}
+
+
+def top_predictions(analysis: Analysis) -> dict[str, float]:
+    """The five most probable classes and their probabilities, for the predictions label."""
+    return predictions(analysis.top_k(5))
+
+
+def target_choices(analysis: Analysis) -> list[tuple[str, int]]:
+    """(shown, class index): the top five with their probabilities, then every class by index."""
+    top = analysis.top_k(5)
+    first = {prediction.index for prediction in top}
+    return [(f"{p.label} ({p.prob:.1%})", p.index) for p in top] + [
+        (analysis.label(index), index) for index in range(analysis.num_classes) if index not in first
+    ]
+
+
+def query_caption(session: Session) -> str:
+    """The line under the query image: which token is the query."""
+    is_patch = session.query is not None and session.analysis.layout.token_patch(session.query) is not None
+    return f"Query: **{query_label(session)}**" + (" (outlined)" if is_patch else "")
+
+
+def selection_name(session: Session) -> str:
+    """The selected layer and head as the grid labels them: "layer 2, head h1", "layer 5, mean of heads"."""
+    return f"layer {session.layer}, {head_label(session.head) if session.head is None else f'head h{session.head}'}"
+
+
+def grid_caption(session: Session, controls: Controls) -> str:
+    """What the grid shows, for which query, on which scale, and which tile (or row) is selected."""
+    scale = "one scale for all tiles" if controls.normalisation == "shared" else "each tile on its own scale"
+    order = "" if controls.order_by == "none" else f", heads of each layer ordered by {controls.order_by} ({maps.RANKINGS[controls.order_by]})"
+    outlined = "its row is outlined" if session.head is None else "its tile is outlined"
+    return (f"Where **{query_label(session)}** looks in every layer (rows) and head (columns), {scale}{order}. "
+            f"Selected: **{selection_name(session)}** — {outlined} and shown large on the right. Click a tile to select it.")
+
+
+def statistic_title(session: Session, name: str) -> str:
+    """The title of a head statistic's plot (``maps.RANKINGS``): what it measures, and its reference value."""
+    analysis = session.analysis
+    layout = analysis.layout
+    if name == "distance":
+        return "How far each head looks: mean attention distance in pixels (ViT paper, Fig. 7)"
+    if name == "entropy":
+        return f"Attention entropy in nats; uniform over all {layout.num_tokens} tokens: log n = {math.log(layout.num_tokens):.2f}"
+    if name == "prefix share":
+        if layout.num_prefix_tokens == 0:
+            return "Attention sent to prefix tokens: this model has none"
+        return (f"Share of patch queries' attention sent to prefix tokens ({', '.join(layout.prefix_names)}); "
+                f"uniform: {layout.num_prefix_tokens / layout.num_tokens:.3g}")
+    if name == maps.GRADIENT_IMPORTANCE:
+        return f"Gradient importance Σ|∇A ⊙ A| of each head for {analysis.label(session.target)}"
+    raise ValueError(f"no title for head statistic {name!r}")
+
+
+TOP_HEADS = 5
+
+
+def top_heads_table(session: Session, ablation: HeadAblation | None = None) -> dict:
+    """One row per rank, one column per ranking, cells "L<layer> h<head> · value"; with the target's head
+    ``ablation``, its ranking too: the drop in target probability when the head alone is removed."""
+    tops = maps.top_heads(session.analysis, session.evidence, TOP_HEADS)
+    headers = ["#", *(f"{name} ({maps.RANKINGS[name]})" for name in tops)]
+    if ablation is not None:
+        tops = {**tops, ABLATION_EFFECT: ablation.ranked(TOP_HEADS)}
+        headers.append(f"{ABLATION_EFFECT}, {ABLATION_MODES[ablation.mode]} (drop in target probability, highest first; "
+                       f"{spearman_text(ablation, session)})")
+    rows = [[rank + 1, *(f"L{layer} h{head} · {value:.3g}" for layer, head, value in (heads[rank] for heads in tops.values()))]
+            for rank in range(min(TOP_HEADS, *(len(heads) for heads in tops.values())))]
+    return {"headers": headers, "data": rows}
+
+
+def class_note(session: Session) -> str:
+    """The class-maps tab's line before a score: the target, and what scoring costs."""
+    if session.evidence is None:
+        return NO_CLASSIFIER
+    return (f"Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and inserts patches in "
+            f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward passes).")
+
+
+def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> str:
+    """A faithfulness score in words: the verdict, and each AUC against random orders with its margin."""
+    aucs, margins = curves.aucs, curves.margins
+    return (f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}** {curves.verdict}: "
+            f"deletion AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
+            f"insertion AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f}).")
+
+
+def dataset_note(session: Session, dataset: DatasetStatistics) -> str:
+    """What the dataset overlay shows, and this image's heads outside the dataset's 5–95% range per statistic."""
+    lines = [f"Below: each head against its range and mean over the {dataset.images} images of `{dataset.source}` ({dataset.model}, from `{dataset.folder}`)."]
+    if dataset.model != session.analysis.model_name:
+        lines.append(f"⚠️ Those statistics are of `{dataset.model}`; this is `{session.analysis.model_name}` (same shape).")
+    for name in dataset.mean:
+        outside = dataset.outside(name, maps.ranking_values(session.analysis, name, session.evidence))
+        if not outside:
+            lines.append(f"- {name}: every head within the dataset's 5–95% range")
+            continue
+        shown = ", ".join(f"L{layer} h{head} {value:.3g} (dataset {low:.3g}–{high:.3g})" for layer, head, value, low, high in outside[:4])
+        more = f" and {len(outside) - 4} more" if len(outside) > 4 else ""
+        heads = "1 head" if len(outside) == 1 else f"{len(outside)} heads"
+        lines.append(f"- {name}: {heads} outside the dataset's 5–95% range: {shown}{more}")
+    return "\n".join(lines)
+
+
+ABLATION_EFFECT = "ablation effect"
+ABLATION_MODES = {"zero": "zero output", "mean": "uniform attention"}  # ``ablation.MODES`` as the app names them
+# what each mode does, as the app runs it (no reference set: "mean" is uniform attention)
+ABLATION_MEANS = {"zero": "the head's output set to zero", "mean": "the head attends equally to every token"}
+NO_CLASS_SCORE = "This model has no classifier head: there is no class score to measure the removal of a head against."
+
+
+def ablation_passes(session: Session) -> str:
+    """What running the ablation costs, in multiples of one forward pass."""
+    return ablation_cost_text(*session.analysis.map_shape)
+
+
+def spearman_text(ablation: HeadAblation, session: Session) -> str:
+    """Spearman's ρ of |Δ target probability| with the gradient importance of the same target."""
+    rho = ablation.spearman(session.evidence.importance)
+    return f"Spearman ρ with gradient importance {'undefined (a constant ranking)' if math.isnan(rho) else f'{rho:.2f}'}"
+
+
+def ablation_note(session: Session, mode: str) -> str:
+    """The head ablation tab's words before a run: what it measures and what it costs."""
+    if session.evidence is None:
+        return NO_CLASS_SCORE
+    return (f"Which heads does the probability of **{session.analysis.label(session.target)}** need? *Run ablation* removes each "
+            f"head alone (**{ABLATION_MODES[mode]}**: {ABLATION_MEANS[mode]}) and runs the model again: {ablation_passes(session)}. "
+            "Unlike attention weights and gradients, this is causal.")
+
+
+def ablation_text(session: Session, ablation: HeadAblation) -> str:
+    """What the ablation heat map shows, the heads the target needs most, and how that agrees with gradient importance."""
+    label = session.analysis.label(ablation.target)
+    needed = ", ".join(f"**L{layer} h{head}** {signed(-drop * 100, 1)} pp" for layer, head, drop in ablation.ranked(3))
+    return (f"Change of the probability of **{label}** ({ablation.original_probability:.1%} with every head) when each head alone "
+            f"is removed ({ABLATION_MODES[ablation.mode]}: {ABLATION_MEANS[ablation.mode]}); red: removing it lowers the "
+            f"probability, blue: raises it. Most needed: {needed}. {spearman_text(ablation, session)} "
+            f"(|Δp| against Σ|∇A ⊙ A|, {ablation.delta_probability.numel()} heads). "
+            f"Took {ablation_cost_text(*ablation.delta_logit.shape)}. "
+            "Click a tile to see the top-5 predictions without that head.")
+
+
+def norms_text(result: norms.TokenNorms) -> str:
+    """The token norms tab's caption: the outliers over all layers, and the rule that flags them."""
+    return (f"**Token norms** after each layer (high-norm tokens, Darcet et al. 2023): {result.summary()}.\n\n"
+            f"Rule (k = {result.k:g}): {norms.RULE}; median and MAD are not moved by the outliers they look for. "
+            f"Attention share: {norms.SHARE}.")
+
+
+def norms_layer_text(result: norms.TokenNorms, layer: int) -> str:
+    """One layer's flagged patches and the attention they draw, and each prefix token (class token, registers)
+    beside the median patch."""
+    layout = result.layout
+    flagged = result.flagged_tokens(layer)
+    relative = result.relative[layer]  # [n]
+    listed = ", ".join(f"row {row}, col {col} ({relative[token]:.1f}×)" for token in flagged[:6].tolist()
+                       for row, col in [layout.token_patch(token)])
+    more = f" and {len(flagged) - 6} more" if len(flagged) > 6 else ""
+    text = (f"**Layer {layer}**: {len(flagged)} flagged patch{'' if len(flagged) == 1 else 'es'}"
+            + (f" ({listed}{more}), drawing {result.flagged_attention_share[layer]:.1%} of the attention" if len(flagged) else "")
+            + f"; a median patch draws {result.patch_median_share[layer]:.2%}.")
+    prefix = [f"- **{name}**: norm {relative[token]:.1f}× the median patch, {result.received[layer, token]:.1%} of the attention"
+              for token, name in enumerate(layout.prefix_names)]
+    return "\n\n".join([text, "\n".join(prefix)]) if prefix else text
+
+
+def sanity_note(session: Session) -> str:
+    """The class maps tab's words on the sanity check before it runs: what it does and what it costs."""
+    layers = session.analysis.map_shape[0]
+    return (f"*Sanity check* (Adebayo et al. 2018) re-draws the layers of a copy of the model at random, from the top down, and "
+            f"compares each map with the trained model's: a map that explains the model should fall towards 0 after few "
+            f"layers (cost: {layers + 1} forward{' and backward' if session.evidence is not None else ''} passes).")
+
+
+def sanity_text(curves: SanityCurves) -> str:
+    """A sanity check's result in words."""
+    return f"**Cascading randomisation** (Adebayo et al. 2018) — {curves.summary()}."
+
+
+COMPARE_NOTE = ("Upload a second image or choose a second model (or both) to compare with the main one: the other side stays the "
+                "main image or model. It is analysed once (one forward and one backward pass); every view here then redraws from "
+                "the two analyses.")
+
+
+def side_names(session: Session, comparison: Comparison) -> tuple[str, str]:
+    """Short names of the two sides, for their headings and the plot's legend: the image, and the model where
+    the models differ."""
+    a, b = "A · main image", f"B · {comparison.image_name or 'main image'}"
+    if comparison.second_model:
+        a, b = f"{a} · {session.analysis.model_name}", f"{b} · {comparison.analysis.model_name}"
+    return a, b
+
+
+def side_view_name(side: Side, view: str, method: str) -> str:
+    """What one side's picture shows (``view`` as the Compare tab names its views): the map, its query, layer, head."""
+    analysis = side.analysis
+    if view == "class map":
+        target = "" if method not in maps.CLASS_SPECIFIC or side.target is None else f" for {analysis.label(side.target)}"
+        return f"{maps.CLASS_METHODS[method]}{target}"
+    query = maps.query_name(analysis, side.query)
+    if view == "rollout":
+        start = f" from layer {side.start_layer}" if side.start_layer else ""
+        return f"rollout of {query}{start}"
+    return f"{query} in layer {side.layer} of {analysis.map_shape[0]}, {head_label(side.head)}"
+
+
+def depth_note(a: Side, b: Side, what: str) -> str:
+    """How ``what`` (a layer) of A meets B's: the same index at equal depth, else the relative-depth rule."""
+    layers_a, layers_b = a.analysis.map_shape[0], b.analysis.map_shape[0]
+    if layers_a == layers_b:
+        return f"Both have {layers_a} layers: the same {what} on each side."
+    return (f"Layers aligned by relative depth: A has {layers_a}, B {layers_b}, so A's layer l ↔ B's layer round(l · {layers_b - 1}/"
+            f"{layers_a - 1}): the {what} is A's L{a.layer if what == 'layer' else a.start_layer} ↔ B's "
+            f"L{b.layer if what == 'layer' else b.start_layer}.")
+
+
+OUTDATED = {"image": "the main image (or its model) changed", "model": "the main model changed", "fit": "the fit changed"}
+
+
+def comparison_caption(session: Session, a: Side, b: Side, view: str, method: str, outdated: str | None) -> str:
+    """The Compare tab's words above its pictures: a stale comparison, the query the sides show, how their layers
+    line up, and the class each side's map is for."""
+    lines = []
+    if outdated is not None:
+        lines.append(f"⚠️ Since B was analysed, {OUTDATED[outdated]}: B still shows the earlier one. Press **Compare** to analyse B "
+                     "again.")
+    if a.query != session.query:
+        lines.append(f"The main query ({query_label(session)}) has no counterpart in B, so each side shows its default query.")
+    if view == "layer and head":
+        lines.append(depth_note(a, b, "layer"))
+        if session.analysis.map_shape[1] != b.analysis.map_shape[1]:
+            lines.append(f"A has {session.analysis.map_shape[1]} heads, B {b.analysis.map_shape[1]}: where B lacks the head, it "
+                         "shows its mean of heads.")
+    elif view == "rollout" and a.start_layer:
+        lines.append(depth_note(a, b, "start layer"))
+    elif view == "class map" and method in maps.CLASS_SPECIFIC:
+        lines += [f"{name}'s model has no classifier head: {maps.CLASS_METHODS[method]} needs class scores."
+                  for name, side in (("A", a), ("B", b)) if side.target is None]
+        if b.target is not None and b.evidence is None:
+            lines.append(f"B's evidence for {b.analysis.label(b.target)} is not computed yet: press **Compare** to compute it.")
+        elif a.target is not None and b.target is not None:
+            lines.append(f"Both maps are for **{a.analysis.label(a.target)}**." if same_classes(a.analysis, b.analysis) else
+                         f"The models' classes differ: B's map is for its top prediction, **{b.analysis.label(b.target)}**.")
+    return "  \n".join(lines)
+
+
+def difference_note(mismatch: str | None, missing: bool) -> str:
+    """The words above the difference map, or why there is none (``mismatch``: the grids differ; ``missing``: a side
+    has no such map)."""
+    if mismatch is not None:
+        return f"No difference map: {mismatch}."
+    if missing:
+        return "No difference map: one side has no such map (see above)."
+    return ("**A − B** of the two maps above, patch by patch, on a scale symmetric about 0: red where A is higher, blue where B is, "
+            "white where they agree.")
+
+
+# each head ranking (``maps.RANKINGS``) in words, with its unit
+STATISTIC_NAMES = {"distance": "mean attention distance (px)", "entropy": "attention entropy (nats)",
+                   "prefix share": "share of patch attention sent to prefix tokens",
+                   maps.GRADIENT_IMPORTANCE: "gradient importance Σ|∇A ⊙ A| for the target class"}
+
+
+def statistic_note(statistic: str, a: Side, b: Side, shown: tuple[str, ...]) -> str:
+    """The words above the Compare tab's plot of a head statistic: what it plots, where each side's layers lie on its
+    relative-depth axis, and a side left out for want of a classifier."""
+    layers_a, layers_b = a.analysis.map_shape[0], b.analysis.map_shape[0]
+    name = STATISTIC_NAMES[statistic]
+    text = (f"**{name[0].upper()}{name[1:]}** of every head of {' and '.join(shown) or 'neither side'}, each layer at "
+            f"its relative depth (A: {layers_a} layers, B: {layers_b}); hover a point for its layer and head.")
+    missing = [name for name in ("A", "B") if name not in shown]
+    return text + (f" {' and '.join(missing)}: no classifier head, so no gradient importance." if missing else "")
+

@@ -1,0 +1,176 @@
+"""What the app keeps between events: the shared model cache, one browser tab's session (its analysis,
+its selection and what its screen shows), the view controls, the curated model list, and the folder of
+export zips."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, Prediction
+from vit_explorer.draw import render
+from vit_explorer.methods.comparison import Comparison
+from vit_explorer.methods.faithfulness import FaithfulnessCurves
+from vit_explorer.methods.sanity import SanityCurves
+from vit_explorer.models import LoadedModel, load_model
+from vit_explorer.models.builtin import builtin_names
+
+EXPORT_DIR_NAME = "vit-explorer-exports"
+CACHE_TTL_S = 3600  # seconds generated images, uploads and export zips stay on disk
+
+
+class ModelCache:
+    """The last ``capacity`` loaded models, shared by all sessions (loading is serialised), and the
+    memory budget their analyses keep to."""
+
+    def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET, input_hw: tuple[int, int] | None = None) -> None:
+        self.capacity = capacity
+        self.memory_budget = memory_budget  # bytes of maps per analysis, see ``analyze``
+        self.input_hw = input_hw  # every model's input (None: each model's own), for models that allow another
+        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, spec: str, model: LoadedModel) -> None:
+        """Make an already built model available under ``spec`` (for models built in code)."""
+        with self._lock:
+            self._models[spec] = model
+            while len(self._models) > self.capacity:
+                self._models.popitem(last=False)
+
+    def get(self, spec: str) -> LoadedModel:
+        with self._lock:
+            if spec in self._models:
+                self._models.move_to_end(spec)
+                return self._models[spec]
+            model = load_model(spec, input_hw=self.input_hw)
+        self.put(spec, model)
+        return model
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The values of the view controls. The app wires its control components by these field names
+    (``CONTROL_NAMES``), so the callbacks receive the values in this order."""
+
+    cmap: str = "inferno"
+    overlay: bool = True
+    normalisation: str = "per tile"
+    order_by: str = "none"
+    head_fusion: str = "mean"
+    discard_ratio: float = 0.0
+    start_layer: int = 0
+    residual_weight: float = 0.5
+    method: str = "relevance"  # the class-maps tab's map
+    fit: str = "stretch"  # how an image of other proportions meets the model's input (``images.FITS``)
+    colour_scale: str = "linear"  # what the colormap's ends stand for (``render.COLOUR_SCALES``)
+    ablation_mode: str = "zero"  # how the head ablation tab removes a head (``ablation.MODES``)
+    stats_folder: str = ""  # a ``vit-explorer stats`` output folder whose dataset the head statistics are shown against
+    # the Compare tab: its second side (its own gr.State, set by its own events), the view, A's layer (B's is at the same
+    # relative depth), the head ("h3"; None or "mean of heads": the mean) and the head statistic it overlays
+    comparison: Comparison | None = None
+    compare_view: str = "rollout"
+    compare_layer: int = 0
+    compare_head: str | None = None
+    compare_statistic: str = "distance"
+
+    @classmethod
+    def from_values(cls, values: Sequence) -> Controls:
+        """The controls from the values Gradio passes for the ``CONTROL_NAMES`` components, matched by name; a count
+        that differs from the names (a component wired without its name, or one too many) raises."""
+        return cls(**dict(zip(CONTROL_NAMES, values, strict=True)))
+
+    @property
+    def rollout(self) -> maps.RolloutOptions:
+        return maps.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer), float(self.residual_weight))
+
+
+CONTROL_NAMES = tuple(field.name for field in fields(Controls))
+
+
+@dataclass
+class Screen:
+    """What the browser shows of one analysis. Every version of a ``Session`` of that analysis shares it
+    (``replace`` keeps it) and events update it in place, so opening a tab records what it drew without
+    writing the session back, where it could overwrite a newer one."""
+
+    shown: dict[str, Hashable] = field(default_factory=dict)  # per app tab: what its views were last drawn from
+    geometry: render.GridGeometry | None = None  # the layers × heads grid as drawn, for tile clicks
+    order: torch.Tensor | None = None  # its head order [layers, heads]
+    score: tuple[Hashable, FaithfulnessCurves] | None = None  # the last faithfulness score, and which map it scored
+    sanity: tuple[Hashable, SanityCurves] | None = None  # the last sanity check, and the (target, rollout options) it ran for
+    ablation_geometry: render.GridGeometry | None = None  # the ablation heat map as drawn, for tile clicks
+    # the head clicked in the ablation heat map: (mode, (layer, head), top-5 with that head removed)
+    ablated: tuple[str, tuple[int, int], list[Prediction]] | None = None
+    norm_layer: int | None = None  # the token norms tab's layer (None: the layer with the most outliers)
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one browser tab holds: its analysis, what is selected in it, and what its screen shows.
+
+    ``evidence`` is the gradient evidence of the target class (None for a model without a
+    classifier); changing the target is the one control besides an upload that runs the model.
+    """
+
+    analysis: Analysis
+    model_spec: str
+    query: int | None
+    layer: int
+    head: int | None  # None: the mean of heads
+    evidence: ClassEvidence | None = None
+    screen: Screen = field(default_factory=Screen, compare=False)
+
+    @property
+    def target(self) -> int | None:
+        """The target class, None for a model without a classifier."""
+        return None if self.evidence is None else self.evidence.target
+
+
+def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None) -> Session:
+    return Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis), layer=analysis.map_shape[0] - 1,
+                   head=None, evidence=evidence)
+
+
+def export_dir(ttl_s: float = CACHE_TTL_S) -> Path:
+    """The folder of export zips; zips older than ``ttl_s`` are removed each time it is used."""
+    folder = Path(tempfile.gettempdir()) / EXPORT_DIR_NAME
+    folder.mkdir(exist_ok=True)
+    cutoff = time.time() - ttl_s
+    for old in folder.glob("*.zip"):
+        if old.stat().st_mtime < cutoff:
+            old.unlink(missing_ok=True)
+    return folder
+
+
+CURATED_TIMM = (
+    "vit_small_patch16_224.augreg_in21k_ft_in1k",
+    "deit_small_patch16_224.fb_in1k",
+    "vit_small_patch16_224.dino",
+    "vit_small_patch14_reg4_dinov2.lvd142m",
+)
+CURATED_HF = ("google/vit-base-patch16-224", "facebook/dinov2-with-registers-small")
+# architectures to try with no download: the real token layout (class, distillation, register tokens), random weights
+CURATED_TIMM_RANDOM = ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_small_patch14_reg4_dinov2")
+
+
+def model_choices(initial: str) -> list[str]:
+    """The built-in models, then well-known hub models for the families whose package is installed."""
+    from importlib.util import find_spec
+
+    names = [f"builtin:{name}" for name in builtin_names()]
+    if find_spec("timm") is not None:
+        names += [f"timm:{name}" for name in CURATED_TIMM]
+        names += [f"timm:{name}@random" for name in CURATED_TIMM_RANDOM]
+    if find_spec("transformers") is not None:
+        names += [f"hf:{name}" for name in CURATED_HF]
+    return names if initial in names else [initial, *names]
+
+

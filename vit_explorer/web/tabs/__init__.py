@@ -1,0 +1,24 @@
+"""The app's tabs, one module each, in the order the page shows them (``TABS``), each named for its tab.
+
+Each module builds its tab's components, renders its views from the session, and wires its own
+events; ``base`` says what a tab is and how tabs render lazily, ``shared`` holds the events every tab
+follows (upload, model, target, view controls, query). To add a tab, see ``base.Tab`` and the README.
+"""
+
+from __future__ import annotations
+
+from vit_explorer.web.tabs import (
+    class_maps,
+    compare,
+    export,
+    head_ablation,
+    head_statistics,
+    layers_heads,
+    overview,
+    rollout_options,
+    token_norms,
+)
+from vit_explorer.web.tabs.base import Tab
+
+TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB, head_ablation.TAB,
+                         token_norms.TAB, compare.TAB, export.TAB)

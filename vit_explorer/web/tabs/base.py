@@ -1,0 +1,125 @@
+"""What an app tab is, and how tabs render lazily.
+
+A tab is a ``Tab``: a title, the names of the components its views fill (``outputs``), a ``layout`` that
+builds its components, a ``render`` that fills its outputs from the session and the controls, and
+``depends``: the part of session and controls its views are drawn from. A tab renders when it is opened,
+and while it is open when what it depends on changes; ``Screen.shown`` keeps what each tab last drew
+from, so that opening a tab again redraws nothing unless that changed. Components and callbacks are
+bound by name (``in_order``), never by position.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.web.session import CONTROL_NAMES, Controls, ModelCache, Session
+
+MAP_VIEW = "map-view"  # the class of pictures with text in them (maps, grid)
+MAP_BUTTONS = ["download", "fullscreen"]
+
+
+@dataclass(frozen=True)
+class Tab:
+    """One tab of the app.
+
+    Args:
+        title: its label; also its key in ``Screen.shown`` and, as a slug, in its event's API name.
+        outputs: names of the components ``render`` fills (each name unique across the app).
+        layout: builds its components inside the ``gr.Tab`` and returns them by name: outputs and controls.
+        render: ``(session, controls) -> {output name: value}``, every name of ``outputs``.
+        depends: ``(session, controls) -> key``; equal keys mean the views on screen are current.
+        wire: wires its own events (``Wiring``); the view controls of ``CONTROL_NAMES`` are wired by the app.
+        ranges: names of its controls whose range or choices follow the analysis.
+        set_ranges: ``session -> {name of ranges: gr.update(...)}``, for a new analysis.
+    """
+
+    title: str
+    outputs: tuple[str, ...]
+    layout: Callable[[], dict[str, Any]]
+    render: Callable[..., dict[str, Any]]
+    depends: Callable[..., Hashable]
+    wire: Callable[[Wiring], None] | None = None
+    ranges: tuple[str, ...] = ()
+    set_ranges: Callable[[Session], dict[str, Any]] | None = None
+
+    @property
+    def slug(self) -> str:
+        """The title as an identifier: "Layers × heads" → "layers_heads"."""
+        return re.sub(r"\W+", "_", self.title.lower()).strip("_")
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What a tab's events are wired with: every component of the app by name, and the shared model cache."""
+
+    ui: dict[str, Any]
+    models: ModelCache
+    cache_ttl_s: int
+
+    def __getitem__(self, name: str) -> Any:
+        return self.ui[name]
+
+    def all(self, names: Iterable[str]) -> list:
+        """The components ``names``, in that order (an unknown name raises)."""
+        return [self.ui[name] for name in names]
+
+    @property
+    def controls(self) -> list:
+        """The control components, in ``CONTROL_NAMES`` order: the order ``Controls.from_values(values)`` reads them in."""
+        return self.all(CONTROL_NAMES)
+
+
+def in_order(values: dict[str, object], names: tuple[str, ...]) -> tuple:
+    """``values`` by name → the tuple Gradio expects for the outputs ``names``; a missing or unknown name raises."""
+    if set(values) != set(names):
+        raise KeyError(f"outputs {sorted(set(names) ^ set(values))} are missing or unknown")
+    return tuple(values[name] for name in names)
+
+
+def unchanged(names: Iterable[str]) -> dict[str, Any]:
+    """No change to the outputs ``names``."""
+    return {name: gr.update() for name in names}
+
+
+def refresh(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
+    """The tab's views, drawn only if what they depend on changed since the tab last drew for this analysis."""
+    key = tab.depends(session, controls)
+    if session.screen.shown.get(tab.title) == key:
+        return unchanged(tab.outputs)
+    values = tab.render(session, controls)
+    session.screen.shown[tab.title] = key
+    return values
+
+
+def user_errors(callback: Callable) -> Callable:
+    """Show a ``VitExplorerError`` raised by ``callback`` as a message in the page, not a bare "Error"."""
+
+    @functools.wraps(callback)
+    def wrapped(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except VitExplorerError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+
+    return wrapped
+
+
+def require(session: Session | None) -> Session:
+    """The session, or a message that there is nothing to show yet."""
+    if session is None:
+        raise gr.Error("Upload an image first.", print_exception=False)
+    return session
+
+
+def map_image(elem_id: str, label: str, **options: Any) -> gr.Image:
+    """A picture with text in it (map, grid): shown at its natural size, no floating label over it
+    (a Markdown caption goes above), its buttons on a line of their own (``MAP_VIEW`` in the app's CSS)."""
+    return gr.Image(show_label=False, label=label, format="png", interactive=False, buttons=MAP_BUTTONS, elem_classes=MAP_VIEW,
+                    elem_id=elem_id, **options)

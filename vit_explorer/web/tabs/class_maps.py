@@ -1,0 +1,149 @@
+"""The Class maps tab: which patches a target class depends on (relevance, gradient-weighted rollout, and the
+class-agnostic maps beside them), the chosen map's faithfulness score against random orders, and a sanity check
+that the maps depend on the weights (cascading randomisation)."""
+
+from __future__ import annotations
+
+import gradio as gr
+import numpy as np
+
+from vit_explorer.core import maps
+from vit_explorer.draw import charts, pictures, plots
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.methods.faithfulness import deletion_insertion
+from vit_explorer.methods.sanity import sanity_check
+from vit_explorer.web.captions import NO_CLASSIFIER, class_note, sanity_note, sanity_text, score_text
+from vit_explorer.web.session import Controls, ModelCache, Session
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, user_errors
+
+OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart")
+
+
+def layout() -> dict:
+    method = gr.Radio([(name, key) for key, name in maps.CLASS_METHODS.items()], value="relevance", label="Method",
+                      info="the map, for the target class chosen above; rollout options (Rollout tab) apply to the "
+                           "rollout-based maps", elem_id="method")
+    with gr.Row(equal_height=False):
+        with gr.Column(min_width=300):
+            gr.Markdown("**The chosen map** for the target class; its colour bar says what it measures")
+            class_view = map_image("class-view", "Class-specific map")
+        with gr.Column(min_width=300):
+            class_text = gr.Markdown("")
+            with gr.Row():
+                score = gr.Button("Score faithfulness", elem_id="score")
+                sanity = gr.Button("Sanity check", elem_id="sanity")
+            sanity_words = gr.Markdown("", elem_id="sanity-text")
+    # under the map, full width: its legend lies beside the axes
+    sanity_picture = map_image("sanity-chart", "Sanity check: correlation against layers randomised", visible=False)
+    # full width: its legend names four curves with their AUCs
+    faithfulness = gr.LinePlot(x="share", y="probability", color="curve", x_title="share of patches deleted / inserted",
+                               y_title="target probability", x_lim=[0, 1], x_axis_format=".0%", y_lim=[0, 1.05], height=300,
+                               label="Deletion and insertion", show_label=False,
+                               buttons=["fullscreen", "export"], visible=False, elem_id="faithfulness")
+    return {"method": method, "class_view": class_view, "class_text": class_text, "score": score,
+            "faithfulness_plot": faithfulness, "sanity": sanity, "sanity_text": sanity_words, "sanity_chart": sanity_picture}
+
+
+def shown_method(session: Session, controls: Controls) -> str:
+    """The chosen method, or rollout where it needs a classifier this model lacks (the method control then offers
+    the class-agnostic maps only, ``set_ranges``)."""
+    return "rollout" if session.evidence is None and controls.method in maps.CLASS_SPECIFIC else controls.method
+
+
+def render_class(session: Session, controls: Controls) -> np.ndarray:
+    """The tab's map."""
+    return pictures.class_map_picture(session.analysis, shown_method(session, controls), session.evidence, controls.rollout,
+                                      controls.cmap, controls.colour_scale)
+
+
+def set_ranges(session: Session) -> dict:
+    """A backbone: only the maps that need no class, rollout chosen, and no faithfulness score (it needs class scores)."""
+    if session.evidence is None:
+        agnostic = [(name, key) for key, name in maps.CLASS_METHODS.items() if key not in maps.CLASS_SPECIFIC]
+        return {"method": gr.update(choices=agnostic, value="rollout"), "score": gr.update(interactive=False)}
+    return {"method": gr.update(choices=[(name, key) for key, name in maps.CLASS_METHODS.items()]),
+            "score": gr.update(interactive=True)}
+
+
+def scored(session: Session, controls: Controls) -> tuple:
+    """Which map a faithfulness score is of: the method, the target, the rollout options."""
+    return controls.method, session.target, controls.rollout
+
+
+def faithfulness_plot(session: Session, method: str, curves) -> dict:
+    """The interactive deletion and insertion curves of a score: values on hover, AUCs in the legend."""
+    title = f"Deletion and insertion: {maps.CLASS_METHODS[method]} · target {session.analysis.label(curves.target)}"
+    return gr.update(value=plots.faithfulness_table(curves), title=title, color_map=plots.curve_colours(curves), visible=True)
+
+
+def render(session: Session, controls: Controls) -> dict:
+    """The map, and the last score where it is of this map (else the note of what scoring does)."""
+    score = session.screen.score
+    if score is not None and score[0] == scored(session, controls):
+        plot, text = faithfulness_plot(session, controls.method, score[1]), score_text(session.analysis, controls.method, score[1])
+    else:
+        plot, text = NO_PLOT, class_note(session)
+    return {"class_view": render_class(session, controls), "class_text": text, "faithfulness_plot": plot,
+            **sanity_views(session, controls)}
+
+
+def depends(session: Session, controls: Controls) -> tuple:
+    return session.target, controls.method, controls.rollout, controls.cmap, controls.colour_scale
+
+
+def checked(session: Session, controls: Controls) -> tuple:
+    """What a sanity check ran for: the target (its class-specific maps) and the rollout options."""
+    return session.target, controls.rollout
+
+
+def sanity_views(session: Session, controls: Controls) -> dict:
+    """The last sanity check's chart and summary where it ran for this target and these options; else what it would do."""
+    sanity = session.screen.sanity
+    if sanity is None or sanity[0] != checked(session, controls):
+        return {"sanity_text": sanity_note(session), "sanity_chart": gr.update(value=None, visible=False)}
+    return {"sanity_text": sanity_text(sanity[1]), "sanity_chart": gr.update(value=charts.sanity_chart(sanity[1]), visible=True)}
+
+
+NO_PLOT = gr.update(value=None, visible=False)  # no empty chart box before a score: the caption says what scoring draws
+SCORED = ("faithfulness_plot", "class_text")
+SANITY = ("sanity_text", "sanity_chart")
+
+
+@user_errors
+def on_score(models: ModelCache, session: Session | None, *control_values) -> tuple:
+    """Deletion and insertion curves of the map on screen against random orders: the plot and the AUCs (``SCORED``)."""
+    session, controls = require(session), Controls.from_values(control_values)
+    if session.evidence is None:
+        raise VitExplorerError(NO_CLASSIFIER)
+    grid_map = maps.class_map(session.analysis, controls.method, session.evidence, controls.rollout)
+    curves = deletion_insertion(models.get(session.model_spec), session.analysis.image, grid_map, session.evidence.target)
+    session.screen.score = (scored(session, controls), curves)
+    values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
+              "class_text": score_text(session.analysis, controls.method, curves)}
+    return in_order(values, SCORED)
+
+
+@user_errors
+def on_sanity(models: ModelCache, session: Session | None, *control_values) -> tuple:
+    """Cascading randomisation of a copy of the model: layers + 1 forward and backward passes; the chart and its
+    summary (``SANITY``), kept for this target and these rollout options."""
+    session, controls = require(session), Controls.from_values(control_values)
+    curves = sanity_check(models.get(session.model_spec), session.analysis, session.target, options=controls.rollout)
+    session.screen.sanity = (checked(session, controls), curves)
+    return in_order(sanity_views(session, controls), SANITY)
+
+
+def wire(app: Wiring) -> None:
+    state = app["state"]
+
+    def score_map(session, *values):
+        return on_score(app.models, session, *values)
+
+    def check_sanity(session, *values):
+        return on_sanity(app.models, session, *values)
+
+    app["score"].click(score_map, [state, *app.controls], app.all(SCORED), api_name="score", concurrency_limit=2)
+    app["sanity"].click(check_sanity, [state, *app.controls], app.all(SANITY), api_name="sanity_check", concurrency_limit=2)
+
+
+TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score"), set_ranges=set_ranges)

@@ -1,0 +1,85 @@
+"""The Export tab: a zip of what ``vit-explorer analyze`` writes, for the current query and options, plus the
+selected head's view and the class-maps tab's map."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+import zipfile
+from pathlib import Path
+
+import gradio as gr
+
+from vit_explorer.draw import files
+from vit_explorer.draw.render import save_png
+from vit_explorer.web.captions import head_label
+from vit_explorer.web.session import CACHE_TTL_S, Controls, Session, export_dir
+from vit_explorer.web.tabs.base import Tab, Wiring, require, user_errors
+from vit_explorer.web.tabs.class_maps import render_class, shown_method
+from vit_explorer.web.tabs.layers_heads import render_head
+
+
+def layout() -> dict:
+    gr.Markdown("A zip with `attention.npz` (raw maps), `rollout.png`, `heads.png` and the selected head's view, "
+                "for the current query and options — the same files `vit-explorer analyze` writes.")
+    full_maps = gr.Checkbox(label="Every head's full map in attention.npz", value=False, elem_id="export-full-maps")
+    note = gr.Markdown(elem_id="export-note")
+    button = gr.Button("Export", elem_id="export")
+    return {"export_full_maps": full_maps, "export_note": note, "export_button": button,
+            "export_file": gr.File(label="Download", interactive=False, elem_id="export-file")}
+
+
+def size_note(session: Session) -> str:
+    """What attention.npz will hold, and the size every head's full map adds, said before anything is written."""
+    analysis = session.analysis
+    if analysis.attentions is None:
+        return ("`attention.npz` holds the compact form (head means, prefix rows, statistics): this analysis kept no full maps, "
+                "which were above the memory budget.")
+    return (f"`attention.npz` holds the compact form (head means, prefix rows, statistics); every head's full map adds "
+            f"{files.megabytes(analysis.full_map_bytes())} before zip compression.")
+
+
+def render(session: Session, controls: Controls) -> dict:
+    # a zip is made on request; none is left from another analysis
+    return {"export_file": None, "export_note": size_note(session),
+            "export_full_maps": gr.update(value=False, interactive=session.analysis.attentions is not None)}
+
+
+def depends(session: Session, controls: Controls) -> tuple:
+    return ()
+
+
+@user_errors
+def on_export(session: Session | None, full_maps: bool, *control_values, ttl_s: float = CACHE_TTL_S) -> str:
+    """The path of a new zip in ``export_dir``, removed after ``ttl_s``; ``full_maps`` adds every head's full map
+    to ``attention.npz``."""
+    session = require(session)
+    controls = Controls.from_values(control_values)
+    with tempfile.TemporaryDirectory() as staging:
+        folder = Path(staging)
+        written, _ = files.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
+                                        order_by=controls.order_by, evidence=session.evidence,
+                                        shared=controls.normalisation == "shared", scale=controls.colour_scale,
+                                        full_maps=full_maps)
+        extra = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
+                 f"{shown_method(session, controls)}.png": render_class(session, controls)}
+        for name, picture in extra.items():
+            if picture is not None:
+                written.append(folder / name)
+                save_png(picture, str(written[-1]))
+        archive = export_dir(ttl_s) / f"vit-explorer-{uuid.uuid4().hex[:12]}.zip"
+        with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+            for path in written:
+                bundle.write(path, path.name)
+    return str(archive)
+
+
+def wire(app: Wiring) -> None:
+    def export_zip(session, full_maps, *values):
+        return on_export(session, full_maps, *values, ttl_s=app.cache_ttl_s)
+
+    app["export_button"].click(export_zip, [app["state"], app["export_full_maps"], *app.controls], app["export_file"],
+                               api_name="export")
+
+
+TAB = Tab("Export", ("export_file", "export_note", "export_full_maps"), layout, render, depends, wire)

@@ -1,0 +1,183 @@
+"""The events every tab follows: an upload (or model or fit change) analyses the image; a view control
+changes; the query changes (patch click, dropdown, reset); a tab is opened. Each draws the page's shared
+views and, of the tabs, only the one that is open, and only where what it shows changed (``base.refresh``);
+the other tabs draw when they are opened."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import gradio as gr
+
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import analyze, class_evidence, recompute_query_rows
+from vit_explorer.draw import pictures
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.web.captions import (
+    MEAN_PATCHES,
+    model_summary,
+    query_caption,
+    query_choices,
+    query_label,
+    target_choices,
+    top_predictions,
+)
+from vit_explorer.web.session import Controls, ModelCache, Session, new_session
+from vit_explorer.web.tabs import TABS
+from vit_explorer.web.tabs.base import Tab, in_order, refresh, require, unchanged, user_errors
+
+FIRST_TAB = TABS[0].title  # the tab a new page shows
+TAB_OUTPUTS = tuple(name for tab in TABS for name in tab.outputs)
+RANGES = tuple(name for tab in TABS for name in tab.ranges)
+QUERY_OUTPUTS = ("query_image", "caption", "query")
+# what an analysis fills, by name: the app wires these components in this order, and the callbacks return them by name
+# (API clients read the summary, the query image and the predictions first)
+FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "target", "caption", "query", *TAB_OUTPUTS, *RANGES)
+QUERIED = ("state", *QUERY_OUTPUTS, *TAB_OUTPUTS)
+TARGETED = ("state", *TAB_OUTPUTS)
+
+
+def tab_views(session: Session, controls: Controls, visible: str, *, clear_hidden: bool = False) -> dict:
+    """Every tab's outputs: the ``visible`` tab's drawn where they changed, the others' unchanged (or
+    cleared, ``clear_hidden``, so that no tab shows an earlier image until it is opened)."""
+    values = {}
+    for tab in TABS:
+        if tab.title == visible:
+            values.update(refresh(tab, session, controls))
+        else:
+            values.update(dict.fromkeys(tab.outputs) if clear_hidden else unchanged(tab.outputs))
+    return values
+
+
+def query_update(session: Session) -> dict:
+    """The query dropdown, showing the current query."""
+    return gr.update(choices=query_choices(session.analysis, session.query), value=query_label(session))
+
+
+def query_views(session: Session) -> dict:
+    """The query image (its patch outlined), its caption and the query dropdown (``QUERY_OUTPUTS``)."""
+    return {"query_image": pictures.image_picture(session.analysis, session.query), "caption": query_caption(session),
+            "query": query_update(session)}
+
+
+def target_update(session: Session) -> dict:
+    """The target dropdown beside the model: every class, the target chosen; a backbone has none to choose."""
+    if session.target is None:
+        return gr.update(choices=[], value=None, interactive=False, info=NO_TARGET)
+    return gr.update(choices=target_choices(session.analysis), value=session.target, interactive=True, info=TARGET_INFO)
+
+
+TARGET_INFO = "what Class maps, Head ablation and Compare explain; type to search"
+NO_TARGET = "this model has no classifier head: there is no class to explain"
+
+
+@user_errors
+def on_target(models: ModelCache, session: Session | None, target: int | None, visible: str, *control_values) -> tuple:
+    """Another target class, chosen beside the model for every tab that explains one: one forward and backward
+    pass (none for a target seen before on this image); the open tab redraws (``TARGETED``)."""
+    session = require(session)
+    if session.evidence is not None and target is not None:
+        session = replace(session, evidence=class_evidence(models.get(session.model_spec), session.analysis, int(target)))
+    return in_order({"state": session, **tab_views(session, Controls.from_values(control_values), visible)}, TARGETED)
+
+
+def empty_outputs() -> tuple:
+    """``FULL_OUTPUTS`` before any upload: nothing shown."""
+    values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
+    values.update(summary="Upload an image to begin.", caption="", query=gr.update(), target=gr.update(), **unchanged(RANGES))
+    return in_order(values, FULL_OUTPUTS)
+
+
+@user_errors
+def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values) -> tuple:
+    """Upload (or model change) → one forward pass, and one backward pass for the top class → the shared views and
+    the ``visible`` tab's; the other tabs are cleared, to be drawn when opened (``FULL_OUTPUTS``)."""
+    if upload is None:
+        return empty_outputs()
+    model = models.get(spec)
+    controls = replace(Controls.from_values(control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
+    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit)
+    session = new_session(analysis, spec, class_evidence(model, analysis) if analysis.num_classes else None)
+    # a backbone has no predictions: no empty box (the summary says "Backbone: no classifier head")
+    top5 = gr.update(value=top_predictions(analysis), visible=True) if analysis.num_classes else gr.update(value=None, visible=False)
+    values = {"state": session, "summary": model_summary(analysis), "top5": top5,
+              "target": target_update(session), **query_views(session), **tab_views(session, controls, visible, clear_hidden=True)}
+    for tab in TABS:
+        if tab.set_ranges is not None:
+            values.update(tab.set_ranges(session))
+    return in_order(values, FULL_OUTPUTS)
+
+
+def on_model_change(models: ModelCache, spec: str, current: str, upload: str | None, session: Session | None, visible: str,
+                    *control_values) -> tuple:
+    """Switch model; on failure keep the previous one (and its maps) and say why. The current model's spec, the
+    model dropdown, then ``FULL_OUTPUTS``."""
+    try:
+        models.get(spec)
+    except VitExplorerError as error:
+        gr.Warning(f"{error} — still using {current}.")
+        unchanged_views = in_order({"state": session, **unchanged(FULL_OUTPUTS[1:])}, FULL_OUTPUTS)
+        return (current, gr.update(value=current), *unchanged_views)
+    return (spec, gr.update(), *run_analysis(models, upload, spec, visible, *control_values))
+
+
+@user_errors
+def on_controls(session: Session | None, visible: str, *control_values) -> tuple:
+    """A view control changed: the open tab redraws from the cached maps if it shows what changed; no forward
+    pass (``TAB_OUTPUTS``)."""
+    return in_order(tab_views(require(session), Controls.from_values(control_values), visible), TAB_OUTPUTS)
+
+
+def show_visible(session: Session | None, visible: str, *control_values) -> tuple:
+    """After an analysis: the tab open now, where another was open when it began (``TAB_OUTPUTS``)."""
+    if session is None:
+        return in_order(unchanged(TAB_OUTPUTS), TAB_OUTPUTS)
+    return on_controls(session, visible, *control_values)
+
+
+def opener(tab: Tab) -> Callable[..., tuple]:
+    """The callback of opening ``tab``: which tab is open, then its outputs, drawn if what they show changed."""
+
+    @user_errors
+    def on_open(session: Session | None, *control_values) -> tuple:
+        if session is None:
+            return (tab.title, *in_order(unchanged(tab.outputs), tab.outputs))
+        return (tab.title, *in_order(refresh(tab, session, Controls.from_values(control_values)), tab.outputs))
+
+    return on_open
+
+
+def follow_query(session: Session, visible: str, control_values: tuple) -> tuple:
+    """The views that follow a new query: the query image, caption and dropdown, and the open tab (``QUERIED``)."""
+    values = {"state": session, **query_views(session), **tab_views(session, Controls.from_values(control_values), visible)}
+    return in_order(values, QUERIED)
+
+
+@user_errors
+def on_patch_click(models: ModelCache, evt: gr.SelectData, session: Session | None, visible: str, *control_values) -> tuple:
+    """A patch clicked: the query views follow it. A compact analysis kept no patch query's rows, so they
+    are recomputed here, with the model from the cache, before any view reads them."""
+    session = require(session)
+    token = pictures.token_at(session.analysis, evt.index[0], evt.index[1], pictures.view_hw(session.analysis))
+    if session.analysis.attentions is None:
+        recompute_query_rows(models.get(session.model_spec), session.analysis, token)
+    return follow_query(replace(session, query=token), visible, control_values)
+
+
+@user_errors
+def on_query_choice(session: Session | None, choice: str | None, visible: str, *control_values) -> tuple:
+    """A query picked from the dropdown: the query views follow it, and the dropdown shows it."""
+    session = require(session)
+    if choice in query_choices(session.analysis):  # else nothing, or the clicked patch that is already the query
+        session = replace(session, query=None if choice == MEAN_PATCHES else session.analysis.layout.prefix_names.index(choice))
+    # the dropdown too: a patch entry left from an earlier click goes once another query is chosen
+    return follow_query(session, visible, control_values)
+
+
+@user_errors
+def on_reset_query(session: Session | None, visible: str, *control_values) -> tuple:
+    """Back to the default query (the class token, or the mean of patch queries)."""
+    session = require(session)
+    return follow_query(replace(session, query=maps.default_query(session.analysis)), visible, control_values)
