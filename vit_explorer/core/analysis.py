@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from vit_explorer.core import relevance, statistics
-from vit_explorer.core.capture import TOP, CompactSink, RowSink, StackingSink, capture, compact_layer, stack_compact
+from vit_explorer.core.capture import TOP, CompactSink, RowSink, StackingSink, capture
 from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
+from vit_explorer.core.map_store import MapStore
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.models.layout import TokenLayout
@@ -81,6 +82,7 @@ class Analysis:
     # class evidence by target class: each holds a [layers, n, n] stack, so fewer are kept
     evidence: OrderedDict[int, ClassEvidence] = field(default_factory=OrderedDict, repr=False, compare=False)
     evidence_limit: ClassVar[int] = 4
+    kept: MapStore | None = field(default=None, repr=False, compare=False)  # ``store``, made on first use
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -91,16 +93,20 @@ class Analysis:
         return self.layout.num_prefix_tokens
 
     @property
+    def store(self) -> MapStore:
+        """The maps, full or compact, behind one interface (``map_store``): what every view reads them through."""
+        if self.kept is None:
+            self.kept = MapStore(self.layout, self.attentions, self.compact)
+        return self.kept
+
+    @property
     def map_shape(self) -> tuple[int, int]:
         """(layers, heads)."""
-        maps = self.attentions if self.attentions is not None else self.compact["patch_mean_rows"]
-        return tuple(maps.shape[:2])
+        return self.store.shape
 
     @property
     def storage(self) -> str:
-        if self.attentions is None:
-            return "compact float16 (head means, prefix rows, statistics)"
-        return str(self.attentions.dtype).removeprefix("torch.")
+        return self.store.storage
 
     @property
     def probs(self) -> torch.Tensor:
@@ -139,28 +145,11 @@ class Analysis:
         order = probs.argsort(descending=True, stable=True)[:k].tolist()
         return [Prediction(i, self.label(i), float(probs[i])) for i in order]
 
-    def compact_form(self) -> dict[str, Any]:
-        """The compact reduction of the maps (``capture.compact_layer``: head means, prefix rows, mean patch rows,
-        statistics): kept as it is for a compact analysis, reduced from the full stack (once) otherwise."""
-        if self.compact is not None:
-            return self.compact
-        return memo(self, ("compact_form",), lambda: stack_compact(
-            [compact_layer(layer, self.layout, statistics.head_statistics) for layer in self.attentions]))
-
-    def full_map_bytes(self) -> int:
-        """Bytes of every head's full map as kept (0 for a compact analysis, which has none)."""
-        return 0 if self.attentions is None else self.attentions.nbytes
-
     @property
     def nbytes(self) -> int:
         """Bytes of arrays this analysis holds (image, maps, logits), derived caches excluded."""
         arrays = [self.image, self.logits] + ([self.token_norms] if self.token_norms is not None else [])
-        if self.attentions is not None:
-            arrays.append(self.attentions)
-        else:
-            arrays += [value for value in self.compact.values() if isinstance(value, torch.Tensor)]
-            arrays += list(self.compact["statistics"].values())
-        return sum(array.nbytes for array in arrays)
+        return sum(array.nbytes for array in arrays) + self.store.nbytes
 
 
 def memo(analysis: Analysis, key: tuple, compute: Callable[[], T]) -> T:
@@ -280,11 +269,9 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
 
 def recompute_query_rows(model: LoadedModel, analysis: Analysis, query: int) -> torch.Tensor:
     """Every head's row of token ``query`` in every layer ``[layers, heads, n]``, recomputed with one
-    forward pass of ``model`` and kept on the analysis, where ``maps.query_rows`` finds it. For a
-    compact analysis, which did not keep patch queries' rows."""
+    forward pass of ``model`` (none where the store keeps it) and handed to the analysis's map store, which
+    answers it from then on. For a compact analysis, which did not keep patch queries' rows."""
     check_model(model, analysis)
-
-    def compute() -> torch.Tensor:
-        return capture(model, pixels_of(model, analysis), RowSink(query)).kept
-
-    return memo(analysis, ("query_rows", query), compute)
+    if not analysis.store.keeps_rows_of(query):
+        analysis.store.add_patch_rows(query, capture(model, pixels_of(model, analysis), RowSink(query)).kept)
+    return analysis.store.query_rows(query)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from vit_explorer.core import statistics
 from vit_explorer.core.analysis import Analysis, ClassEvidence, memo
 from vit_explorer.core.relevance import grad_rollout_factors, relevance_factors
 from vit_explorer.core.rollout import rollout_factors, rollout_rows
@@ -68,34 +67,15 @@ def check_query(analysis: Analysis, query: int) -> int:
 
 
 def query_rows(analysis: Analysis, query: int | None) -> torch.Tensor:
-    """Where the query looks in every layer and head ``[layers, heads, n]`` float32 (for a compact analysis and a
-    patch query, the rows ``analysis.recompute_query_rows`` put there)."""
-
-    def compute() -> torch.Tensor:
-        token = None if query is None else check_query(analysis, query)
-        if analysis.attentions is None:  # compact: reduced at capture, or recomputed with the model beforehand
-            if token is None:
-                return analysis.compact["patch_mean_rows"].float()
-            if token < analysis.num_prefix_tokens:
-                return analysis.compact["prefix_rows"][:, :, token, :].float()
-            raise VitExplorerError(
-                f"this analysis kept its maps compactly, so the rows of patch query {token} must be recomputed with the model "
-                "first: analysis.recompute_query_rows(model, analysis, query)"
-            )
-        if token is None:
-            return analysis.attentions[:, :, analysis.num_prefix_tokens :, :].mean(dim=2, dtype=torch.float32)
-        return analysis.attentions[:, :, token, :].float().contiguous()
-
-    return memo(analysis, ("query_rows", query), compute)
+    """Where the query looks in every layer and head ``[layers, heads, n]`` float32, from the analysis's map store
+    (for a compact one and a patch query, the rows ``analysis.recompute_query_rows`` handed it)."""
+    token = None if query is None else check_query(analysis, query)
+    return memo(analysis, ("query_rows", token), lambda: analysis.store.query_rows(token))
 
 
 def head_statistic(analysis: Analysis, name: str) -> torch.Tensor:
     """One of ``stats.HEAD_STATISTICS`` for this analysis ``[layers, heads]``."""
-    if name not in statistics.HEAD_STATISTICS:
-        raise VitExplorerError(f"unknown head statistic {name!r}; use one of {', '.join(statistics.HEAD_STATISTICS)}")
-    if analysis.attentions is None:
-        return analysis.compact["statistics"][name]
-    return memo(analysis, ("statistic", name), lambda: statistics.HEAD_STATISTICS[name](analysis.attentions, analysis.layout))
+    return memo(analysis, ("statistic", name), lambda: analysis.store.head_statistic(name))
 
 
 def ranking_values(analysis: Analysis, name: str, evidence: ClassEvidence | None = None) -> torch.Tensor:
@@ -140,14 +120,7 @@ def top_heads(analysis: Analysis, evidence: ClassEvidence | None, k: int = 5) ->
 
 def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) -> torch.Tensor:
     """The query's rollout over the patches ``[grid_h, grid_w]``."""
-    attentions = analysis.attentions
-    if attentions is None:  # compact: only the head means were kept, as one "head"
-        if options.head_fusion != "mean":
-            raise VitExplorerError(
-                "this analysis kept only head-mean maps to stay within its memory budget, so rollout can fuse heads "
-                "by mean only; raise the memory budget for max or min"
-            )
-        attentions = analysis.compact["head_mean"][:, None]
+    attentions = analysis.store.head_maps(options.head_fusion)  # [layers, heads, n, n]; one "head" where compact
     factors = memo(
         analysis,
         ("rollout_factors", options.head_fusion, options.discard_ratio, options.residual_weight),

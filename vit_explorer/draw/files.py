@@ -27,7 +27,7 @@ from vit_explorer.models.base import LoadedModel
 def write_npz(analysis: Analysis, path: Path, full_maps: bool = False) -> int:
     """Raw maps, and return the bytes written.
 
-    Always: the compact form (``Analysis.compact_form``): ``head_mean`` [layers, n, n], ``prefix_rows``
+    Always: the compact form (``MapStore.compact_form``): ``head_mean`` [layers, n, n], ``prefix_rows``
     [layers, heads, prefix, n], ``patch_mean_rows`` [layers, heads, n] (float16) and ``statistic_*`` [layers, heads];
     with ``full_maps``, also ``attentions`` [layers, heads, n, n], every head's full map as analysed (float32, or
     float16 above the memory budget); beside them ``grid``, ``num_prefix_tokens``, ``prefix_names``, ``image``,
@@ -37,10 +37,10 @@ def write_npz(analysis: Analysis, path: Path, full_maps: bool = False) -> int:
 
     Not compressed: attention maps barely compress, and deflating hundreds of MB was most of a large run's time.
     """
-    if full_maps and analysis.attentions is None:
+    if full_maps and not analysis.store.full_bytes:
         raise VitExplorerError("this analysis kept its maps compactly (they were above the memory budget), so there is no "
                                "full stack to write; raise the memory budget (--memory-budget-mb) or leave out --full-maps")
-    compact = analysis.compact_form()
+    compact = analysis.store.compact_form()
     arrays = {
         "grid": np.array(analysis.grid),
         "num_prefix_tokens": np.array(analysis.num_prefix_tokens),
@@ -69,10 +69,10 @@ def npz_note(analysis: Analysis, written_bytes: int, full_maps: bool) -> str:
     """What ``attention.npz`` holds and its size, and what the other choice would have added."""
     if full_maps:
         return f"attention.npz: {megabytes(written_bytes)}, every head's full map and the compact form"
-    if analysis.attentions is None:
+    if not analysis.store.full_bytes:
         return f"attention.npz: {megabytes(written_bytes)}, the compact form (the full maps were above the memory budget)"
     return (f"attention.npz: {megabytes(written_bytes)}, the compact form (head means, prefix rows, statistics); every head's "
-            f"full map would add {megabytes(analysis.full_map_bytes())}")
+            f"full map would add {megabytes(analysis.store.full_bytes)}")
 
 
 def megabytes(count: int) -> str:

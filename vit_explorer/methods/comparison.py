@@ -75,7 +75,7 @@ def counterpart_query(a: Analysis, b: Analysis, query: int | None) -> int | None
     if patch is None:
         name = a.layout.prefix_names[query]
         return b.layout.prefix_names.index(name) if name in b.layout.prefix_names else -1
-    return b.layout.patch_token(*patch) if a.grid == b.grid and b.attentions is not None else -1
+    return b.layout.patch_token(*patch) if a.grid == b.grid and b.store.keeps_rows_of(b.layout.patch_token(*patch)) else -1
 
 
 def queries(a: Analysis, b: Analysis, query: int | None) -> tuple[int | None, int | None]:

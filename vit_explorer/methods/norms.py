@@ -221,8 +221,7 @@ def for_analysis(analysis: Analysis, k: float = K) -> TokenNorms:
         raise VitExplorerError("this analysis was made without token norms; analyse the image again")
 
     def received() -> torch.Tensor:
-        maps = analysis.attentions if analysis.attentions is not None else analysis.compact["head_mean"]
-        return received_attention(maps)
+        return received_attention(analysis.store.head_means())
 
     shares = memo(analysis, ("received_attention",), received)
     return memo(analysis, ("token_norms", float(k)), lambda: token_norms(analysis.token_norms, shares, analysis.layout, k))

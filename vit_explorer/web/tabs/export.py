@@ -32,17 +32,17 @@ def layout() -> dict:
 def size_note(session: Session) -> str:
     """What attention.npz will hold, and the size every head's full map adds, said before anything is written."""
     analysis = session.analysis
-    if analysis.attentions is None:
+    if not analysis.store.full_bytes:
         return ("`attention.npz` holds the compact form (head means, prefix rows, statistics): this analysis kept no full maps, "
                 "which were above the memory budget.")
     return (f"`attention.npz` holds the compact form (head means, prefix rows, statistics); every head's full map adds "
-            f"{files.megabytes(analysis.full_map_bytes())} before zip compression.")
+            f"{files.megabytes(analysis.store.full_bytes)} before zip compression.")
 
 
 def render(session: Session, controls: Controls) -> dict:
     # a zip is made on request; none is left from another analysis
     return {"export_file": None, "export_note": size_note(session),
-            "export_full_maps": gr.update(value=False, interactive=session.analysis.attentions is not None)}
+            "export_full_maps": gr.update(value=False, interactive=session.analysis.store.full_bytes > 0)}
 
 
 def depends(session: Session, controls: Controls) -> tuple:

@@ -161,7 +161,7 @@ def on_patch_click(models: ModelCache, evt: gr.SelectData, session: Session | No
     are recomputed here, with the model from the cache, before any view reads them."""
     session = require(session)
     token = pictures.token_at(session.analysis, evt.index[0], evt.index[1], pictures.view_hw(session.analysis))
-    if session.analysis.attentions is None:
+    if not session.analysis.store.keeps_rows_of(token):
         recompute_query_rows(models.get(session.model_spec), session.analysis, token)
     return follow_query(replace(session, query=token), visible, control_values)
 
