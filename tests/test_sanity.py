@@ -17,11 +17,11 @@ from vit_explorer.methods.sanity import SanityCurves, randomise, sanity_check
 from vit_explorer.shapes.generator import generate_set
 
 
-def centre_prior(analysis, evidence) -> np.ndarray:
+def centre_prior(analysis, evidence) -> torch.Tensor:
     """A map that ignores the model: closeness of each patch to the image centre ``[grid_h, grid_w]``."""
     rows, cols = analysis.layout.grid_hw
     ys, xs = np.mgrid[:rows, :cols]
-    return -np.hypot(ys - (rows - 1) / 2, xs - (cols - 1) / 2)
+    return torch.from_numpy(-np.hypot(ys - (rows - 1) / 2, xs - (cols - 1) / 2))
 
 
 def layer_class_row(layer: int):

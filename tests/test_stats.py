@@ -16,8 +16,8 @@ from vit_explorer.models.layout import TokenLayout
 LAYOUT = TokenLayout(("cls",), (3, 3), (16, 16))
 
 
-def attention_with(rows: np.ndarray) -> np.ndarray:
-    return rows[None, None]  # [1 layer, 1 head, n, n]
+def attention_with(rows: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(rows, dtype=torch.float32)[None, None]  # [1 layer, 1 head, n, n]
 
 
 def test_entropy_is_zero_for_one_hot_and_log_n_for_uniform():
@@ -36,7 +36,7 @@ def test_mean_distance_is_zero_for_self_attention_and_in_pixels_otherwise():
         rows[token, LAYOUT.patch_token(r, c + 1 if c < 2 else c - 1)] = 1.0
     rows[0, 0] = 1.0
     assert mean_attention_distance(attention_with(rows), LAYOUT)[0, 0] == pytest.approx(16.0)
-    assert patch_distances(LAYOUT)[0, 8] == pytest.approx(np.hypot(32, 32))
+    assert patch_distances(LAYOUT)[0, 8].item() == pytest.approx(np.hypot(32, 32))
 
 
 def test_prefix_share_counts_attention_on_prefix_tokens_from_patch_queries():
@@ -45,27 +45,27 @@ def test_prefix_share_counts_attention_on_prefix_tokens_from_patch_queries():
     rows[:, 0] = 0.5
     assert prefix_share(attention_with(rows), LAYOUT)[0, 0] == pytest.approx(0.5)
     no_prefix = TokenLayout((), (3, 3), (16, 16))
-    assert prefix_share(np.full((1, 1, 9, 9), 1 / 9), no_prefix)[0, 0] == 0.0
+    assert prefix_share(torch.full((1, 1, 9, 9), 1 / 9), no_prefix)[0, 0] == 0.0
 
 
 def test_spearman_matches_pearson_of_hand_ranks_with_ties():
-    values = np.array([[3.0, 1.0], [3.0, 7.0]])
+    values = torch.tensor([[3.0, 1.0], [3.0, 7.0]])
     assert ranks(values).tolist() == [1.5, 0.0, 1.5, 3.0]  # the two 3s share ranks 1 and 2
     rng = np.random.default_rng(0)
     first, second = rng.normal(size=50), rng.normal(size=50)
     hand_first, hand_second = first.argsort().argsort(), second.argsort().argsort()  # no ties in normal draws
+    first, second = torch.from_numpy(first), torch.from_numpy(second)
     assert spearman(first, second) == pytest.approx(np.corrcoef(hand_first, hand_second)[0, 1])
-    assert spearman(first, np.exp(first)) == pytest.approx(1.0) and spearman(first, -first) == pytest.approx(-1.0)
-    assert np.isnan(spearman(first, np.ones(50)))
+    assert spearman(first, first.exp()) == pytest.approx(1.0) and spearman(first, -first) == pytest.approx(-1.0)
+    assert np.isnan(spearman(first, torch.ones(50)))
 
 
-def test_entropy_matches_scipy_on_rows_with_exact_zeros_in_numpy_and_torch():
+def test_entropy_matches_scipy_on_rows_with_exact_zeros():
     rng = np.random.default_rng(5)
     rows = rng.dirichlet(np.full(9, 0.3), size=(2, 3, 9)).astype(np.float32)  # [layers, heads, n, n]
     rows[..., :2] = 0.0  # softmax underflow leaves exact zeros, which contribute nothing
     rows /= rows.sum(axis=-1, keepdims=True)
     expected = scipy_entropy(rows.astype(np.float64), axis=-1).mean(axis=-1)  # [layers, heads]
-    np.testing.assert_allclose(attention_entropy(rows), expected, rtol=1e-5)
     from_tensor = attention_entropy(torch.from_numpy(rows))
     assert isinstance(from_tensor, torch.Tensor) and not torch.isnan(from_tensor).any()
     np.testing.assert_allclose(from_tensor.numpy(), expected, rtol=1e-5)
@@ -87,5 +87,4 @@ def test_head_statistics_in_groups_match_each_statistic_over_the_whole_batch(mon
     for name, values in together.items():
         assert values.shape == (3, 2, 4)
         torch.testing.assert_close(values, expected[name], rtol=1e-5, atol=1e-6)
-    as_numpy = statistics.head_statistics(maps.numpy(), layout)
-    assert all(isinstance(values, np.ndarray) for values in as_numpy.values())
+

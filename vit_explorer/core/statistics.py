@@ -1,21 +1,14 @@
 """Per-head statistics of attention ``[..., heads, n, n]`` (one image's layers, or a batch): entropy, distance,
-prefix share. Each gives ``[..., heads]``, computed in torch (every core, and the GPU a dataset's batch is on)
-and returned as the maps came: numpy for numpy, a tensor for a tensor."""
+prefix share. Each gives ``[..., heads]``: torch in, torch out, on the device the maps are on (every core, and
+the GPU a dataset's batch is on)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from vit_explorer.models.layout import TokenLayout
-
-
-def _like(result: torch.Tensor, attentions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
-    """``result`` as the caller's kind: numpy for numpy maps, a tensor for tensors."""
-    return result.numpy() if isinstance(attentions, np.ndarray) else result
-
 
 # A dataset batch's maps are tens of MB: a statistic that made a temporary of that size would pay a page
 # fault per 4 KiB and a trip to memory per pass, which cost four times the arithmetic. So each statistic
@@ -23,9 +16,8 @@ def _like(result: torch.Tensor, attentions: np.ndarray | torch.Tensor) -> np.nda
 GROUP_BYTES = 2 << 20
 
 
-def _per_map(attentions: np.ndarray | torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def _per_map(maps: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """``reduce`` (float32 maps ``[m, n, n]`` → ``[k, m]``) over every map of ``[..., n, n]``, giving ``[k, ...]``."""
-    maps = torch.as_tensor(attentions)
     flat = maps.reshape(-1, *maps.shape[-2:])  # [maps, n, n]
     step = max(1, GROUP_BYTES // (flat[0].numel() * 4)) if len(flat) else 1
     values = torch.cat([reduce(group.to(torch.float32)) for group in flat.split(step)], dim=1)  # [k, maps]
@@ -50,69 +42,66 @@ def _prefix_share(maps: torch.Tensor, prefix: int) -> torch.Tensor:
     return maps[:, prefix:, :prefix].sum(dim=-1).mean(dim=-1)
 
 
-def _distances_for(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-    return torch.from_numpy(patch_distances(layout)).to(torch.as_tensor(attentions).device)  # [patches, patches]
-
-
-def attention_entropy(attentions: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+def attention_entropy(attentions: torch.Tensor) -> torch.Tensor:
     """Mean entropy (nats) of each head's rows ``[..., heads]``; log(n) is uniform, 0 is one-hot."""
-    return _like(_per_map(attentions, lambda maps: _entropy(maps)[None])[0], attentions)
+    return _per_map(attentions, lambda maps: _entropy(maps)[None])[0]
 
 
-def patch_distances(layout: TokenLayout) -> np.ndarray:
-    """Pixel distance between the centres of every pair of patches ``[patches, patches]``."""
-    rows, cols = np.divmod(np.arange(layout.num_patches), layout.grid_hw[1])
-    ys, xs = rows * layout.patch_hw[0], cols * layout.patch_hw[1]
-    return np.hypot(ys[:, None] - ys[None, :], xs[:, None] - xs[None, :]).astype(np.float32)
+def patch_distances(layout: TokenLayout, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Pixel distance between the centres of every pair of patches ``[patches, patches]`` float32."""
+    index = torch.arange(layout.num_patches, device=device)
+    ys = (index // layout.grid_hw[1] * layout.patch_hw[0]).float()
+    xs = (index % layout.grid_hw[1] * layout.patch_hw[1]).float()
+    return torch.hypot(ys[:, None] - ys[None, :], xs[:, None] - xs[None, :])
 
 
-def mean_attention_distance(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> np.ndarray | torch.Tensor:
+def mean_attention_distance(attentions: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     """Mean distance in input pixels over which each head integrates ``[..., heads]``.
 
     For every patch query, the expected distance to the patch keys it attends to (weights
     renormalised over patches, so attention parked on prefix tokens does not count as distance
     zero), averaged over queries — the measure of Fig. 7 of the ViT paper.
     """
-    distances, prefix = _distances_for(attentions, layout), layout.num_prefix_tokens
-    return _like(_per_map(attentions, lambda maps: _distance(maps, distances, prefix)[None])[0], attentions)
+    distances, prefix = patch_distances(layout, attentions.device), layout.num_prefix_tokens
+    return _per_map(attentions, lambda maps: _distance(maps, distances, prefix)[None])[0]
 
 
-def prefix_share(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> np.ndarray | torch.Tensor:
+def prefix_share(attentions: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     """Share of each head's attention from patch queries that lands on prefix tokens ``[..., heads]``."""
     prefix = layout.num_prefix_tokens
-    return _like(_per_map(attentions, lambda maps: _prefix_share(maps, prefix)[None])[0], attentions)
+    return _per_map(attentions, lambda maps: _prefix_share(maps, prefix)[None])[0]
 
 
-def head_statistics(attentions: np.ndarray | torch.Tensor, layout: TokenLayout) -> dict[str, np.ndarray | torch.Tensor]:
+def head_statistics(attentions: torch.Tensor, layout: TokenLayout) -> dict[str, torch.Tensor]:
     """Every statistic of ``HEAD_STATISTICS`` ``{name: [..., heads]}``, from one read of each group of maps
     (what capture's statistics sinks use: a dataset batch's maps come from memory once, not once per statistic)."""
-    distances, prefix = _distances_for(attentions, layout), layout.num_prefix_tokens
+    distances, prefix = patch_distances(layout, attentions.device), layout.num_prefix_tokens
     values = _per_map(attentions, lambda maps: torch.stack([_entropy(maps), _distance(maps, distances, prefix), _prefix_share(maps, prefix)]))
-    return {name: _like(value, attentions) for name, value in zip(HEAD_STATISTICS, values)}
+    return dict(zip(HEAD_STATISTICS, values))
 
 
-def ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks of the flattened ``values`` (0 = smallest), ties sharing their mean rank ``[values.size]``."""
-    flat = np.asarray(values, dtype=np.float64).ravel()
-    order = np.argsort(flat, kind="stable")
+def ranks(values: torch.Tensor) -> torch.Tensor:
+    """Ranks of the flattened ``values`` (0 = smallest), ties sharing their mean rank ``[values.numel()]`` float64."""
+    flat = values.detach().reshape(-1).to(torch.float64).cpu()
+    order = flat.argsort(stable=True)
     sorted_values = flat[order]
     # each run of equal values gets the mean of the positions it spans
-    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
-    ends = np.r_[starts[1:], flat.size]
-    mean_positions = np.repeat((starts + ends - 1) / 2.0, ends - starts)
-    result = np.empty_like(flat)
+    starts = torch.cat([torch.tensor([True]), sorted_values[1:] != sorted_values[:-1]]).nonzero().flatten()
+    ends = torch.cat([starts[1:], torch.tensor([flat.numel()])])
+    mean_positions = ((starts + ends - 1) / 2.0).to(torch.float64).repeat_interleave(ends - starts)
+    result = torch.empty_like(flat)
     result[order] = mean_positions
     return result
 
 
-def spearman(first: np.ndarray, second: np.ndarray) -> float:
-    """Spearman rank correlation of two arrays of the same size (flattened), NaN when either is constant."""
+def spearman(first: torch.Tensor, second: torch.Tensor) -> float:
+    """Spearman rank correlation of two tensors of the same size (flattened), NaN when either is constant."""
     first_ranks, second_ranks = ranks(first), ranks(second)
-    if first_ranks.size != second_ranks.size:
-        raise ValueError(f"spearman needs arrays of one size, not {first_ranks.size} and {second_ranks.size}")
+    if first_ranks.numel() != second_ranks.numel():
+        raise ValueError(f"spearman needs tensors of one size, not {first_ranks.numel()} and {second_ranks.numel()}")
     first_ranks -= first_ranks.mean()
     second_ranks -= second_ranks.mean()
-    scale = np.sqrt((first_ranks**2).sum() * (second_ranks**2).sum())
+    scale = ((first_ranks**2).sum() * (second_ranks**2).sum()).sqrt()
     return float((first_ranks * second_ranks).sum() / scale) if scale > 0 else float("nan")
 
 

@@ -27,6 +27,8 @@ class Comparison:
         image_name: the second image's file name; None where B shows the main image.
         second_model: B's model was chosen for the comparison, rather than the main model.
         paired: the main analysis B was made beside (a weak reference: the main session owns it).
+        evidence: B's class evidence for its target when B was made (``target_b``), as ``class_evidence``
+            returned it; None for a backbone.
     """
 
     analysis: Analysis = field(repr=False)
@@ -36,6 +38,7 @@ class Comparison:
     image_name: str | None
     second_model: bool
     paired: weakref.ReferenceType = field(repr=False)
+    evidence: ClassEvidence | None = field(default=None, repr=False)
 
     def made_from(self, source: str, spec: str, fit: str) -> bool:
         """Whether B is the analysis of ``source`` by ``spec`` with ``fit``: then a new comparison reuses it."""
@@ -97,11 +100,6 @@ def target_b(a: Analysis, b: Analysis, target_a: int | None) -> int | None:
     return target_a if target_a is not None and same_classes(a, b) else int(b.logits.argmax())
 
 
-def kept_evidence(b: Analysis, target: int | None) -> ClassEvidence | None:
-    """B's evidence for ``target`` where it was computed (the comparison computes it, ``analysis.class_evidence``)."""
-    return None if target is None else b.evidence.get(target)
-
-
 @dataclass(frozen=True)
 class Side:
     """What one side of a comparison shows: its analysis, query, layer and head, rollout start layer, target class
@@ -128,7 +126,8 @@ def sides(main: Analysis, evidence: ClassEvidence | None, comparison: Comparison
     target = target_b(main, b, target_a)
     return (Side(main, query_a, layer, head, start_layer, target_a, evidence),
             Side(b, query_b, aligned_layer(layer, layers_a, layers_b), head if head is None or head < b.map_shape[1] else None,
-                 aligned_layer(start_layer, layers_a, layers_b), target, kept_evidence(b, target)))
+                 aligned_layer(start_layer, layers_a, layers_b), target,
+                 comparison.evidence if comparison.evidence is not None and comparison.evidence.target == target else None))
 
 
 def grid_mismatch(a: Analysis, b: Analysis) -> str | None:

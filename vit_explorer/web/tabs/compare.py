@@ -213,10 +213,10 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     else:
         analysis = analyze(model, source, name=Path(source).name, memory_budget=models.memory_budget, fit=controls.fit)
     target = target_b(session.analysis, analysis, session.target)
-    if target is not None:
-        class_evidence(model, analysis, target)  # kept on B's analysis; no pass for its top class, which the upload pass gave
+    # no pass for B's top class, which its upload pass gave
+    evidence = None if target is None else class_evidence(model, analysis, target)
     comparison = Comparison(analysis, source, spec, controls.fit, None if second_image is None else Path(second_image).name,
-                            spec != session.model_spec, weakref.ref(session.analysis))
+                            spec != session.model_spec, weakref.ref(session.analysis), evidence)
     return in_order({"comparison": comparison, **refresh(TAB, session, replace(controls, comparison=comparison))}, COMPARED)
 
 
