@@ -217,7 +217,7 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
 
 def values_of(**changes) -> tuple:
     """Control values as the app passes them (``CONTROL_NAMES`` order)."""
-    return tuple(Controls(**changes).__dict__.values())
+    return Controls.named(**changes).values()
 
 
 def alternating(*values):

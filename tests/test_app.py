@@ -62,7 +62,7 @@ def backbone_models() -> ModelCache:
 
 def controls(**changes) -> tuple:
     """Control values in ``CONTROL_NAMES`` order, as the app passes them."""
-    return tuple(Controls(**changes).__dict__.values())
+    return Controls.named(**changes).values()
 
 
 CONTROLS = controls()
@@ -798,3 +798,15 @@ def test_shape_examples_are_offered_with_the_built_in_model_only(checkpoint):
 
     assert examples_visible("builtin:shapes") is True
     assert examples_visible(checkpoint) is False  # another model: the shapes would be misread, so none are offered
+
+
+def test_controls_are_matched_by_name_and_the_type_says_which_run_the_model():
+    from vit_explorer.web.session import CONTROL_NAMES, INPUT_NAMES, VIEW_NAMES
+
+    chosen = Controls.named(cmap="gray", start_layer=2, fit="pad")
+    assert chosen.inputs.fit == "pad" and chosen.cmap == "gray" and chosen.rollout.start_layer == 2
+    assert Controls.from_values(chosen.values()) == chosen  # values in CONTROL_NAMES order, matched back by name
+    assert set(INPUT_NAMES) == {"fit", "comparison"} and not set(INPUT_NAMES) & set(VIEW_NAMES)  # what costs a pass
+    assert CONTROL_NAMES == VIEW_NAMES + INPUT_NAMES
+    with pytest.raises(ValueError):  # a component wired without its name: the count no longer matches
+        Controls.from_values(chosen.values()[:-1])

@@ -9,7 +9,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -56,9 +56,20 @@ class ModelCache:
 
 
 @dataclass(frozen=True)
+class ModelInputs:
+    """The controls whose change runs the model: the fit of an image to the model's input (``images.FITS``),
+    which analyses the image again, and the Compare tab's second side (its own gr.State, set by its own
+    events: one more analysis)."""
+
+    fit: str = "stretch"
+    comparison: Comparison | None = None
+
+
+@dataclass(frozen=True)
 class Controls:
-    """The values of the view controls. The app wires its control components by these field names
-    (``CONTROL_NAMES``), so the callbacks receive the values in this order."""
+    """The values of the controls: view settings, whose change only re-renders from the cached maps, and the
+    ``inputs`` whose change runs the model. The app wires each control component by its name
+    (``CONTROL_NAMES``: the view settings, then the inputs), and ``from_values`` matches the values back by name."""
 
     cmap: str = "inferno"
     overlay: bool = True
@@ -69,30 +80,52 @@ class Controls:
     start_layer: int = 0
     residual_weight: float = 0.5
     method: str = "relevance"  # the class-maps tab's map
-    fit: str = "stretch"  # how an image of other proportions meets the model's input (``images.FITS``)
     colour_scale: str = "linear"  # what the colormap's ends stand for (``render.COLOUR_SCALES``)
     ablation_mode: str = "zero"  # how the head ablation tab removes a head (``ablation.MODES``)
     stats_folder: str = ""  # a ``vit-explorer stats`` output folder whose dataset the head statistics are shown against
-    # the Compare tab: its second side (its own gr.State, set by its own events), the view, A's layer (B's is at the same
-    # relative depth), the head ("h3"; None or "mean of heads": the mean) and the head statistic it overlays
-    comparison: Comparison | None = None
+    # the Compare tab's view, A's layer (B's is at the same relative depth), the head ("h3"; None or "mean of heads":
+    # the mean) and the head statistic it overlays
     compare_view: str = "rollout"
     compare_layer: int = 0
     compare_head: str | None = None
     compare_statistic: str = "distance"
+    inputs: ModelInputs = field(default_factory=ModelInputs)
+
+    @classmethod
+    def named(cls, **values: object) -> Controls:
+        """The controls from values by name, view settings and inputs alike (``Controls.named(cmap="gray", fit="pad")``)."""
+        inputs = {name: values.pop(name) for name in INPUT_NAMES if name in values}
+        return cls(**values, inputs=ModelInputs(**inputs))
 
     @classmethod
     def from_values(cls, values: Sequence) -> Controls:
         """The controls from the values Gradio passes for the ``CONTROL_NAMES`` components, matched by name; a count
         that differs from the names (a component wired without its name, or one too many) raises."""
-        return cls(**dict(zip(CONTROL_NAMES, values, strict=True)))
+        return cls.named(**dict(zip(CONTROL_NAMES, values, strict=True)))
+
+    def values(self) -> tuple:
+        """The values in ``CONTROL_NAMES`` order, as the app passes them (for API clients and tests)."""
+        return tuple(getattr(self.inputs if name in INPUT_NAMES else self, name) for name in CONTROL_NAMES)
+
+    def with_inputs(self, **changes: object) -> Controls:
+        return replace(self, inputs=replace(self.inputs, **changes))
+
+    @property
+    def fit(self) -> str:
+        return self.inputs.fit
+
+    @property
+    def comparison(self) -> Comparison | None:
+        return self.inputs.comparison
 
     @property
     def rollout(self) -> maps.RolloutOptions:
         return maps.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer), float(self.residual_weight))
 
 
-CONTROL_NAMES = tuple(field.name for field in fields(Controls))
+VIEW_NAMES = tuple(field.name for field in fields(Controls) if field.name != "inputs")
+INPUT_NAMES = tuple(field.name for field in fields(ModelInputs))
+CONTROL_NAMES = VIEW_NAMES + INPUT_NAMES
 
 
 @dataclass

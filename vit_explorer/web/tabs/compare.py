@@ -202,7 +202,7 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     session, controls = require(session), Controls.from_values(control_values)
     spec = (second_model or MAIN_MODEL).strip() or session.model_spec
     if second_image is None and spec == session.model_spec:
-        return in_order({"comparison": None, **refresh(TAB, session, replace(controls, comparison=None))}, COMPARED)
+        return in_order({"comparison": None, **refresh(TAB, session, controls.with_inputs(comparison=None))}, COMPARED)
     source = second_image or main_upload
     if source is None:
         raise VitExplorerError("the main image is no longer uploaded: upload it again, or upload a second image too")
@@ -217,7 +217,7 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     evidence = None if target is None else class_evidence(model, analysis, target)
     comparison = Comparison(analysis, source, spec, controls.fit, None if second_image is None else Path(second_image).name,
                             spec != session.model_spec, weakref.ref(session.analysis), evidence)
-    return in_order({"comparison": comparison, **refresh(TAB, session, replace(controls, comparison=comparison))}, COMPARED)
+    return in_order({"comparison": comparison, **refresh(TAB, session, controls.with_inputs(comparison=comparison))}, COMPARED)
 
 
 def wire(app: Wiring) -> None:
