@@ -91,6 +91,8 @@ def run_analyze(args: argparse.Namespace) -> None:
     if analysis.num_classes:
         top = analysis.top_k(1)[0]
         progress(f"top prediction: {top.label} ({top.prob:.1%})")
+        if analysis.ood is not None and analysis.ood.known:
+            progress(analysis.ood.domain(analysis.model_name))
     if curves is not None:
         aucs = curves.aucs
         print(f"{args.method} map for {analysis.label(curves.target)!r}: deletion AUC {aucs['deletion']:.3f} "

@@ -72,6 +72,13 @@ class OodVerdict:
     def flagged(self) -> bool:
         return self.score > self.threshold
 
+    def domain(self, model_name: str) -> str:
+        """The line beside every prediction of a model whose calibration states what it knows: a confident model
+        can be wrong about its domain (the built-in model calls photos "ring" at 80–90%), so the energy notice
+        alone cannot be the only warning."""
+        return (f"{model_name} knows only {self.known}; on other images its class means nothing. For real images, load a "
+                "real model (timm:NAME, hf:REPO or a checkpoint file).")
+
     def notice(self, model_name: str) -> str:
         """What a user reads when the image is flagged: what the model knows, and what to load instead."""
         score, threshold = distinguished(self.score, self.threshold)
