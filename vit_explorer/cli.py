@@ -91,7 +91,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     if analysis.num_classes:
         top = analysis.top_k(1)[0]
         progress(f"top prediction: {top.label} ({top.prob:.1%})")
-        if analysis.ood is not None and analysis.ood.known:
+        if analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged:  # the warning above says it already
             progress(analysis.ood.domain(analysis.model_name))
     if curves is not None:
         aucs = curves.aucs

@@ -38,7 +38,9 @@ def model_summary(analysis: Analysis) -> str:
     )
     if analysis.num_classes:  # on the first screen, whatever the height of the window; the top-5 is beside the tabs
         top = analysis.top_k(1)[0]
-        domain = f" · *{analysis.ood.domain(analysis.model_name)}*" if analysis.ood is not None and analysis.ood.known else ""
+        # the notice of a flagged image (above) says it already
+        stated = analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged
+        domain = f" · *{analysis.ood.domain(analysis.model_name)}*" if stated else ""
         summary = f"Prediction: **{top.label}** {top.prob:.1%}{domain}  \n{summary}"
     if analysis.random_weights:
         summary += f"  \n**{RANDOM_WEIGHTS_NOTE}**"
