@@ -66,7 +66,11 @@ def test_a_cached_timm_name_loads_with_no_network(empty_hub):
     loaded = load_model("timm:vit_tiny_patch16_224", device="cpu")
     for name, tensor in source.state_dict().items():
         torch.testing.assert_close(loaded.module.state_dict()[name], tensor, msg=name)
-    assert not loaded.random_weights
+    assert not loaded.random_weights and not any("resampled" in note for note in loaded.notes)
+    # another input size: timm resamples the 14×14 position grid at load, and the model says so
+    resized = load_model("timm:vit_tiny_patch16_224", input_hw=(112, 112), device="cpu")
+    assert resized.layout.grid_hw == (7, 7)
+    assert any("position embedding resampled by timm from the weights' 224×224 input to 112×112" in note for note in resized.notes)
 
 
 @pytest.mark.parametrize("name,prefix,side", [

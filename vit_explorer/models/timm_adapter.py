@@ -185,6 +185,17 @@ def load_error(spec: str, message: str, classifiers: tuple[str, ...]) -> VitExpl
     return VitExplorerError(f"timm:{spec}: {'; '.join(parts) or message.splitlines()[0]}")
 
 
+def cfg_input_hw(name: str) -> tuple[int, int] | None:
+    """The input size of timm model ``name``'s pretrained cfg (its weights' grid), None for a name timm does not know."""
+    cfg = require_timm().models.get_pretrained_cfg(name)
+    return tuple(cfg.input_size[1:]) if cfg is not None else None
+
+
+def resampled_note(stored: tuple[int, int], input_hw: tuple[int, int]) -> str:
+    return (f"position embedding resampled by timm from the weights' {stored[1]}×{stored[0]} input to {input_hw[1]}×{input_hw[0]}: "
+            "the maps are not the model's at its own grid")
+
+
 def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
     """``NAME`` from the hub (the local cache first, through timm's own download), ``NAME@FILE`` from
     local weights, or ``NAME@random`` with random weights (the real token layout, no download).
@@ -207,13 +218,16 @@ def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
         stored = stored_input_hw(path)
         if stored is not None and input_hw is None:
             kwargs["img_size"] = input_hw = stored
-            default = tuple(timm.models.get_pretrained_cfg(name).input_size[1:])
-            if stored != default:
+            default = cfg_input_hw(name)
+            if default is not None and stored != default:
                 notes.append(f"runs at {stored[1]}×{stored[0]}, the position grid the weights hold, not timm's {default[1]}×"
                              f"{default[0]} for {name}; --input-size resamples it")
         elif stored is not None and stored != tuple(input_hw):
-            notes.append(f"position embedding resampled by timm from the weights' {stored[1]}×{stored[0]} input to "
-                         f"{input_hw[1]}×{input_hw[0]}: the maps are not the model's at its own grid")
+            notes.append(resampled_note(stored, input_hw))
+    elif not random_weights and input_hw is not None:  # hub weights hold the grid of their pretrained cfg
+        default = cfg_input_hw(name)
+        if default is not None and default != tuple(input_hw):
+            notes.append(resampled_note(default, input_hw))
     try:
         if random_weights:
             module = timm.create_model(name, pretrained=False, **kwargs)
