@@ -810,3 +810,17 @@ def test_controls_are_matched_by_name_and_the_type_says_which_run_the_model():
     assert CONTROL_NAMES == VIEW_NAMES + INPUT_NAMES
     with pytest.raises(ValueError):  # a component wired without its name: the count no longer matches
         Controls.from_values(chosen.values()[:-1])
+
+
+@pytest.mark.timm
+def test_a_resampled_position_embedding_is_said_in_the_app(upload, tmp_path):
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64).eval()  # a 4×4 position grid
+    path = tmp_path / "small.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    models = ModelCache(input_hw=(96, 96))  # every model at 96 px, as `serve --input-size 96` runs them
+    outputs = by_name(shared.run_analysis(models, upload, f"timm:vit_tiny_patch16_224@{path}", OVERVIEW, *CONTROLS),
+                      shared.FULL_OUTPUTS)
+    assert "Position embedding resampled by timm from the weights' 64×64 input to 96×96" in outputs["summary"]

@@ -56,6 +56,8 @@ class Analysis:
         model_name: the spec the model was loaded from.
         random_weights: the model was built with random weights (``@random``): a real layout, nothing learned.
         view_note: how the uploaded image became the model's input (size, stretched or padded).
+        model_notes: what loading the model had to say (a backbone loaded without its head, a resampled position
+            embedding), for every view of this analysis to show.
         ood: the out-of-distribution verdict, for a model calibrated for one (``ood`` module); else None.
         compact: for a compact analysis, ``head_mean`` ``[layers, n, n]``, ``prefix_rows``
             ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` (float16) and the
@@ -74,6 +76,7 @@ class Analysis:
     compact: dict[str, Any] | None = None
     ood: OodVerdict | None = None
     view_note: str = ""
+    model_notes: tuple[str, ...] = ()
     random_weights: bool = False
     token_norms: torch.Tensor | None = None
     # tensors that views derive and reuse (rollout factors, query rows, statistics), bounded
@@ -253,7 +256,8 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
     result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu(), layout=model.layout,
                       labels=model.labels, model_name=model.name,
                       ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,
-                      view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), random_weights=model.random_weights,
+                      view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), model_notes=tuple(model.notes),
+                      random_weights=model.random_weights,
                       token_norms=captured.token_norms[0])
     if storage == "compact":
         result.compact = captured.kept

@@ -48,6 +48,8 @@ def model_summary(analysis: Analysis) -> str:
         summary += f"  \n{BACKBONE_NOTE}"
     if analysis.view_note:
         summary += f"  \n{analysis.view_note}"
+    for note in analysis.model_notes:  # e.g. a resampled position embedding: the maps are not the model's own grid
+        summary += f"  \n{note[0].upper()}{note[1:]}"
     if analysis.ood is not None and analysis.ood.flagged:
         summary = f"> ⚠️ **Outside what this model knows.** {analysis.ood.notice(analysis.model_name)}\n\n{summary}"
     return summary
