@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -261,3 +262,39 @@ def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout
         if row["method"] in hits:
             assert report["per_image"][f"{row['method']}/pointing"] == hits[row["method"]]
             assert row["pointing"]["mean"] == pytest.approx(np.mean(hits[row["method"]]))
+
+
+def run_in_terminal(argv: list[str], cwd: Path) -> str:
+    """``python -m vit_explorer.cli ARGV`` with stdout and stderr on a pseudo-terminal; everything it wrote."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "vit_explorer.cli", *argv], stdout=follower, stderr=follower, cwd=cwd,
+                               env={**os.environ, "COLUMNS": "100"})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    process.wait(timeout=300)
+    os.close(leader)
+    assert process.returncode == 0, b"".join(chunks).decode(errors="replace")[-2000:]
+    return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_evaluate_shows_a_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    assert main(["make-shapes", str(tmp_path / "set"), "--count", "3", "--seed", "4"]) in (0, None)
+    argv = ["evaluate", str(tmp_path / "set" / "images"), "--methods", "rollout", "--steps", "2"]
+    on_terminal = run_in_terminal([*argv, "--out", str(tmp_path / "a")], tmp_path)
+    assert "evaluate:" in on_terminal and "3/3" in on_terminal and "img" in on_terminal  # tqdm's bar: "evaluate: 100%|…| 3/3"
+    piped = subprocess.run([sys.executable, "-m", "vit_explorer.cli", *argv, "--out", str(tmp_path / "b")], capture_output=True,
+                           text=True, timeout=300, cwd=tmp_path)
+    assert piped.returncode == 0 and "3/3" not in piped.stderr and "evaluate:" not in piped.stderr
+    assert "method | deletion" in piped.stdout  # the table, without the bar

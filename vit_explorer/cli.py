@@ -6,6 +6,8 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from vit_explorer.core.images import FITS
@@ -16,6 +18,21 @@ from vit_explorer.models import DEFAULT_MODEL
 
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def progress_bar(description: str, total: int, unit: str = "step", shown: bool = True) -> Iterator[Callable[[], None]]:
+    """A progress bar on stderr for long work (tqdm), advanced by calling what this yields; none when stderr is
+    not a terminal, so that logs and pipes get only the lines ``progress`` prints (nor where ``shown`` is False:
+    the other processes of a torchrun)."""
+    from tqdm import tqdm
+
+    # a terminal that reports no size (a new pseudo-terminal) would get no bar from tqdm, which hides bars below the
+    # screen's last row: take shutil's size, which falls back to COLUMNS and LINES, or 80 × 24
+    size = shutil.get_terminal_size()
+    with tqdm(total=total, desc=description, unit=unit, file=sys.stderr, ncols=size.columns, nrows=size.lines, leave=False,
+              disable=not (shown and sys.stderr.isatty())) as bar:
+        yield lambda: bar.update(1)
 
 
 def run_analyze(args: argparse.Namespace) -> None:
@@ -57,13 +74,15 @@ def run_analyze(args: argparse.Namespace) -> None:
         from vit_explorer.methods.sanity import sanity_check
 
         progress(f"sanity check: randomising the model's {analysis.map_shape[0]} layers from the top, one more per pass")
-        sanity = sanity_check(model, analysis, args.target, options=options)
+        with progress_bar("sanity check", analysis.map_shape[0], unit="layer") as step:
+            sanity = sanity_check(model, analysis, args.target, options=options, step=step)
     ablation = None
     if args.ablation:
         from vit_explorer.methods.ablation import ablation_of, cost_text
 
         progress(f"head ablation ({args.ablation_mode}): each head removed in turn, {cost_text(*analysis.map_shape)}")
-        ablation = ablation_of(model, analysis, args.target, args.ablation_mode)
+        with progress_bar("head ablation", analysis.map_shape[0], unit="layer") as step:
+            ablation = ablation_of(model, analysis, args.target, args.ablation_mode, step=step)
     out = Path(args.out)
     # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +188,7 @@ def run_stats(args: argparse.Namespace) -> None:
             progress(f"{len(images.paths)} images from {args.source} through {model.name}" + (f" in {world} processes" if world > 1 else ""))
         out = Path(args.out)
         totals, run = collect(model, images, out / ".shards", batch_size=args.batch_size, workers=args.workers, fit=args.fit,
-                              shard_size=args.shard_size, resume=args.resume)
+                              shard_size=args.shard_size, resume=args.resume, show_progress=sys.stderr.isatty())
         if rank == 0:
             written = write_dataset_outputs(out, totals, run, model, str(args.source), images)
             if totals.skipped:
@@ -216,8 +235,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
                          images.classes)
         skipped: list[dict[str, str]] = []
         views = labelled_views(mine, model, skipped, root=root, masks=masks, fit=args.fit)
-        part = score_images(model, views, methods, steps=args.steps, random_orders=args.random_orders, baseline=args.baseline,
-                            seed=share.start)
+        with progress_bar("evaluate", len(mine.paths), unit="img", shown=rank == 0) as step:
+            part = score_images(model, views, methods, steps=args.steps, random_orders=args.random_orders, baseline=args.baseline,
+                                seed=share.start, step=step)
         # one process's per-image lists, in listing order, whatever the number of processes
         gathered = gather_in_rank_order([(part, skipped)])
         scores = {key: [value for each, _ in gathered for value in each[key]] for key in part}

@@ -171,9 +171,10 @@ def ablated_logits(model: LoadedModel, pixels: torch.Tensor, head_sets: Sequence
 
 
 def head_ablation(model: LoadedModel, pixels: torch.Tensor, target: int | None = None, mode: str = "zero",
-                  reference: torch.Tensor | None = None) -> HeadAblation:
+                  reference: torch.Tensor | None = None, step: Callable[[], None] | None = None) -> HeadAblation:
     """Remove each head of each layer in turn from one image ``[1, 3, H, W]`` and measure the target class
-    (default: the top prediction): 1 + layers forward passes, each layer's heads in one branched pass."""
+    (default: the top prediction): 1 + layers forward passes, each layer's heads in one branched pass; ``step`` is
+    called after each layer's pass (a progress bar's advance)."""
     layers, heads = model.adapter.map_shape(model.module)
     original = ablated_logits(model, pixels, [()], mode, reference)[0].double()  # [classes]
     if original.numel() == 0:
@@ -181,8 +182,12 @@ def head_ablation(model: LoadedModel, pixels: torch.Tensor, target: int | None =
     target = int(original.argmax()) if target is None else target
     if not 0 <= target < original.numel():
         raise VitExplorerError(f"target class {target} is outside 0…{original.numel() - 1}")
-    logits = torch.stack([ablated_logits(model, pixels, [[(layer, head)] for head in range(heads)], mode, reference).double()
-                          for layer in range(layers)])  # [layers, heads, classes]
+    per_layer = []
+    for layer in range(layers):
+        per_layer.append(ablated_logits(model, pixels, [[(layer, head)] for head in range(heads)], mode, reference).double())
+        if step is not None:
+            step()
+    logits = torch.stack(per_layer)  # [layers, heads, classes]
     probability = logits.softmax(dim=-1)[..., target]
     original_probability = float(original.softmax(dim=-1)[target])
     return HeadAblation(mode=mode, target=target, delta_logit=(logits[..., target] - original[target]).float(),
@@ -205,12 +210,14 @@ def mean_attention(model: LoadedModel, images: torch.Tensor) -> torch.Tensor:
     return record_attention(model, images.to(model.device))[1].float().mean(dim=0).cpu()
 
 
-def ablation_of(model: LoadedModel, analysis: Analysis, target: int | str | None = None, mode: str = "zero") -> HeadAblation:
+def ablation_of(model: LoadedModel, analysis: Analysis, target: int | str | None = None, mode: str = "zero",
+                step: Callable[[], None] | None = None) -> HeadAblation:
     """``head_ablation`` of the analysed image (a class by index or name; default: the top one), "mean" mode
     against uniform maps; kept on the analysis, so that the heat map and the ranking cost one computation."""
     check_model(model, analysis)
     index = analysis.class_index(target)
-    return memo(analysis, ablation_key(index, check_mode(mode)), lambda: head_ablation(model, pixels_of(model, analysis), index, mode))
+    return memo(analysis, ablation_key(index, check_mode(mode)),
+                lambda: head_ablation(model, pixels_of(model, analysis), index, mode, step=step))
 
 
 def ablation_key(target: int, mode: str) -> tuple:

@@ -6,7 +6,7 @@ maps the app shows (``maps.class_map``) against each object's mask and by deleti
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -142,7 +142,8 @@ SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "p
 
 
 def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[str, ...], *, steps: int = 10,
-                 random_orders: int = 1, baseline: str = "blur", batch_size: int = 16, seed: int = 0) -> dict[str, list[float]]:
+                 random_orders: int = 1, baseline: str = "blur", batch_size: int = 16, seed: int = 0,
+                 step: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Per-image figures, each a list in the order of ``items``: ``METHOD/deletion`` and ``METHOD/insertion``
     (AUC of the target probability), ``METHOD/deletion_relative`` and ``METHOD/insertion_relative`` (the same
     over the unperturbed image's probability of the target, so that 1 is "as sure as on the whole image" on any
@@ -151,7 +152,8 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
     al. 2021, lower is better), ``METHOD/pointing`` and ``METHOD/energy`` against the mask dilated by one patch
     (NaN without a mask); the same for ``random`` orders (and a random map's pointing), and ``correct`` (NaN
     where the label is unknown). The random orders and map of the i-th item are seeded ``seed + i``, so scoring
-    a list in blocks, each with ``seed`` at its block's start, gives the figures of one run."""
+    a list in blocks, each with ``seed`` at its block's start, gives the figures of one run. ``step`` is called after
+    each image (a progress bar's advance)."""
     scores: dict[str, list[float]] = {f"{method}/{score}": [] for method in (*methods, "random") for score in SCORES}
     scores["correct"] = []
     batch: list[Labelled] = []
@@ -184,6 +186,8 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
             scores["random/pointing"].append(np.nan if target is None else float(pointing_hit(random_map, target)))
             scores["random/energy"].append(np.nan if target is None else energy(random_map, target))
             index += 1
+            if step is not None:
+                step()
         batch.clear()
 
     for item in items:

@@ -125,7 +125,7 @@ def default_methods(analysis: Analysis) -> tuple[str, ...]:
 
 def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | None = None, *, methods: tuple[str, ...] | None = None,
                  extra: Mapping[str, MapFunction] | None = None, options: RolloutOptions = RolloutOptions(),
-                 seed: int = 0) -> SanityCurves:
+                 seed: int = 0, step: Callable[[], None] | None = None) -> SanityCurves:
     """Cascading randomisation of ``model``'s layers for the image of ``analysis``.
 
     Args:
@@ -136,6 +136,7 @@ def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | Non
         extra: more maps by name, each a function of an analysis and the target's evidence.
         options: rollout options of the rollout-based maps.
         seed: seed of the random layers.
+        step: called after each layer is randomised and the maps recomputed (a progress bar's advance).
 
     Costs one forward and one backward pass per step (layers + 1 of them) and a copy of the model.
     """
@@ -169,6 +170,8 @@ def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | Non
         randomise(block, generator)
         for name, grid_map in current_maps().items():
             correlations[name].append(statistics.spearman(trained[name], grid_map))
+        if step is not None:
+            step()
     return SanityCurves(methods=tuple(functions), randomised_layers=list(range(len(blocks) + 1)), correlations=correlations,
                         target=index, target_label=None if index is None else analysis.label(index), model_name=model.name,
                         seed=seed)
