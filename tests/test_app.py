@@ -824,3 +824,23 @@ def test_a_resampled_position_embedding_is_said_in_the_app(upload, tmp_path):
     outputs = by_name(shared.run_analysis(models, upload, f"timm:vit_tiny_patch16_224@{path}", OVERVIEW, *CONTROLS),
                       shared.FULL_OUTPUTS)
     assert "Position embedding resampled by timm from the weights' 64×64 input to 96×96" in outputs["summary"]
+
+
+def test_long_actions_move_a_progress_bar_to_its_end(models, upload, checkpoint):
+    session, _ = analysed(models, upload, checkpoint)
+    layers = session.analysis.map_shape[0]
+    for run, total in ((class_maps.on_sanity, layers), (ablation_tab.on_run, layers), (class_maps.on_score, None)):
+        calls = []
+        run(models, session, *CONTROLS, progress=lambda value, desc, unit: calls.append(value))
+        steps = total or calls[0][1]
+        assert calls[0] == (0, steps) and calls[-1] == (steps, steps) and len(calls) == steps + 1, (run.__name__, calls)
+
+
+def test_gradio_hands_its_progress_bar_to_the_long_actions(checkpoint):
+    from gradio.helpers import special_args
+
+    with app.build_demo(checkpoint, ModelCache()) as demo:
+        functions = {block.api_name: block.fn for block in demo.fns.values()}
+    for name in ("sanity_check", "run_ablation", "score"):
+        _, progress_index, _, _ = special_args(functions[name], inputs=[])
+        assert progress_index == 1, name  # after the session: Gradio inserts its gr.Progress there

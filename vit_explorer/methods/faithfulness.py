@@ -10,6 +10,8 @@ score run through the model in a few batches.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,11 @@ CLEAR_MARGIN = 0.05  # AUC difference from chance below which a map is not calle
 def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS) -> int:
     """Images one ``deletion_insertion`` runs through the model: 2 curves × (1 + random orders) × (steps + 1)."""
     return 2 * (1 + random_orders) * (steps + 1)
+
+
+def batches(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, batch_size: int = 32) -> int:
+    """How many batches ``deletion_insertion`` runs: deletion and insertion, each its images in batches."""
+    return 2 * math.ceil((1 + random_orders) * (steps + 1) / batch_size)
 
 
 def area_under(fractions: np.ndarray, values: np.ndarray) -> float:
@@ -146,11 +153,13 @@ def deletion_insertion(
     baseline: str = "blur",
     seed: int = 0,
     batch_size: int = 32,
+    step: Callable[[], None] | None = None,
 ) -> FaithfulnessCurves:
     """Deletion and insertion curves of ``grid_map`` ``[grid_h, grid_w]`` for the image ``view`` ``[H, W, 3]``
     (as the model sees it) and class ``target``, with ``random_orders`` random orders as the baseline.
 
-    Costs ``forward_passes(steps, random_orders)`` images through the model, in batches of ``batch_size``.
+    Costs ``forward_passes(steps, random_orders)`` images through the model, in batches of ``batch_size``;
+    ``step`` is called after each batch (``batches`` of them: a progress bar's advance).
     """
     layout = model.layout
     if tuple(grid_map.shape) != layout.grid_hw:
@@ -171,6 +180,8 @@ def deletion_insertion(
             batch_probs, batch_tops = target_probabilities(model, start_from * (1 - changed) + put_in * changed, target)
             probs.append(batch_probs)
             tops.append(batch_tops)
+            if step is not None:
+                step()
     deletion, insertion = np.concatenate(probs).reshape(2, len(orders), steps + 1)
     deletion_top1 = np.concatenate(tops).reshape(2, len(orders), steps + 1)[0].astype(np.float64)
     return FaithfulnessCurves(

@@ -111,6 +111,22 @@ def user_errors(callback: Callable) -> Callable:
     return wrapped
 
 
+def counter(progress: Callable | None, total: int, description: str, unit: str) -> Callable[[], None] | None:
+    """A step callback for a method's long work (``step=``) that moves Gradio's progress bar (``gr.Progress``, which
+    Gradio passes to an event function that has one as a default) one of ``total`` steps; None without a bar."""
+    if progress is None:
+        return None
+    done = 0
+    progress((0, total), desc=description, unit=unit)
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        progress((done, total), desc=description, unit=unit)
+
+    return step
+
+
 def require(session: Session | None) -> Session:
     """The session, or a message that there is nothing to show yet."""
     if session is None:

@@ -4,17 +4,19 @@ that the maps depend on the weights (cascading randomisation)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gradio as gr
 import numpy as np
 
 from vit_explorer.core import maps
 from vit_explorer.draw import charts, pictures, plots
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.faithfulness import deletion_insertion
+from vit_explorer.methods.faithfulness import batches, deletion_insertion
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.web.captions import NO_CLASSIFIER, class_note, sanity_note, sanity_text, score_text
 from vit_explorer.web.session import Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, require, user_errors
 
 OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart")
 
@@ -110,13 +112,14 @@ SANITY = ("sanity_text", "sanity_chart")
 
 
 @user_errors
-def on_score(models: ModelCache, session: Session | None, *control_values) -> tuple:
+def on_score(models: ModelCache, session: Session | None, *control_values, progress: Callable | None = None) -> tuple:
     """Deletion and insertion curves of the map on screen against random orders: the plot and the AUCs (``SCORED``)."""
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
     grid_map = maps.class_map(session.analysis, controls.method, session.evidence, controls.rollout)
-    curves = deletion_insertion(models.get(session.model_spec), session.analysis.image, grid_map, session.evidence.target)
+    curves = deletion_insertion(models.get(session.model_spec), session.analysis.image, grid_map, session.evidence.target,
+                                step=counter(progress, batches(), "deletion and insertion", "batch"))
     session.screen.score = (scored(session, controls), curves)
     values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
               "class_text": score_text(session.analysis, controls.method, curves)}
@@ -124,11 +127,12 @@ def on_score(models: ModelCache, session: Session | None, *control_values) -> tu
 
 
 @user_errors
-def on_sanity(models: ModelCache, session: Session | None, *control_values) -> tuple:
+def on_sanity(models: ModelCache, session: Session | None, *control_values, progress: Callable | None = None) -> tuple:
     """Cascading randomisation of a copy of the model: layers + 1 forward and backward passes; the chart and its
     summary (``SANITY``), kept for this target and these rollout options."""
     session, controls = require(session), Controls.from_values(control_values)
-    curves = sanity_check(models.get(session.model_spec), session.analysis, session.target, options=controls.rollout)
+    curves = sanity_check(models.get(session.model_spec), session.analysis, session.target, options=controls.rollout,
+                          step=counter(progress, session.analysis.map_shape[0], "sanity check: randomising layers", "layer"))
     session.screen.sanity = (checked(session, controls), curves)
     return in_order(sanity_views(session, controls), SANITY)
 
@@ -136,11 +140,12 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values) -> t
 def wire(app: Wiring) -> None:
     state = app["state"]
 
-    def score_map(session, *values):
-        return on_score(app.models, session, *values)
+    # Gradio passes its progress bar to a positional parameter whose default is one
+    def score_map(session, progress=gr.Progress(), *values):
+        return on_score(app.models, session, *values, progress=progress)
 
-    def check_sanity(session, *values):
-        return on_sanity(app.models, session, *values)
+    def check_sanity(session, progress=gr.Progress(), *values):
+        return on_sanity(app.models, session, *values, progress=progress)
 
     app["score"].click(score_map, [state, *app.controls], app.all(SCORED), api_name="score", concurrency_limit=2)
     app["sanity"].click(check_sanity, [state, *app.controls], app.all(SANITY), api_name="sanity_check", concurrency_limit=2)

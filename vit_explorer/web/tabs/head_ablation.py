@@ -4,6 +4,8 @@ the top-5 predictions without it beside the original."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gradio as gr
 import numpy as np
 
@@ -14,7 +16,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.ablation import HeadAblation, ablation_of, forward_equivalents, kept_ablation, prediction_without
 from vit_explorer.web.captions import ABLATION_MODES, NO_CLASS_SCORE, ablation_note, ablation_text, predictions, top_predictions
 from vit_explorer.web.session import Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, unchanged, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, unchanged, user_errors
 
 OUTPUTS = ("ablation_view", "ablation_text", "ablation_original", "ablation_without")
 TILE_PX = 56  # a tile shows one colour and one number: smaller than the attention grid's, so that deep models fit the screen
@@ -86,13 +88,14 @@ def set_ranges(session: Session) -> dict:
 
 
 @user_errors
-def on_run(models: ModelCache, session: Session | None, *control_values) -> tuple:
+def on_run(models: ModelCache, session: Session | None, *control_values, progress: Callable | None = None) -> tuple:
     """Remove each head in turn for the target class: 1 + layers forward passes (none where this target and mode
     have run on this image) (``OUTPUTS``)."""
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(NO_CLASS_SCORE)
-    ablation_of(models.get(session.model_spec), session.analysis, session.target, controls.ablation_mode)
+    ablation_of(models.get(session.model_spec), session.analysis, session.target, controls.ablation_mode,
+                step=counter(progress, session.analysis.map_shape[0], "head ablation: layer by layer", "layer"))
     return in_order(refresh(TAB, session, controls), OUTPUTS)
 
 
@@ -113,8 +116,8 @@ def on_tile_click(models: ModelCache, evt: gr.SelectData, session: Session | Non
 def wire(app: Wiring) -> None:
     state = app["state"]
 
-    def run(session, *values):
-        return on_run(app.models, session, *values)
+    def run(session, progress=gr.Progress(), *values):  # Gradio passes its progress bar to that default
+        return on_run(app.models, session, *values, progress=progress)
 
     def click(evt: gr.SelectData, session, *values):
         return on_tile_click(app.models, evt, session, *values)
