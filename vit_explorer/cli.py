@@ -102,6 +102,15 @@ def run_analyze(args: argparse.Namespace) -> None:
             written += files.write_norms(analysis, staging, cmap=args.cmap)
         if ablation is not None:
             written += files.write_ablation(analysis, ablation, class_evidence(model, analysis, ablation.target).importance, staging)
+        if args.html:
+            from vit_explorer.draw.report import ReportParts
+            from vit_explorer.methods.norms import for_analysis
+
+            parts = ReportParts(evidence=evidence if evidence is not None else (class_evidence(model, analysis) if analysis.num_classes
+                                                                                 else None),
+                                options=options, scored_method=args.method, curves=curves, sanity=sanity,
+                                norms=for_analysis(analysis) if args.norms else None, ablation=ablation, cmap=args.cmap)
+            written.append(files.write_report(analysis, parts, staging))
         out.mkdir(exist_ok=True)
         for path in staging.iterdir():
             path.replace(out / path.name)
@@ -362,6 +371,8 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--fit", default="stretch", choices=FITS,
                          help="for images of other proportions: stretch to the model's input, or pad to its proportions (letterbox)")
     analyze.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB, help="above this, maps are kept in float16 or compactly")
+    analyze.add_argument("--html", action="store_true", help="also write report.html: one self-contained page (pictures "
+                         "embedded, opens offline) of everything written, with the model and its provenance at the top")
     analyze.add_argument("--full-maps", action="store_true", help="also write every head's full [layers, heads, n, n] map to "
                          "attention.npz (by default it holds the compact form: head means, prefix rows, statistics)")
     analyze.set_defaults(run=run_analyze)

@@ -15,6 +15,7 @@ import torch
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import Analysis, ClassEvidence
 from vit_explorer.draw import charts, pictures, render
+from vit_explorer.draw.report import ReportParts, report_html
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import HeadAblation
@@ -175,3 +176,10 @@ def write_dataset_outputs(out: Path, totals: HeadTotals, run: dict, model: Loade
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def write_report(analysis: Analysis, parts: ReportParts, out_dir: Path) -> Path:
+    """``report.html`` in ``out_dir`` (``report.report_html``): one self-contained page."""
+    path = out_dir / "report.html"
+    path.write_text(report_html(analysis, parts), encoding="utf-8")
+    return path

@@ -1,0 +1,161 @@
+"""Self-contained HTML: a notebook's rich display of an analysis or an explanation, and the report of an ``analyze``
+run. Every picture is embedded as a PNG data URI and the style is inline: nothing is fetched from anywhere, so a
+file opens anywhere, offline, and can be mailed to a colleague as it is."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+
+import numpy as np
+from PIL import Image
+
+from vit_explorer.core.analysis import Analysis, ClassEvidence, Prediction
+from vit_explorer.core.maps import (
+    CLASS_METHODS,
+    CLASS_SPECIFIC,
+    RolloutOptions,
+    attention_map,
+    class_map,
+    default_query,
+    rollout_map,
+)
+from vit_explorer.draw import charts, pictures
+from vit_explorer.methods.ablation import HeadAblation
+from vit_explorer.methods.faithfulness import FaithfulnessCurves
+from vit_explorer.methods.norms import TokenNorms
+from vit_explorer.methods.sanity import SanityCurves
+
+STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#555;font-size:14px;margin:2px 0}.row{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
+figure{margin:0}figcaption{font-size:14px;color:#444;max-width:520px;margin-top:4px}img{max-width:100%;height:auto}
+.note{background:#fff6e0;border-left:4px solid #e0a000;padding:6px 10px;font-size:14px;max-width:900px}
+table{border-collapse:collapse;font-size:14px}td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #eee}"""
+
+
+def png_data_uri(picture: np.ndarray) -> str:
+    """An RGB picture ``[H, W, 3]`` uint8 as a ``data:image/png;base64,…`` URI."""
+    buffer = io.BytesIO()
+    Image.fromarray(picture).save(buffer, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def figure(picture: np.ndarray, caption: str) -> str:
+    return f'<figure><img src="{png_data_uri(picture)}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+
+
+def tool_version() -> str:
+    try:
+        return version("vit-explorer")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def predictions_table(top: list[Prediction]) -> str:
+    rows = "".join(f"<tr><td>{html.escape(p.label)}</td><td>{p.prob:.1%}</td></tr>" for p in top)
+    return f"<table><tr><th>class</th><th>probability</th></tr>{rows}</table>"
+
+
+def provenance(analysis: Analysis) -> str:
+    """The model's spec (a file, a hub name or ``@random``), whether its weights are random, what loading it said, and
+    what it knows where its calibration says so."""
+    lines = [f'<p class="meta">Model: <b>{html.escape(analysis.model_name)}</b>'
+             + (" · <b>random weights</b>: nothing learned" if analysis.random_weights else "")
+             + f" · {analysis.map_shape[0]} layers × {analysis.map_shape[1]} heads · grid {analysis.grid[0]}×{analysis.grid[1]}"
+             f" · vit_explorer {html.escape(tool_version())}</p>"]
+    lines += [f'<p class="meta">{html.escape(note)}</p>' for note in (analysis.view_note, *analysis.model_notes) if note]
+    if analysis.ood is not None and analysis.ood.flagged:
+        lines.append(f'<p class="note">{html.escape(analysis.ood.notice(analysis.model_name))}</p>')
+    elif analysis.ood is not None and analysis.ood.known and analysis.num_classes:
+        lines.append(f'<p class="note">{html.escape(analysis.ood.domain(analysis.model_name))}</p>')
+    return "".join(lines)
+
+
+def page(title: str, body: str) -> str:
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{STYLE}</style></head><body>{body}</body></html>")
+
+
+def explanation_html(analysis: Analysis, grid_map, method: str, target: str | None, probability: float | None,
+                     cmap: str = "inferno") -> str:
+    """The rich display of one explanation: the image, its map overlaid with a colour bar, the method, the target and
+    the top-5 predictions (a fragment, as Jupyter embeds it)."""
+    title = f"{CLASS_METHODS[method]}" + (f" · target {target}" + (f" ({probability:.1%})" if probability is not None else "")
+                                         if target is not None else "")
+    map_view = pictures.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=pictures.UNITS[method])
+    top = predictions_table(analysis.top_k(5)) if analysis.num_classes else "<p>Backbone: no classifier head, no predictions.</p>"
+    return (f'<div><h3 style="margin:4px 0">{html.escape(title)}</h3>{provenance(analysis)}<div class="row">'
+            f"{figure(pictures.image_picture(analysis, None), 'the image as the model saw it')}"
+            f"{figure(map_view, CLASS_METHODS[method])}<div>{top}</div></div></div>")
+
+
+def analysis_html(analysis: Analysis, cmap: str = "inferno", header: bool = True) -> str:
+    """The rich display of an analysis: the image, the class token's rollout and last-layer attention, and (with
+    ``header``) the model's provenance and the top-5."""
+    query = default_query(analysis)
+    rollout = pictures.map_picture(analysis, rollout_map(analysis, query, RolloutOptions()), cmap=cmap, overlay=True, query=None,
+                                   unit=pictures.ROLLOUT)
+    last = pictures.map_picture(analysis, attention_map(analysis, query, analysis.map_shape[0] - 1, None), cmap=cmap,
+                                overlay=True, query=None, unit=pictures.ATTENTION)
+    top = predictions_table(analysis.top_k(5)) if analysis.num_classes else "<p>Backbone: no classifier head, no predictions.</p>"
+    figures = (f"{figure(pictures.image_picture(analysis, None), 'the image as the model saw it')}"
+               f"{figure(rollout, 'attention rollout of the class token')}{figure(last, 'last layer, mean over heads')}")
+    if not header:
+        return f'<div class="row">{figures}</div>'
+    return f'<div>{provenance(analysis)}<div class="row">{figures}<div>{top}</div></div></div>'
+
+
+
+@dataclass
+class ReportParts:
+    """What an ``analyze`` run computed beyond the maps, for its report; each absent part is left out."""
+
+    evidence: ClassEvidence | None = None
+    options: RolloutOptions = field(default_factory=RolloutOptions)
+    scored_method: str | None = None
+    curves: FaithfulnessCurves | None = None
+    sanity: SanityCurves | None = None
+    norms: TokenNorms | None = None
+    ablation: HeadAblation | None = None
+    cmap: str = "inferno"
+
+
+def report_html(analysis: Analysis, parts: ReportParts) -> str:
+    """The whole report of one image: provenance at the top, then the overview, the layers × heads grid, the class maps
+    (the scored one with its deletion and insertion curves), and the sanity check, token norms and head ablation
+    where they ran."""
+    cmap, query = parts.cmap, default_query(analysis)
+    sections = [f"<h1>vit_explorer report: {html.escape(analysis.model_name)}</h1>{provenance(analysis)}"]
+    if analysis.num_classes:
+        sections.append(f"<h2>Predictions</h2>{predictions_table(analysis.top_k(5))}")
+    sections.append(f"<h2>Overview</h2>{analysis_html(analysis, cmap, header=False)}")
+    grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap)
+    sections.append(f"<h2>Layers × heads</h2>{figure(grid, 'where the class token looks in every layer (rows) and head (columns), each tile on its own scale')}")
+    methods = [method for method in CLASS_METHODS if parts.evidence is not None or method not in CLASS_SPECIFIC]
+    target = "" if parts.evidence is None else f" for {analysis.label(parts.evidence.target)}"
+    maps = "".join(figure(pictures.map_picture(analysis, class_map(analysis, method, parts.evidence, parts.options), cmap=cmap,
+                                               overlay=True, query=None, unit=pictures.UNITS[method]), CLASS_METHODS[method])
+                   for method in methods)
+    sections.append(f"<h2>Class maps{html.escape(target)}</h2><div class=\"row\">{maps}</div>")
+    if parts.curves is not None and parts.scored_method is not None:
+        aucs = parts.curves.aucs
+        words = (f"{CLASS_METHODS[parts.scored_method]} {parts.curves.verdict}: deletion AUC {aucs['deletion']:.3f} against "
+                 f"{aucs['random_deletion']:.3f} for random orders (lower is better), insertion AUC {aucs['insertion']:.3f} against "
+                 f"{aucs['random_insertion']:.3f} (higher is better)")
+        chart = charts.faithfulness_chart(parts.curves, f"{CLASS_METHODS[parts.scored_method]}{target}")
+        sections.append(f"<h2>Faithfulness</h2>{figure(chart, words)}")
+    if parts.sanity is not None:
+        sections.append(f"<h2>Sanity check</h2>{figure(charts.sanity_chart(parts.sanity), parts.sanity.summary())}")
+    if parts.norms is not None:
+        sections.append(f"<h2>Token norms</h2><div class=\"row\">{figure(pictures.norm_map_picture(parts.norms, cmap), parts.norms.summary())}"
+                        f"{figure(charts.token_norm_chart(parts.norms), 'norms and the attention they draw, per layer')}</div>")
+    if parts.ablation is not None:
+        layer, head, drop = parts.ablation.ranked(1)[0]
+        words = (f"change of the probability of {analysis.label(parts.ablation.target)} when each head alone is removed "
+                 f"({parts.ablation.mode}); removing L{layer} h{head} lowers it most, by {drop:.1%}")
+        sections.append(f"<h2>Head ablation</h2>{figure(pictures.ablation_picture(parts.ablation)[0], words)}")
+    return page(f"vit_explorer: {analysis.model_name}", "".join(sections))

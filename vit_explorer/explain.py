@@ -1,0 +1,73 @@
+"""``explain``: from an image to one map, in one call, for notebooks and scripts; the result shows itself in Jupyter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vit_explorer.core.analysis import Analysis, analyze, class_evidence
+from vit_explorer.core.images import ImageSource
+from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions, class_map
+from vit_explorer.draw import report
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import DEFAULT_MODEL, LoadedModel, load_model
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One map of one image.
+
+    Attributes:
+        map: the map over the patch grid ``[grid_h, grid_w]`` (prefix tokens removed), a CPU tensor.
+        method: its method (``CLASS_METHODS`` key).
+        target: the label of the class it explains; None for a class-agnostic map (rollout, cls) asked for no class,
+            and always for a backbone.
+        probability: the target's probability; None where there is no target.
+        analysis: the analysis it was read from (every layer's maps, logits, layout).
+    """
+
+    map: torch.Tensor
+    method: str
+    target: str | None
+    probability: float | None
+    analysis: Analysis
+
+    def _repr_html_(self) -> str:
+        return report.explanation_html(self.analysis, self.map, self.method, self.target, self.probability)
+
+    def save_html(self, path: str | Path) -> Path:
+        """The same display as a self-contained HTML file (pictures embedded, nothing fetched)."""
+        path = Path(path)
+        path.write_text(report.page(f"vit_explorer: {self.analysis.model_name}", self._repr_html_()), encoding="utf-8")
+        return path
+
+
+def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None, method: str = "relevance",
+            target: int | str | None = None, options: RolloutOptions | None = None) -> Explanation:
+    """Explain ``image`` (a path, bytes, a PIL image or an ``[H, W, 3]`` uint8 array) with ``model`` (a spec such as
+    ``"timm:vit_base_patch16_224"``, a loaded model, or None for the built-in one) by ``method`` (``CLASS_METHODS``),
+    for ``target`` (a class name or index; None: the top class).
+
+    A backbone has no class: its class-agnostic maps (``rollout``, ``cls``) explain it, and a class-specific method
+    or a target is refused with a message saying so.
+    """
+    if method not in CLASS_METHODS:
+        raise VitExplorerError(f"unknown method {method!r}; use one of {', '.join(CLASS_METHODS)}")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model or DEFAULT_MODEL)
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
+    analysis = analyze(loaded, image)
+    if analysis.num_classes == 0 and (method in CLASS_SPECIFIC or target is not None):
+        raise VitExplorerError(f"{loaded.name} has no classifier head, so it has no class to explain: use method='rollout' "
+                               "or method='cls', without a target")
+    # a class-agnostic map explains no class: it names none, unless one was asked for
+    explains = method in CLASS_SPECIFIC or target is not None
+    evidence = class_evidence(loaded, analysis, target) if explains else None
+    grid_map = class_map(analysis, method, evidence, options or RolloutOptions())
+    return Explanation(map=grid_map, method=method,
+                       target=None if evidence is None else analysis.label(evidence.target),
+                       probability=None if evidence is None else float(analysis.probs[evidence.target]), analysis=analysis)
