@@ -841,6 +841,17 @@ def test_gradio_hands_its_progress_bar_to_the_long_actions(checkpoint):
 
     with app.build_demo(checkpoint, ModelCache()) as demo:
         functions = {block.api_name: block.fn for block in demo.fns.values()}
-    for name in ("sanity_check", "run_ablation", "score"):
+    for name, index in {"sanity_check": 1, "run_ablation": 1, "score": 1, "compare": 4, "compare_model": 4, "change_model": 5}.items():
         _, progress_index, _, _ = special_args(functions[name], inputs=[])
-        assert progress_index == 1, name  # after the session: Gradio inserts its gr.Progress there
+        assert progress_index == index, name  # Gradio inserts its gr.Progress there, before the control values
+
+
+def test_the_export_tab_writes_the_sessions_report_with_what_ran(models, upload, checkpoint):
+    session, _ = analysed(models, upload, checkpoint)
+    before = Path(export.on_report(session, *CONTROLS)).read_text()
+    assert "<h2>Faithfulness</h2>" not in before and "data:image/png;base64," in before
+    class_maps.on_score(models, session, *CONTROLS)  # a score on this session's map joins the report
+    after = Path(export.on_report(session, *CONTROLS)).read_text()
+    assert "<h2>Faithfulness</h2>" in after, after[-3000:]
+    assert "relevance (Chefer et al.)" in after and Path(checkpoint).name in after
+    assert "<script" not in after

@@ -142,8 +142,8 @@ def wire(app: Wiring, containers: dict) -> None:
     def analyse(upload_path, spec, tab, *values):
         return run_analysis(app.models, upload_path, spec, tab, *values)
 
-    def switch_model(spec, current, upload_path, session, tab, *values):
-        return on_model_change(app.models, spec, current, upload_path, session, tab, *values)
+    def switch_model(spec, current, upload_path, session, tab, progress=gr.Progress(), *values):  # Gradio's bar there
+        return on_model_change(app.models, spec, current, upload_path, session, tab, *values, progress=progress)
 
     def select_patch(evt: gr.SelectData, session, tab, *values):
         return on_patch_click(app.models, evt, session, tab, *values)

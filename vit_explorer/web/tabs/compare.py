@@ -6,6 +6,7 @@ and their head statistics in one plot. B is analysed once, by this tab's own eve
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from vit_explorer.web.captions import (
     statistic_note,
 )
 from vit_explorer.web.session import CACHE_TTL_S, Controls, ModelCache, Session, model_choices
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, user_errors
 from vit_explorer.web.upload import image_upload
 
 VIEWS = ("rollout", "class map", "layer and head")
@@ -195,7 +196,7 @@ COMPARED = ("comparison", *OUTPUTS)
 
 @user_errors
 def on_compare(models: ModelCache, session: Session | None, main_upload: str | None, second_image: str | None,
-               second_model: str | None, *control_values) -> tuple:
+               second_model: str | None, *control_values, progress: Callable | None = None) -> tuple:
     """A second image or model chosen (or Compare pressed): B is analysed, one forward and one backward pass of the
     second image or model (none where the last comparison already analysed that image with that model), and shown
     (``COMPARED``). With neither, the comparison ends."""
@@ -206,7 +207,10 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     source = second_image or main_upload
     if source is None:
         raise VitExplorerError("the main image is no longer uploaded: upload it again, or upload a second image too")
-    model = models.get(spec)
+    step = counter(progress, 2, f"B: loading {spec}, then one pass", "step")
+    model = models.get(spec)  # a hub model not yet loaded: a download, the longest wait
+    if step is not None:
+        step()
     earlier = controls.comparison
     if earlier is not None and earlier.made_from(source, spec, controls.fit):
         analysis = earlier.analysis
@@ -217,14 +221,16 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     evidence = None if target is None else class_evidence(model, analysis, target)
     comparison = Comparison(analysis, source, spec, controls.fit, None if second_image is None else Path(second_image).name,
                             spec != session.model_spec, weakref.ref(session.analysis), evidence)
+    if step is not None:
+        step()
     return in_order({"comparison": comparison, **refresh(TAB, session, controls.with_inputs(comparison=comparison))}, COMPARED)
 
 
 def wire(app: Wiring) -> None:
     inputs = [app["state"], app["upload"], app["compare_upload"], app["compare_model"], *app.controls]
 
-    def compare(session, main_upload, second_image, second_model, *values):
-        return on_compare(app.models, session, main_upload, second_image, second_model, *values)
+    def compare(session, main_upload, second_image, second_model, progress=gr.Progress(), *values):  # Gradio's bar there
+        return on_compare(app.models, session, main_upload, second_image, second_model, *values, progress=progress)
 
     outputs = app.all(COMPARED)
     app["compare_upload"].change(compare, inputs, outputs, api_name="compare_image", concurrency_limit=2, show_progress="full")

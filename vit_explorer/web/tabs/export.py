@@ -12,6 +12,9 @@ import gradio as gr
 
 from vit_explorer.draw import files
 from vit_explorer.draw.render import save_png
+from vit_explorer.draw.report import ReportParts
+from vit_explorer.methods import norms
+from vit_explorer.methods.ablation import kept_ablation
 from vit_explorer.web.captions import head_label
 from vit_explorer.web.session import CACHE_TTL_S, Controls, Session, export_dir
 from vit_explorer.web.tabs.base import Tab, Wiring, require, user_errors
@@ -24,8 +27,10 @@ def layout() -> dict:
                 "for the current query and options — the same files `vit-explorer analyze` writes.")
     full_maps = gr.Checkbox(label="Every head's full map in attention.npz", value=False, elem_id="export-full-maps")
     note = gr.Markdown(elem_id="export-note")
-    button = gr.Button("Export", elem_id="export")
-    return {"export_full_maps": full_maps, "export_note": note, "export_button": button,
+    with gr.Row():
+        button = gr.Button("Export", elem_id="export")
+        report = gr.Button("Report (one HTML file to share)", elem_id="export-report")
+    return {"export_full_maps": full_maps, "export_note": note, "export_button": button, "export_report": report,
             "export_file": gr.File(label="Download", interactive=False, elem_id="export-file")}
 
 
@@ -74,12 +79,33 @@ def on_export(session: Session | None, full_maps: bool, *control_values, ttl_s: 
     return str(archive)
 
 
+@user_errors
+def on_report(session: Session | None, *control_values, ttl_s: float = CACHE_TTL_S) -> str:
+    """The path of a new ``report.html`` of this session in ``export_dir``: the analysis, its class maps for the target,
+    and the faithfulness score, sanity check and head ablation where they ran on it."""
+    session = require(session)
+    controls = Controls.from_values(control_values)
+    score, sanity = session.screen.score, session.screen.sanity
+    ablation = None if session.target is None else kept_ablation(session.analysis, session.target, controls.ablation_mode)
+    parts = ReportParts(evidence=session.evidence, options=controls.rollout, cmap=controls.cmap,
+                        scored_method=None if score is None else score[0][0], curves=None if score is None else score[1],
+                        sanity=None if sanity is None else sanity[1], norms=norms.for_analysis(session.analysis), ablation=ablation)
+    folder = export_dir(ttl_s) / f"vit-explorer-report-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
+    return str(files.write_report(session.analysis, parts, folder))
+
+
 def wire(app: Wiring) -> None:
     def export_zip(session, full_maps, *values):
         return on_export(session, full_maps, *values, ttl_s=app.cache_ttl_s)
 
     app["export_button"].click(export_zip, [app["state"], app["export_full_maps"], *app.controls], app["export_file"],
                                api_name="export")
+
+    def share_report(session, *values):
+        return on_report(session, *values, ttl_s=app.cache_ttl_s)
+
+    app["export_report"].click(share_report, [app["state"], *app.controls], app["export_file"], api_name="report")
 
 
 TAB = Tab("Export", ("export_file", "export_note", "export_full_maps"), layout, render, depends, wire)

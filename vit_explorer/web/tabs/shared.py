@@ -111,15 +111,19 @@ def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str
 
 
 def on_model_change(models: ModelCache, spec: str, current: str, upload: str | None, session: Session | None, visible: str,
-                    *control_values) -> tuple:
+                    *control_values, progress: Callable | None = None) -> tuple:
     """Switch model; on failure keep the previous one (and its maps) and say why. The current model's spec, the
-    model dropdown, then ``FULL_OUTPUTS``."""
+    model dropdown, then ``FULL_OUTPUTS``. Loading a hub model not yet cached is a download: ``progress`` says so."""
+    if progress is not None:
+        progress((0, 2), desc=f"loading {spec} (a hub model downloads once)", unit="step")
     try:
         models.get(spec)
     except VitExplorerError as error:
         gr.Warning(f"{error} — still using {current}.")
         unchanged_views = in_order({"state": session, **unchanged(FULL_OUTPUTS[1:])}, FULL_OUTPUTS)
         return (current, gr.update(value=current), *unchanged_views)
+    if progress is not None:
+        progress((1, 2), desc="analysing the image", unit="step")
     return (spec, gr.update(), *run_analysis(models, upload, spec, visible, *control_values))
 
 
