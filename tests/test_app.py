@@ -842,7 +842,7 @@ def test_gradio_hands_its_progress_bar_to_the_long_actions(checkpoint):
     with app.build_demo(checkpoint, ModelCache()) as demo:
         functions = {block.api_name: block.fn for block in demo.fns.values()}
     for name, index in {"sanity_check": 1, "run_ablation": 1, "score": 1, "compare": 4, "compare_model": 4, "change_model": 5}.items():
-        _, progress_index, _, _ = special_args(functions[name], inputs=[])
+        _, progress_index, _, _ = special_args(functions[name], inputs=[None] * 40)
         assert progress_index == index, name  # Gradio inserts its gr.Progress there, before the control values
 
 
