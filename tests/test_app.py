@@ -237,10 +237,13 @@ def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, 
     grid, head = patch["grid"], patch["head_view"]
     assert not np.array_equal(grid, grid_before) and not np.array_equal(head, head_before)
     assert is_unchanged(patch["rollout_view"])  # the rollout tab is not open: it draws when opened
+    patch_query = session.query
+    again = by_name(shared.on_query_choice(session, "patch at row 15, col 0", GRID, *CONTROLS), shared.QUERIED)
+    assert again["state"].query == patch_query and again["query"]["value"] == "patch at row 15, col 0"  # the query stays
     back = by_name(shared.on_query_choice(session, "cls", GRID, *CONTROLS), shared.QUERIED)
     assert back["state"].query == 0 and back["query"]["value"] == "cls" and back["query"]["choices"] == ["cls", MEAN_PATCHES]
-    again = by_name(shared.on_query_choice(session, "patch at row 15, col 0", GRID, *CONTROLS), shared.QUERIED)
-    assert again["state"].query == session.query and again["query"]["value"] == "patch at row 15, col 0"  # the query stays
+    assert back["state"] is session  # the session changes in place: one object per browser tab
+    session = by_name(shared.on_patch_click(models, click(2, height - 2), session, GRID, *CONTROLS), shared.QUERIED)["state"]
 
     y, x = session.screen.geometry.tile_origin(2, 3)
     tile = by_name(layers_heads.on_tile_click(click(x + 5, y + 5), session, *CONTROLS), layers_heads.CLICKED)

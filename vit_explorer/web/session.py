@@ -130,9 +130,8 @@ CONTROL_NAMES = VIEW_NAMES + INPUT_NAMES
 
 @dataclass
 class Screen:
-    """What the browser shows of one analysis. Every version of a ``Session`` of that analysis shares it
-    (``replace`` keeps it) and events update it in place, so opening a tab records what it drew without
-    writing the session back, where it could overwrite a newer one."""
+    """What the browser shows of one analysis: what each tab last drew from and the geometry a click is mapped
+    through, kept on the session and updated in place like the rest of it."""
 
     shown: dict[str, Hashable] = field(default_factory=dict)  # per app tab: what its views were last drawn from
     geometry: render.GridGeometry | None = None  # the layers × heads grid as drawn, for tile clicks
@@ -145,12 +144,14 @@ class Screen:
     norm_layer: int | None = None  # the token norms tab's layer (None: the layer with the most outliers)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Session:
     """What one browser tab holds: its analysis, what is selected in it, and what its screen shows.
 
-    ``evidence`` is the gradient evidence of the target class (None for a model without a
-    classifier); changing the target is the one control besides an upload that runs the model.
+    Plainly mutable: the browser tab's events change its selection in place and hand the same object back to
+    Gradio's state (a new upload makes a new session), so no event can write back an older copy over a newer one.
+    ``evidence`` is the gradient evidence of the target class (None for a model without a classifier); changing
+    the target is the one control besides an upload that runs the model.
     """
 
     analysis: Analysis

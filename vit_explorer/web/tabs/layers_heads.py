@@ -3,8 +3,6 @@ selected layer and head large."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import gradio as gr
 import numpy as np
 
@@ -78,7 +76,7 @@ def on_tile_click(evt: gr.SelectData, session: Session | None, *control_values) 
     if hit is None:  # a label or the margin
         return in_order({"state": session, **dict.fromkeys(CLICKED[1:], gr.update())}, CLICKED)
     layer, rank = hit
-    session = replace(session, layer=layer, head=int(screen.order[layer, rank]))
+    session.layer, session.head = layer, int(screen.order[layer, rank])
     values = {"state": session, **refresh(TAB, session, Controls.from_values(control_values)),
               "layer": gr.update(value=session.layer), "head": gr.update(value=head_label(session.head))}
     return in_order(values, CLICKED)
@@ -88,7 +86,7 @@ def on_tile_click(evt: gr.SelectData, session: Session | None, *control_values) 
 def on_layer_head(session: Session | None, layer: int, head: str | None, *control_values) -> tuple:
     """The layer or head control changed: that head is selected (``SELECTED``); the controls already show it."""
     session = require(session)
-    session = replace(session, layer=int(layer), head=None if head in (None, MEAN_HEADS) else int(head.removeprefix("h")))
+    session.layer, session.head = int(layer), None if head in (None, MEAN_HEADS) else int(head.removeprefix("h"))
     return in_order({"state": session, **refresh(TAB, session, Controls.from_values(control_values))}, SELECTED)
 
 

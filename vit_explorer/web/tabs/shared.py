@@ -79,7 +79,7 @@ def on_target(models: ModelCache, session: Session | None, target: int | None, v
     pass (none for a target seen before on this image); the open tab redraws (``TARGETED``)."""
     session = require(session)
     if session.evidence is not None and target is not None:
-        session = replace(session, evidence=class_evidence(models.get(session.model_spec), session.analysis, int(target)))
+        session.evidence = class_evidence(models.get(session.model_spec), session.analysis, int(target))
     return in_order({"state": session, **tab_views(session, Controls.from_values(control_values), visible)}, TARGETED)
 
 
@@ -167,7 +167,8 @@ def on_patch_click(models: ModelCache, evt: gr.SelectData, session: Session | No
     token = pictures.token_at(session.analysis, evt.index[0], evt.index[1], pictures.view_hw(session.analysis))
     if not session.analysis.store.keeps_rows_of(token):
         recompute_query_rows(models.get(session.model_spec), session.analysis, token)
-    return follow_query(replace(session, query=token), visible, control_values)
+    session.query = token
+    return follow_query(session, visible, control_values)
 
 
 @user_errors
@@ -175,7 +176,7 @@ def on_query_choice(session: Session | None, choice: str | None, visible: str, *
     """A query picked from the dropdown: the query views follow it, and the dropdown shows it."""
     session = require(session)
     if choice in query_choices(session.analysis):  # else nothing, or the clicked patch that is already the query
-        session = replace(session, query=None if choice == MEAN_PATCHES else session.analysis.layout.prefix_names.index(choice))
+        session.query = None if choice == MEAN_PATCHES else session.analysis.layout.prefix_names.index(choice)
     # the dropdown too: a patch entry left from an earlier click goes once another query is chosen
     return follow_query(session, visible, control_values)
 
@@ -184,4 +185,5 @@ def on_query_choice(session: Session | None, choice: str | None, visible: str, *
 def on_reset_query(session: Session | None, visible: str, *control_values) -> tuple:
     """Back to the default query (the class token, or the mean of patch queries)."""
     session = require(session)
-    return follow_query(replace(session, query=maps.default_query(session.analysis)), visible, control_values)
+    session.query = maps.default_query(session.analysis)
+    return follow_query(session, visible, control_values)
