@@ -55,6 +55,13 @@ def tool_version() -> str:
         return "unknown (not installed)"
 
 
+def top_five(analysis: Analysis) -> str:
+    """The top-5 as a table, or a line saying a backbone has none."""
+    if not analysis.num_classes:
+        return "<p>Backbone: no classifier head, no predictions.</p>"
+    return predictions_table(analysis.top_k(5))
+
+
 def predictions_table(top: list[Prediction]) -> str:
     rows = "".join(f"<tr><td>{html.escape(p.label)}</td><td>{p.prob:.1%}</td></tr>" for p in top)
     return f"<table><tr><th>class</th><th>probability</th></tr>{rows}</table>"
@@ -87,10 +94,9 @@ def explanation_html(analysis: Analysis, grid_map, method: str, target: str | No
     title = f"{CLASS_METHODS[method]}" + (f" · target {target}" + (f" ({probability:.1%})" if probability is not None else "")
                                          if target is not None else "")
     map_view = pictures.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=pictures.UNITS[method])
-    top = predictions_table(analysis.top_k(5)) if analysis.num_classes else "<p>Backbone: no classifier head, no predictions.</p>"
     return (f'<div><h3 style="margin:4px 0">{html.escape(title)}</h3>{provenance(analysis)}<div class="row">'
             f"{figure(pictures.image_picture(analysis, None), 'the image as the model saw it')}"
-            f"{figure(map_view, CLASS_METHODS[method])}<div>{top}</div></div></div>")
+            f"{figure(map_view, CLASS_METHODS[method])}<div>{top_five(analysis)}</div></div></div>")
 
 
 def analysis_html(analysis: Analysis, cmap: str = "inferno", header: bool = True) -> str:
@@ -101,12 +107,11 @@ def analysis_html(analysis: Analysis, cmap: str = "inferno", header: bool = True
                                    unit=pictures.ROLLOUT)
     last = pictures.map_picture(analysis, attention_map(analysis, query, analysis.map_shape[0] - 1, None), cmap=cmap,
                                 overlay=True, query=None, unit=pictures.ATTENTION)
-    top = predictions_table(analysis.top_k(5)) if analysis.num_classes else "<p>Backbone: no classifier head, no predictions.</p>"
     figures = (f"{figure(pictures.image_picture(analysis, None), 'the image as the model saw it')}"
                f"{figure(rollout, 'attention rollout of the class token')}{figure(last, 'last layer, mean over heads')}")
     if not header:
         return f'<div class="row">{figures}</div>'
-    return f'<div>{provenance(analysis)}<div class="row">{figures}<div>{top}</div></div></div>'
+    return f'<div>{provenance(analysis)}<div class="row">{figures}<div>{top_five(analysis)}</div></div></div>'
 
 
 
