@@ -81,7 +81,7 @@ def assert_class_maps_work(model, image) -> None:
     """Every map method, gradient importance and a short faithfulness score on one image, for any family."""
     from vit_explorer import analyze
     from vit_explorer.core import maps
-    from vit_explorer.core.analysis import class_evidence
+    from vit_explorer.core.analysis import class_evidence, pixels_of
     from vit_explorer.methods.faithfulness import deletion_insertion
 
     analysis = analyze(model, image)
@@ -93,6 +93,11 @@ def assert_class_maps_work(model, image) -> None:
         grid_map = maps.class_map(analysis, method, evidence, maps.RolloutOptions())
         assert grid_map.shape == model.layout.grid_hw and grid_map.isfinite().all(), method
     assert maps.head_order(analysis, "gradient importance", evidence).shape == tuple(analysis.map_shape)
+    # LeGrad's read-out of a layer: for the last layer's stream it is the model's own head
+    streams = {}
+    with torch.no_grad(), model.adapter.layer_outputs(model.module, streams.__setitem__):
+        logits = model.adapter.logits(model.module, pixels_of(model, analysis))
+    torch.testing.assert_close(model.adapter.classify(model.module, streams[max(streams)]), logits, rtol=1e-4, atol=1e-5)
     relevance_map = maps.class_map(analysis, "relevance", evidence, maps.RolloutOptions())
     curves = deletion_insertion(model, analysis.image, relevance_map, evidence.target, steps=2, random_orders=1)
     assert curves.deletion[0] == pytest.approx(analysis.probs[evidence.target].item(), abs=1e-4)

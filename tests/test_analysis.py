@@ -4,7 +4,7 @@ import torch
 from conftest import photo
 
 from vit_explorer import analyze, load_model, record_attention
-from vit_explorer.core.analysis import class_evidence, recompute_query_rows
+from vit_explorer.core.analysis import MODEL_MAPS, class_evidence, recompute_query_rows
 from vit_explorer.core.images import model_view, to_pixels
 
 
@@ -98,11 +98,14 @@ def test_one_forward_and_one_backward_pass_per_analysis_and_views_never_run_the_
     assert list(analysis.evidence) == [analysis.top_k(1)[0].index]  # the top class's evidence came with the pass
     assert class_evidence(model, analysis) is analysis.evidence[analysis.top_k(1)[0].index] and len(forwards) == 1
 
+    evidence = analysis.evidence[analysis.top_k(1)[0].index]
+    for count, method in enumerate(MODEL_MAPS, start=2):  # each of these runs the model once, then is kept
+        maps.class_map(analysis, method, evidence, maps.RolloutOptions())
+        assert len(forwards) == count
     model.module.transformer.layers[0][0].attend = torch.nn.Sequential(model.module.transformer.layers[0][0].attend, Exploding())
     Exploding.armed = True
     try:
         options = maps.RolloutOptions(discard_ratio=0.1)
-        evidence = analysis.evidence[analysis.top_k(1)[0].index]
         for method in maps.CLASS_METHODS:
             maps.class_map(analysis, method, evidence, options)
         for query in (0, None, 7):

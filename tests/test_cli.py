@@ -233,7 +233,7 @@ def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout
           "--steps", "4", "--out", str(out)])
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "builtin:shapes: trained weights, 6 images"
-    assert printed[1] == "method | deletion | insertion | deletion_relative | insertion_relative | perturbation | pointing | energy"
+    assert printed[1] == "method | deletion | insertion | deletion_relative | insertion_relative | perturbation | pointing | energy | class_pointing"
     assert [line.split(" | ")[0] for line in printed[3:]] == ["rollout", "cls", "random"]
     report = json.loads((out / "evaluation.json").read_text())
     assert report["images"] == 6 and report["skipped"] == [] and report["weights"] == "trained"
@@ -298,3 +298,28 @@ def test_evaluate_shows_a_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path
                            text=True, timeout=300, cwd=tmp_path)
     assert piped.returncode == 0 and "3/3" not in piped.stderr and "evaluate:" not in piped.stderr
     assert "method | deletion" in piped.stdout  # the table, without the bar
+
+
+@pytest.mark.slow
+def test_evaluate_on_two_shape_images_scores_class_sensitive_pointing(tmp_path):
+    """Each class's map is checked against the public ``explain`` for that class; a class-agnostic map cannot score."""
+    from vit_explorer import explain, load_model
+    from vit_explorer.core.images import load_image, model_view
+    from vit_explorer.methods.evaluation import patch_mask
+
+    assert main(["make-shapes", str(tmp_path / "pairs"), "--count", "4", "--seed", "31", "--objects", "2"]) == 0
+    assert main(["evaluate", str(tmp_path / "pairs" / "images"), "--model", "builtin:shapes", "--methods", "relevance,rollout",
+                 "--steps", "2", "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    scores = report["per_image"]
+    assert scores["rollout/class_pointing"] == [0.0] * 4  # one map for both classes peaks on at most one shape
+    model = load_model("builtin:shapes")
+    for index, path in enumerate(sorted((tmp_path / "pairs" / "images").rglob("*.png"))):
+        hits = []
+        for name in path.parent.name.split("+"):
+            explanation = explain(path, model, method="relevance", target=name)
+            mask_file = tmp_path / "pairs" / "masks" / path.parent.name / path.stem / f"{name}.png"
+            mask = model_view(load_image(mask_file), model.preprocess, "stretch").mean(axis=-1) > 127
+            hits.append(bool(patch_mask(mask, model.layout.grid_hw, dilate=0).flatten()[explanation.map.argmax()]))
+        assert scores["relevance/class_pointing"][index] == float(all(hits))
+    assert {row["method"] for row in report["table"]} == {"relevance", "rollout", "random"}

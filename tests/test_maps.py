@@ -166,7 +166,7 @@ def test_class_maps_are_the_class_token_rows_of_their_chains(model, analysis):
                            class_map(analysis, "grad-rollout", other, RolloutOptions()))
     with pytest.raises(VitExplorerError, match="no classifier head"):
         class_map(analysis, "relevance", None, RolloutOptions())
-    assert set(CLASS_METHODS) == {"relevance", "grad-rollout", "rollout", "cls"}
+    assert set(CLASS_METHODS) == {"relevance", "attnlrp", "legrad", "grad-rollout", "rollout", "cls"}
 
 
 def test_targets_by_name_or_index_and_helpful_errors(analysis):

@@ -43,7 +43,7 @@ def shapes_run():
 
 def test_relevance_of_the_shipped_model_falls_below_half_with_every_layer_randomised(shapes_run):
     _, _, _, curves = shapes_run
-    assert curves.methods == ("relevance", "grad-rollout", "rollout", "cls", "centre prior")
+    assert curves.methods == ("relevance", "attnlrp", "legrad", "grad-rollout", "rollout", "cls", "centre prior")
     assert curves.randomised_layers == list(range(7))  # the trained model, then 1…6 layers from the top
     assert curves.correlations["relevance"][0] == pytest.approx(1.0)
     assert curves.final["relevance"] < 0.5, curves.correlations["relevance"]  # measured -0.09
@@ -111,7 +111,7 @@ def test_analyze_sanity_writes_the_curves_and_their_chart(tmp_path, capsys):
     for method, values in record["correlations"].items():  # the first step below 0.5, recomputed from the curve
         below = [step for step, value in enumerate(values) if value is not None and value < 0.5]
         assert record["layers_to_fall_below"][method] == (below[0] if below else None), method
-    assert record["methods"] == ["relevance", "grad-rollout", "rollout", "cls"]
+    assert record["methods"] == ["relevance", "attnlrp", "legrad", "grad-rollout", "rollout", "cls"]
     assert record["randomised_layers"] == [0, 1, 2, 3]
     assert all(len(values) == 4 and values[0] == pytest.approx(1.0) for values in record["correlations"].values())
     assert record["target_label"].startswith("thing ")

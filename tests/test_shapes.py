@@ -106,3 +106,35 @@ def test_some_objects_are_hollow_or_outlined():
         to_edge = np.linalg.norm(sample.image[core].mean(0) - sample.image[edge].mean(0))
         hollow += to_band < to_edge
     assert 0.15 < hollow / len(samples) < 0.8
+
+
+def test_pairs_are_two_different_shapes_apart_each_with_its_own_visible_mask():
+    from vit_explorer.shapes.generator import PAIR_GAP, generate_pair
+
+    rng = np.random.default_rng(11)
+    for _ in range(12):
+        pair = generate_pair(rng)
+        assert pair.labels[0] != pair.labels[1] and pair.masks.shape == (2, IMAGE_SIZE, IMAGE_SIZE)
+        boxes = []
+        for mask in pair.masks:
+            assert mask.any() and visible_contrast(pair.image, mask) >= 20
+            ys, xs = np.nonzero(mask)
+            boxes.append((xs.min(), ys.min(), xs.max(), ys.max()))
+        (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = boxes
+        # the silhouettes' boxes are apart by the gap along at least one axis
+        assert max(bx0 - ax1, ax0 - bx1, by0 - ay1, ay0 - by1) >= PAIR_GAP
+
+
+def test_a_two_object_set_is_written_with_one_mask_per_shape(tmp_path):
+    from PIL import Image
+
+    from vit_explorer.shapes.generator import write_set
+
+    write_set(tmp_path, 3, seed=5, objects=2)
+    images = sorted((tmp_path / "images").rglob("*.png"))
+    assert len(images) == 3
+    for path in images:
+        first, second = path.parent.name.split("+")
+        assert first != second and {first, second} <= set(CLASSES)
+        masks = [np.asarray(Image.open(tmp_path / "masks" / path.parent.name / path.stem / f"{name}.png")) > 127 for name in (first, second)]
+        assert masks[0].any() and masks[1].any() and not (masks[0] & masks[1]).any()

@@ -259,7 +259,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
         weights = "random" if model.random_weights else "trained"
         report = {"model": model.name, "weights": weights, "source": str(args.source), "images": len(scores["correct"]), "processes": world, "skipped": skipped,
                   "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
-                  "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline, "table": rows, "per_image": scores}
+                  "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline,
+                  "curves": {"deletion": "MoRF", "insertion": "LeRF"} if args.baseline == "road" else {"deletion": "deletion", "insertion": "insertion"},
+                  "table": rows, "per_image": scores}
         partial = out / "evaluation.json.partial"
         partial.write_text(json.dumps(report, indent=2, default=float))
         partial.replace(out / "evaluation.json")
@@ -271,7 +273,10 @@ def run_evaluate(args: argparse.Namespace) -> None:
             cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, {row[score]['ci95'][1]:.3f}]"
                      for score in SCORES]
             print(f"{row['method']} | " + " | ".join(cells))
-        progress(f"deletion and perturbation: lower is better; insertion, pointing, energy: higher is better; *_relative: "
+        if args.baseline == "road":
+            progress("with --baseline road, the deletion columns are ROAD's MoRF curve (most relevant patches imputed first) "
+                     "and the insertion columns its LeRF curve (least relevant first); ROAD's combined score is (LeRF − MoRF) / 2")
+        progress(f"deletion and perturbation: lower is better; insertion, pointing, energy, class_pointing: higher is better; *_relative: "
                  f"the AUC over the unperturbed image's probability of the target (1: as sure as on the whole image). "
                  f"wrote {out / 'evaluation.json'}" + (f"; skipped {len(skipped)} unreadable files" if skipped else ""))
 
@@ -279,8 +284,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
 def run_make_shapes(args: argparse.Namespace) -> None:
     from vit_explorer.shapes.generator import write_set
 
-    write_set(Path(args.folder), args.count, args.seed)
-    progress(f"wrote {args.count} images to {Path(args.folder) / 'images'} and their masks to {Path(args.folder) / 'masks'}")
+    write_set(Path(args.folder), args.count, args.seed, objects=args.objects)
+    kind = " of two different shapes each" if args.objects == 2 else ""
+    progress(f"wrote {args.count} images{kind} to {Path(args.folder) / 'images'} and their masks to {Path(args.folder) / 'masks'}")
 
 
 def add_input_options(command: argparse.ArgumentParser) -> None:
@@ -346,7 +352,9 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction)")
     analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
-    analyze.add_argument("--baseline", default="blur", choices=list(BASELINES), help="what deleted patches show")
+    analyze.add_argument("--baseline", default="blur", choices=list(BASELINES),
+                         help="what deleted patches show: blurred, the mean colour, or ROAD's noisy linear imputation (then the "
+                              "curves are ROAD's MoRF and LeRF)")
     analyze.add_argument("--no-faithfulness", action="store_true", help="skip the deletion / insertion score")
     analyze.add_argument("--sanity", action="store_true", help="write sanity.json and sanity.png: how each map's correlation with the "
                          "trained model's falls as layers are randomised from the top (one pass per layer)")
@@ -421,12 +429,14 @@ def parser() -> argparse.ArgumentParser:
     evaluate.add_argument("source", help="a folder (one sub-folder per class), a text file of image paths, or a glob")
     evaluate.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
     evaluate.add_argument("--out", required=True, help="folder for evaluation.json")
-    evaluate.add_argument("--methods", default="rollout,relevance,grad-rollout,cls", help="comma-separated map methods")
+    evaluate.add_argument("--methods", default=",".join(CLASS_METHODS), help="comma-separated map methods (default: all of them)")
     evaluate.add_argument("--masks", default=None, help="masks folder mirroring SOURCE (default: a masks/ folder beside SOURCE)")
     evaluate.add_argument("--limit", type=int, default=None, help="only the first N images")
     evaluate.add_argument("--steps", type=int, default=10, help="deletion / insertion steps per curve")
     evaluate.add_argument("--random-orders", type=int, default=1, help="random orders per image for the chance level")
-    evaluate.add_argument("--baseline", default="blur", choices=BASELINES, help="what a removed patch shows")
+    evaluate.add_argument("--baseline", default="blur", choices=BASELINES,
+                          help="what a removed patch shows: blurred, the mean colour, or ROAD's noisy linear imputation (then "
+                               "deletion is ROAD's MoRF and insertion its LeRF)")
     add_input_options(evaluate)
     evaluate.set_defaults(run=run_evaluate)
 
@@ -435,6 +445,9 @@ def parser() -> argparse.ArgumentParser:
     make_shapes.add_argument("folder", help="where to write")
     make_shapes.add_argument("--count", type=int, default=600, help="how many images")
     make_shapes.add_argument("--seed", type=int, default=1, help="seed of the images")
+    make_shapes.add_argument("--objects", type=int, default=1, choices=(1, 2),
+                             help="shapes per image; 2: two different shapes apart, in DIR/images/A+B/, one mask per shape in "
+                                  "DIR/masks/A+B/NNNNNN/A.png (evaluate then scores class-sensitive pointing)")
     make_shapes.set_defaults(run=run_make_shapes)
     return main
 

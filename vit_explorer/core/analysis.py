@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
-from vit_explorer.core import relevance, statistics
+from vit_explorer.core import attnlrp, legrad, relevance, statistics
 from vit_explorer.core.capture import TOP, CompactSink, RowSink, StackingSink, capture
 from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
 from vit_explorer.core.map_store import MapStore
@@ -171,6 +171,19 @@ def bounded(cache: OrderedDict, limit: int, key: Any, compute: Callable[[], T]) 
     return value
 
 
+# the class-specific maps that take passes of the model of their own, by method: (model, pixels [1, 3, H, W], class) →
+# [grid_h, grid_w]; the others come from the analysis's own pass
+MODEL_MAPS: dict[str, Callable[[LoadedModel, torch.Tensor, int], torch.Tensor]] = {
+    "legrad": legrad.legrad,
+    "attnlrp": attnlrp.attnlrp,
+}
+
+
+def model_maps(model: LoadedModel, pixels: torch.Tensor, target: int) -> Callable[[str], torch.Tensor]:
+    """The function that computes a ``MODEL_MAPS`` map of class ``target`` for one image ``pixels`` ``[1, 3, H, W]``."""
+    return lambda method: MODEL_MAPS[method](model, pixels, target)
+
+
 @dataclass(frozen=True)
 class ClassEvidence:
     """What the class-specific views need for one target class of one analysis.
@@ -180,23 +193,28 @@ class ClassEvidence:
         weighted: Ē = mean over heads of (∇A ⊙ A)⁺ ``[layers, n, n]`` float32, shared by
             gradient-weighted rollout and relevance (``relevance`` module).
         importance: Σ |∇A ⊙ A| per head ``[layers, heads]``.
+        model_map: computes a ``MODEL_MAPS`` map of the target with the model and image this evidence came from
+            (``model_maps``); None where they were not kept.
     """
 
     target: int
     weighted: torch.Tensor
     importance: torch.Tensor
+    model_map: Callable[[str], torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_gradients(cls, target: int, attentions: torch.Tensor, gradients: torch.Tensor) -> ClassEvidence:
+    def from_gradients(cls, target: int, attentions: torch.Tensor, gradients: torch.Tensor,
+                       model_map: Callable[[str], torch.Tensor] | None = None) -> ClassEvidence:
         """Reduce one image's maps and their gradients, both ``[layers, heads, n, n]``."""
         return cls(target=target, weighted=relevance.weighted_attention(attentions, gradients),
-                   importance=relevance.gradient_importance(attentions, gradients))
+                   importance=relevance.gradient_importance(attentions, gradients), model_map=model_map)
 
     @classmethod
-    def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0) -> ClassEvidence:
+    def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0,
+                    model_map: Callable[[str], torch.Tensor] | None = None) -> ClassEvidence:
         """Image ``image``'s evidence from ``capture``'s per-layer ``relevance.layer_evidence`` pairs."""
         return cls(target=target, weighted=torch.stack([weighted[image] for weighted, _ in layers]),
-                   importance=torch.stack([importance[image] for _, importance in layers]))
+                   importance=torch.stack([importance[image] for _, importance in layers]), model_map=model_map)
 
 
 def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None) -> ClassEvidence:
@@ -207,8 +225,9 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
     index = analysis.class_index(target)
 
     def compute() -> ClassEvidence:
-        captured = capture(model, pixels_of(model, analysis), target=index, reduce_gradients=relevance.layer_evidence)
-        return ClassEvidence.from_layers(index, captured.gradients)
+        pixels = pixels_of(model, analysis)
+        captured = capture(model, pixels, target=index, reduce_gradients=relevance.layer_evidence)
+        return ClassEvidence.from_layers(index, captured.gradients, model_map=model_maps(model, pixels, index))
 
     return bounded(analysis.evidence, analysis.evidence_limit, index, compute)
 
@@ -267,7 +286,7 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
         model.layout.validate(result.attentions.shape[-1])
     if captured.targets is not None:
         target = int(captured.targets[0])
-        result.evidence[target] = ClassEvidence.from_layers(target, captured.gradients)
+        result.evidence[target] = ClassEvidence.from_layers(target, captured.gradients, model_map=model_maps(model, pixels, target))
     return result
 
 

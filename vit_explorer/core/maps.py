@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vit_explorer.core.analysis import Analysis, ClassEvidence, memo
+from vit_explorer.core.analysis import MODEL_MAPS, Analysis, ClassEvidence, memo
 from vit_explorer.core.relevance import grad_rollout_factors, relevance_factors
 from vit_explorer.core.rollout import rollout_factors, rollout_rows
 from vit_explorer.errors import VitExplorerError
@@ -25,11 +25,13 @@ ORDERINGS = ("none", *RANKINGS)
 # class-specific maps first; the class-agnostic ones beside them, for comparing their faithfulness
 CLASS_METHODS = {
     "relevance": "relevance (Chefer et al.)",
+    "attnlrp": "AttnLRP (Achtibat et al.)",
+    "legrad": "LeGrad (Bousselham et al.)",
     "grad-rollout": "gradient-weighted rollout",
     "rollout": "attention rollout",
     "cls": "last-layer class attention",
 }
-CLASS_SPECIFIC = ("relevance", "grad-rollout")  # the methods that need a target class
+CLASS_SPECIFIC = ("relevance", "attnlrp", "legrad", "grad-rollout")  # the methods that need a target class
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,8 @@ def factors_map(analysis: Analysis, factors: torch.Tensor, query: int | None, st
 def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions) -> torch.Tensor:
     """The map of ``method`` (``CLASS_METHODS``) for the default query (class token) ``[grid_h, grid_w]``.
 
-    ``relevance`` and ``grad-rollout`` are for ``evidence``'s target class; ``rollout`` and ``cls``
-    are class-agnostic. Discard ratio, residual weight and start layer come from ``options``.
+    ``relevance``, ``attnlrp``, ``legrad`` and ``grad-rollout`` are for ``evidence``'s target class (AttnLRP and
+    LeGrad run the model again, once per analysis and class); ``rollout`` and ``cls`` are class-agnostic. Discard ratio, residual weight and start layer come from ``options``.
     """
     query = default_query(analysis)
     if method == "rollout":
@@ -153,6 +155,10 @@ def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, o
         raise VitExplorerError(f"unknown map method {method!r}; use one of {', '.join(CLASS_METHODS)}")
     if evidence is None:  # method is one of CLASS_SPECIFIC
         raise VitExplorerError(f"{CLASS_METHODS[method]} explains a class score, and this model has no classifier head")
+    if method in MODEL_MAPS:
+        if evidence.model_map is None:
+            raise VitExplorerError(f"{CLASS_METHODS[method]} runs the model again, and this class evidence was made without it")
+        return memo(analysis, (method, evidence.target), lambda: evidence.model_map(method))
     weighted = evidence.weighted
     if method == "relevance":
         factors = memo(analysis, ("relevance_factors", evidence.target), lambda: relevance_factors(weighted))

@@ -20,7 +20,7 @@ GRID_PX = 500  # about the width of the layers × heads grid
 ATTENTION = "attention weight"
 ROLLOUT = "rollout weight"
 # what the colour of each class-maps method measures, for its colour bar
-UNITS = {"relevance": "relevance", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
+UNITS = {"relevance": "relevance", "attnlrp": "relevance (logit share)", "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
 
 
 def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:

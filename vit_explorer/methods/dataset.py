@@ -115,18 +115,36 @@ def labelled_views(images: ImageList, model: LoadedModel, skipped: list[dict[str
     (else -1) and, when ``masks`` is given, the mask of the same path relative to ``root`` (white on the
     object). Unreadable files are appended to ``skipped`` with their reason."""
     classes = images.classes if images.classes and model.labels and all(name in model.labels for name in images.classes) else None
+
+    def mask_at(path: Path) -> np.ndarray:
+        return model_view(load_image(path), model.preprocess, fit).mean(axis=-1) > 127
+
     for index, path in enumerate(images.paths):
+        parts = object_classes(images, index, model)
         try:
             view = model_view(load_image(path), model.preprocess, fit)
-            mask = None
+            mask, objects = None, ()
             if masks is not None and root is not None:
-                mask_view = model_view(load_image(masks / path.relative_to(root)), model.preprocess, fit)
-                mask = mask_view.mean(axis=-1) > 127
+                relative = path.relative_to(root)
+                if parts:  # a folder A+B: one mask per object, masks/A+B/NAME/A.png
+                    objects = tuple((model.labels.index(name), mask_at(masks / relative.with_suffix("") / f"{name}.png")) for name in parts)
+                    mask = np.logical_or.reduce([object_mask for _, object_mask in objects])
+                else:
+                    mask = mask_at(masks / relative)
         except VitExplorerError as error:
             skipped.append({"path": str(path), "reason": str(error)})
             continue
         label = model.labels.index(classes[images.labels[index]]) if classes is not None else -1
-        yield Labelled(view, label, mask)
+        yield Labelled(view, label, mask, objects)
+
+
+def object_classes(images: ImageList, index: int, model: LoadedModel) -> tuple[str, ...]:
+    """The classes of image ``index`` when its folder names several of the model's classes (``A+B``, as
+    ``make-shapes --objects 2`` writes), else ()."""
+    if images.classes is None or images.labels is None or not model.labels:
+        return ()
+    parts = tuple(images.classes[images.labels[index]].split("+"))
+    return parts if len(parts) > 1 and all(part in model.labels for part in parts) else ()
 
 
 def statistic_ranges(layout: TokenLayout) -> dict[str, tuple[float, float]]:

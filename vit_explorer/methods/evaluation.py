@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vit_explorer.core import relevance
-from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.analysis import Analysis, ClassEvidence, class_evidence, model_maps
 from vit_explorer.core.capture import TOP, StackingSink, capture
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
 from vit_explorer.methods.faithfulness import area_under, deletion_insertion
@@ -71,11 +71,14 @@ class FaithfulnessFigures:
 @dataclass(frozen=True)
 class Labelled:
     """An image as the model sees it ``[H, W, 3]`` uint8, its class (-1: unknown, the top prediction is
-    scored), and its object's mask ``[H, W]`` bool (None: no mask). ``shapes.Sample`` is one too."""
+    scored), and its object's mask ``[H, W]`` bool (None: no mask). ``shapes.Sample`` is one too. An image of
+    several labelled objects has them in ``objects``, each (class, mask ``[H, W]`` bool): the class-sensitive
+    pointing game asks each class's map to peak on its own object."""
 
     image: np.ndarray
     label: int
     mask: np.ndarray | None = None
+    objects: tuple[tuple[int, np.ndarray], ...] = ()
 
 
 def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50
@@ -95,7 +98,12 @@ def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size:
         for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):
             analysis = Analysis(image=sample.image, attentions=maps, logits=sample_logits, layout=model.layout,
                                 labels=model.labels, model_name=model.name)
-            yield sample, analysis, None if targets is None else ClassEvidence.from_layers(int(targets[index]), captured.gradients, image=index)
+            if targets is None:
+                yield sample, analysis, None
+                continue
+            target = int(targets[index])
+            yield sample, analysis, ClassEvidence.from_layers(target, captured.gradients, image=index,
+                                                              model_map=model_maps(model, pixels[index : index + 1], target))
 
 
 def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
@@ -138,7 +146,13 @@ def faithfulness_on_shapes(
                                auc={name: {"deletion": float(mean[0]), "insertion": float(mean[1])} for name, mean in means.items()})
 
 
-SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "perturbation", "pointing", "energy")
+SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "perturbation", "pointing", "energy", "class_pointing")
+
+
+def class_sensitive_hit(maps_by_class: Sequence[torch.Tensor], objects: Sequence[tuple[int, np.ndarray]], grid_hw: tuple[int, int]) -> bool:
+    """Whether the map of each object's class ``[grid_h, grid_w]`` peaks on a patch of that object (not grown: the two
+    objects of a generated pair lie two patches apart, so the patches they touch are their own)."""
+    return all(pointing_hit(grid_map, patch_mask(mask, grid_hw, dilate=0)) for grid_map, (_, mask) in zip(maps_by_class, objects))
 
 
 def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[str, ...], *, steps: int = 10,
@@ -150,8 +164,10 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
     model, also on a random one whose probabilities are all near 1/classes), ``METHOD/perturbation`` (area under the deletion curve of "the target is
     still the top class": averaged over a labelled set, the positive-perturbation accuracy AUC of Chefer et
     al. 2021, lower is better), ``METHOD/pointing`` and ``METHOD/energy`` against the mask dilated by one patch
-    (NaN without a mask); the same for ``random`` orders (and a random map's pointing), and ``correct`` (NaN
-    where the label is unknown). The random orders and map of the i-th item are seeded ``seed + i``, so scoring
+    (NaN without a mask), ``METHOD/class_pointing`` on an image of several labelled objects (else NaN): 1 when the
+    map for each object's class peaks on that object (``class_sensitive_hit``; a class-agnostic map, the same for
+    every class, can hardly score); the same for ``random`` orders (and a random map's pointing, a map drawn
+    per class for class pointing), and ``correct`` (NaN where the label is unknown). The random orders and map of the i-th item are seeded ``seed + i``, so scoring
     a list in blocks, each with ``seed`` at its block's start, gives the figures of one run. ``step`` is called after
     each image (a progress bar's advance)."""
     scores: dict[str, list[float]] = {f"{method}/{score}": [] for method in (*methods, "random") for score in SCORES}
@@ -177,6 +193,11 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
                 scores[f"{method}/perturbation"].append(area_under(curves.fractions, curves.deletion_top1))
                 scores[f"{method}/pointing"].append(np.nan if target is None else float(pointing_hit(grid_map, target)))
                 scores[f"{method}/energy"].append(np.nan if target is None else energy(grid_map, target))
+                if len(sample.objects) > 1:
+                    by_class = [class_map(analysis, method, class_evidence(model, analysis, label), RolloutOptions()) for label, _ in sample.objects]
+                    scores[f"{method}/class_pointing"].append(float(class_sensitive_hit(by_class, sample.objects, model.layout.grid_hw)))
+                else:
+                    scores[f"{method}/class_pointing"].append(np.nan)
             scores["random/deletion"].append(aucs["random_deletion"])
             scores["random/insertion"].append(aucs["random_insertion"])
             scores["random/deletion_relative"].append(relative["random_deletion"])
@@ -185,6 +206,9 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
             random_map = torch.from_numpy(np.random.default_rng(seed + index).random(model.layout.grid_hw))
             scores["random/pointing"].append(np.nan if target is None else float(pointing_hit(random_map, target)))
             scores["random/energy"].append(np.nan if target is None else energy(random_map, target))
+            random_maps = [torch.from_numpy(np.random.default_rng((seed + index, order)).random(model.layout.grid_hw)) for order in range(len(sample.objects))]
+            scores["random/class_pointing"].append(float(class_sensitive_hit(random_maps, sample.objects, model.layout.grid_hw))
+                                                   if len(sample.objects) > 1 else np.nan)
             index += 1
             if step is not None:
                 step()

@@ -6,6 +6,11 @@ or its mean colour) and records the target class's probability; a faithful map m
 order; a faithful map makes the probability rise fast (high area). The same curves for random patch
 orders say what chance gives, so a user sees whether a map beats it. All perturbed images of one
 score run through the model in a few batches.
+
+With the ``road`` baseline (Rong et al., ICML 2022), a removed patch is filled by ROAD's noisy linear imputation
+(``road``) instead, so that the removal itself leaves no shape for the model to react to, and the two curves are
+ROAD's: MoRF (most relevant removed first, in place of deletion) and LeRF (least relevant removed first, in place of
+insertion: a faithful map keeps the probability high). Their combined score is (AUC_LeRF − AUC_MoRF) / 2.
 """
 
 from __future__ import annotations
@@ -20,22 +25,27 @@ from PIL import Image, ImageFilter
 
 from vit_explorer.core.images import to_pixels
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.methods.road import impute
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.models.layout import TokenLayout
 
-BASELINES = ("blur", "mean")
+BASELINES = ("blur", "mean", "road")
 DEFAULT_STEPS = 16
 DEFAULT_RANDOM_ORDERS = 3
 CLEAR_MARGIN = 0.05  # AUC difference from chance below which a map is not called better than random
 
 
-def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS) -> int:
-    """Images one ``deletion_insertion`` runs through the model: 2 curves × (1 + random orders) × (steps + 1)."""
-    return 2 * (1 + random_orders) * (steps + 1)
+def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, baseline: str = "blur") -> int:
+    """Images one ``deletion_insertion`` runs through the model: 2 curves × (1 + random orders) × (steps + 1); with
+    ROAD, whose random orders serve both curves, (2 + random orders) × (steps + 1)."""
+    return (2 + random_orders if baseline == "road" else 2 * (1 + random_orders)) * (steps + 1)
 
 
-def batches(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, batch_size: int = 32) -> int:
-    """How many batches ``deletion_insertion`` runs: deletion and insertion, each its images in batches."""
+def batches(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, batch_size: int = 32, baseline: str = "blur") -> int:
+    """How many batches ``deletion_insertion`` runs: deletion and insertion, each its images in batches (ROAD: all
+    its images in one run of batches)."""
+    if baseline == "road":
+        return math.ceil(forward_passes(steps, random_orders, baseline) / batch_size)
     return 2 * math.ceil((1 + random_orders) * (steps + 1) / batch_size)
 
 
@@ -58,6 +68,20 @@ class FaithfulnessCurves:
     random_insertion: np.ndarray
     deletion_top1: np.ndarray
     random_deletion_top1: np.ndarray
+    baseline: str = "blur"
+
+    @property
+    def curve_names(self) -> tuple[str, str]:
+        """What the two curves are called: deletion and insertion, or ROAD's MoRF and LeRF."""
+        return ("MoRF", "LeRF") if self.baseline == "road" else ("deletion", "insertion")
+
+    @property
+    def road_combined(self) -> float | None:
+        """ROAD's combined score (AUC_LeRF − AUC_MoRF) / 2, higher is better; None for the other baselines."""
+        if self.baseline != "road":
+            return None
+        aucs = self.aucs
+        return (aucs["insertion"] - aucs["deletion"]) / 2
 
     @property
     def aucs(self) -> dict[str, float]:
@@ -92,7 +116,9 @@ class FaithfulnessCurves:
         return "beats random orders" if self.beats_chance() else f"does not beat random orders by {CLEAR_MARGIN} at both"
 
     def as_dict(self) -> dict:
-        return {"target": self.target, "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
+        first, second = self.curve_names
+        return {"target": self.target, "baseline": self.baseline, "curves": {"deletion": first, "insertion": second},
+                **({"road_combined": self.road_combined} if self.baseline == "road" else {}), "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
                 "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
                 **{name: getattr(self, name).round(6).tolist()
                    for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
@@ -156,7 +182,8 @@ def deletion_insertion(
     step: Callable[[], None] | None = None,
 ) -> FaithfulnessCurves:
     """Deletion and insertion curves of ``grid_map`` ``[grid_h, grid_w]`` for the image ``view`` ``[H, W, 3]``
-    (as the model sees it) and class ``target``, with ``random_orders`` random orders as the baseline.
+    (as the model sees it) and class ``target``, with ``random_orders`` random orders as the baseline; with the
+    ``road`` baseline, ROAD's MoRF and LeRF curves in their place (module doc), the noise drawn from ``seed``.
 
     Costs ``forward_passes(steps, random_orders)`` images through the model, in batches of ``batch_size``;
     ``step`` is called after each batch (``batches`` of them: a progress bar's advance).
@@ -169,8 +196,10 @@ def deletion_insertion(
     # numpy's generator draws the random orders: a seed gives the orders the published figures were scored with
     rng = np.random.default_rng(seed)
     orders = [importance_order(grid_map)] + [torch.from_numpy(rng.permutation(layout.num_patches)) for _ in range(random_orders)]
-    masks = torch.cat([step_masks(order, steps) for order in orders])  # [orders · (steps + 1), patches]
     image = to_pixels(view, model.preprocess)[0]
+    if baseline == "road":
+        return road_curves(model, image, orders, target, steps, seed, batch_size, step)
+    masks = torch.cat([step_masks(order, steps) for order in orders])  # [orders · (steps + 1), patches]
     blank = to_pixels(baseline_view(view, layout, baseline), model.preprocess)[0]
     probs, tops = [], []
     # deletion replaces the first patches of each order; insertion shows only them
@@ -193,4 +222,38 @@ def deletion_insertion(
         random_insertion=insertion[1:].mean(axis=0),
         deletion_top1=deletion_top1[0],
         random_deletion_top1=deletion_top1[1:].mean(axis=0),
+        baseline=baseline,
+    )
+
+
+def road_curves(model: LoadedModel, image: torch.Tensor, orders: list[torch.Tensor], target: int, steps: int, seed: int,
+                batch_size: int, step: Callable[[], None] | None) -> FaithfulnessCurves:
+    """ROAD's MoRF and LeRF curves of the map whose patch order is ``orders[0]`` (the rest random) for ``image``
+    ``[3, H, W]`` (normalised): each step's removed patches imputed (``road.impute``), the noise drawn from ``seed``."""
+    layout = model.layout
+    # MoRF removes the map's order, LeRF its reverse; random orders stand for chance at both
+    removal_orders = [orders[0], orders[0].flip(0), *orders[1:]]
+    masks = torch.cat([step_masks(order, steps) for order in removal_orders])  # [orders · (steps + 1), patches]
+    generator = torch.Generator().manual_seed(seed)
+    probs, tops = [], []
+    for start in range(0, len(masks), batch_size):
+        removed = pixel_masks(masks[start : start + batch_size], layout, tuple(image.shape[1:])).bool()
+        batch = impute(image.expand(len(removed), *image.shape), removed, generator=generator)
+        batch_probs, batch_tops = target_probabilities(model, batch, target)
+        probs.append(batch_probs)
+        tops.append(batch_tops)
+        if step is not None:
+            step()
+    curves = np.concatenate(probs).reshape(len(removal_orders), steps + 1)
+    top1 = np.concatenate(tops).reshape(len(removal_orders), steps + 1).astype(np.float64)
+    return FaithfulnessCurves(
+        target=target,
+        fractions=np.linspace(0.0, 1.0, steps + 1),
+        deletion=curves[0],
+        insertion=curves[1],
+        random_deletion=curves[2:].mean(axis=0),
+        random_insertion=curves[2:].mean(axis=0),
+        deletion_top1=top1[0],
+        random_deletion_top1=top1[2:].mean(axis=0),
+        baseline="road",
     )

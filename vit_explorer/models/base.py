@@ -20,6 +20,9 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+# the element-wise activations of the families we load (each adapter may add its library's own)
+ELEMENTWISE = (nn.GELU, nn.ReLU, nn.SiLU, nn.Mish, nn.Tanh)
+
 HEAD_TOO = "the classifier head is missing too; alone, that would load the model as a backbone"
 
 
@@ -102,6 +105,21 @@ class CaptureAdapter(ABC):
         finally:
             for handle in handles:
                 handle.remove()
+
+    @abstractmethod
+    def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits ``[b, classes]`` the model would give if ``hidden`` ``[b, n, dim]`` were the residual stream after
+        its last layer: the final norm, the model's pooling and its classifier head (``[b, 0]`` for a backbone).
+        LeGrad reads every layer's stream through it."""
+
+    def layer_norms(self, module: nn.Module) -> list[nn.Module]:
+        """Every LayerNorm of ``module`` (AttnLRP treats their scale as a constant)."""
+        return [part for part in module.modules() if isinstance(part, nn.LayerNorm)]
+
+    def activations(self, module: nn.Module) -> list[nn.Module]:
+        """Every element-wise non-linearity module of ``module`` (AttnLRP passes relevance through them by the
+        identity rule)."""
+        return [part for part in module.modules() if isinstance(part, ELEMENTWISE)]
 
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels ``[b, 3, H, W]`` → logits ``[b, classes]`` by the model's normal forward, no capture

@@ -16,7 +16,16 @@ import torch
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.base import HEAD_TOO, IMAGENET_MEAN, IMAGENET_STD, CaptureAdapter, LoadedModel, Preprocess, listed
+from vit_explorer.models.base import (
+    ELEMENTWISE,
+    HEAD_TOO,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    CaptureAdapter,
+    LoadedModel,
+    Preprocess,
+    listed,
+)
 from vit_explorer.models.hub import load_cached_or_fetch
 from vit_explorer.models.layout import TokenLayout
 
@@ -47,6 +56,22 @@ class HFAdapter(CaptureAdapter):
         # a bare backbone (ViTModel, Dinov2Model) has no head; a head of 0 labels is an Identity
         head = getattr(module, "classifier", None) or getattr(module, "cls_classifier", None)
         return head.out_features if isinstance(head, nn.Linear) else 0
+
+    def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        if not self.num_classes(module):
+            return hidden.new_zeros(hidden.shape[0], 0)
+        sequence = module.base_model.layernorm(hidden)
+        if hasattr(module, "distillation_classifier"):  # DeiT with its teacher's token: the two heads' mean
+            return (module.cls_classifier(sequence[:, 0]) + module.distillation_classifier(sequence[:, 1])) / 2
+        if module.config.model_type.startswith("dinov2"):  # the class token beside the mean of the patch tokens
+            first_patch = 1 + (getattr(module.config, "num_register_tokens", 0) or 0)
+            return module.classifier(torch.cat([sequence[:, 0], sequence[:, first_patch:].mean(dim=1)], dim=1))
+        return module.classifier(sequence[:, 0])
+
+    def activations(self, module: nn.Module) -> list[nn.Module]:
+        # transformers' activations (GELUActivation, ...) are modules of transformers.activations
+        return [part for part in module.modules()
+                if isinstance(part, ELEMENTWISE) or type(part).__module__ == "transformers.activations"]
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         base = module.base_model

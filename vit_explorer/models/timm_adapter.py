@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.base import HEAD_TOO, HookAdapter, LoadedModel, Preprocess, listed
+from vit_explorer.models.base import ELEMENTWISE, HEAD_TOO, HookAdapter, LoadedModel, Preprocess, listed
 from vit_explorer.models.hub import load_cached_or_fetch
 from vit_explorer.models.layout import TokenLayout
 
@@ -73,6 +73,17 @@ class TimmAdapter(HookAdapter):
         output = module(pixels)
         # with num_classes=0 timm returns pooled features, which are not class scores
         return output if module.num_classes else output.new_zeros(output.shape[0], 0)
+
+    def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        if not module.num_classes:
+            return hidden.new_zeros(hidden.shape[0], 0)
+        # ``forward_features`` ends in ``norm``; ``forward_head`` pools (class token, mean, distillation) and classifies
+        return module.forward_head(module.norm(hidden))
+
+    def activations(self, module: nn.Module) -> list[nn.Module]:
+        # timm's own activation modules (GELUTanh, QuickGELU, ...) live in timm.layers.activations
+        return [part for part in module.modules()
+                if isinstance(part, ELEMENTWISE) or type(part).__module__.startswith("timm.layers.activations")]
 
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         attentions = attention_modules(module)

@@ -54,6 +54,15 @@ class VitPytorchAdapter(HookAdapter):
         linears = [part for part in head.modules() if isinstance(part, nn.Linear)] if head is not None else []
         return linears[-1].out_features if linears else 0
 
+    def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        if self.num_classes(module) == 0:
+            return hidden.new_zeros(hidden.shape[0], 0)
+        # vit-pytorch's Transformer ends in a norm (older releases put it in the head instead)
+        norm = getattr(module.transformer, "norm", None)
+        tokens = norm(hidden) if norm is not None else hidden
+        pooled = tokens.mean(dim=1) if module.pool == "mean" else tokens[:, 0]
+        return module.mlp_head(module.to_latent(pooled))
+
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         return list(module.transformer.layers)  # each a ModuleList [attention, feed-forward]
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from vit_explorer.errors import VitExplorerError
+
 CLASSES = ("circle", "square", "triangle", "star", "cross", "ring")
 IMAGE_SIZE = 256
 PATCH = 16
@@ -263,24 +265,42 @@ def generate(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float =
 
 def _draw(rng: np.random.Generator, size: int, min_size: float, max_size: float, easy: bool) -> Sample:
     label = int(rng.integers(len(CLASSES)))
-    kind = CLASSES[label]
+    pixels = _canvas(rng, size, easy)
+    mask = _paint(rng, pixels, CLASSES[label], min_size, max_size, easy)
+    return Sample(image=_finish(rng, pixels, easy), label=label, mask=mask, bbox=_bbox(mask))
+
+
+def _canvas(rng: np.random.Generator, size: int, easy: bool) -> np.ndarray:
+    """A background ``[size, size, 3]`` float32, with distractors unless ``easy``."""
     families = EASY_BACKGROUNDS if easy else BACKGROUNDS
     background = _background(rng, size, families[int(rng.integers(len(families)))])
     canvas = Image.fromarray(background.clip(0, 255).astype(np.uint8))
     if not easy:
         _distractors(rng, canvas)
+    return np.asarray(canvas, dtype=np.float32).copy()
+
+
+def _paint(rng: np.random.Generator, pixels: np.ndarray, kind: str, min_size: float, max_size: float, easy: bool,
+           keep_clear: np.ndarray | None = None) -> np.ndarray | None:
+    """Paint one ``kind`` object into ``pixels`` ``[size, size, 3]`` (in place) and return its silhouette ``[size, size]``
+    bool; with ``keep_clear`` ``[size, size]`` bool, the object's box avoids it, and None when no place was found."""
+    size = pixels.shape[0]
     radius = rng.uniform(min_size, max_size) / 2
-    cx, cy = rng.uniform(radius + 2, size - radius - 2, 2)
+    reach = radius * 1.07 + 4  # a square's corners lie 1.06 radii out
+    for _ in range(100):
+        cx, cy = rng.uniform(radius + 2, size - radius - 2, 2)
+        x0, y0 = int(max(cx - reach, 0)), int(max(cy - reach, 0))
+        x1, y1 = int(min(cx + reach + 1, size)), int(min(cy + reach + 1, size))
+        if keep_clear is None or not keep_clear[y0:y1, x0:x1].any():
+            break
+    else:
+        return None
     styles = CIRCLE_STYLES if kind in ("circle", "ring") else STYLES
     style = "filled" if easy else styles[int(rng.integers(len(styles)))]
     inner = rng.uniform(*(RING_INNER if kind == "ring" else HOLLOW_INNER))
     stroke = int(rng.integers(2, max(3, int(radius * 0.3))))
-    reach = radius * 1.07 + 4  # a square's corners lie 1.06 radii out
-    x0, y0 = int(max(cx - reach, 0)), int(max(cy - reach, 0))
-    x1, y1 = int(min(cx + reach + 1, size)), int(min(cy + reach + 1, size))
     silhouette, painted, border = _layers(kind, style, (y1 - y0, x1 - x0), cx - x0, cy - y0, radius, rng.uniform(0, 2 * math.pi),
                                           inner, stroke)
-    pixels = np.asarray(canvas, dtype=np.float32)
     window = pixels[y0:y1, x0:x1]
     colour = _object_colour(rng, window[silhouette > 0], min_contrast=120.0 if easy else MIN_CONTRAST)
     border_colour = _object_colour(rng, np.concatenate([window[silhouette > 0], colour[None]]))
@@ -290,15 +310,57 @@ def _draw(rng: np.random.Generator, size: int, min_size: float, max_size: float,
         shaded = paint + rng.standard_normal(window.shape, dtype=np.float32) * np.float32(rng.uniform(0, 10))
         window = window * (1 - alpha) + shaded * alpha
     pixels[y0:y1, x0:x1] = window
-    image = _jitter(rng, pixels).clip(0, 255).astype(np.uint8)
-    picture = Image.fromarray(image)
-    if not easy:
-        picture = _degrade(rng, picture)
     mask = np.zeros((size, size), dtype=bool)
     mask[y0:y1, x0:x1] = silhouette > 127
+    return mask
+
+
+def _finish(rng: np.random.Generator, pixels: np.ndarray, easy: bool) -> np.ndarray:
+    """The painted canvas as the final picture ``[size, size, 3]`` uint8: jittered, and degraded unless ``easy``."""
+    picture = Image.fromarray(_jitter(rng, pixels).clip(0, 255).astype(np.uint8))
+    if not easy:
+        picture = _degrade(rng, picture)
+    return np.asarray(picture)
+
+
+def _bbox(mask: np.ndarray) -> tuple[int, int, int, int]:
     ys, xs = np.nonzero(mask)
-    return Sample(image=np.asarray(picture), label=label, mask=mask,
-                  bbox=(int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1))
+    return (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+
+
+@dataclass(frozen=True)
+class PairSample:
+    """One generated image of two different shapes, apart (their boxes at least ``PAIR_GAP`` pixels from each other):
+    ``image`` ``[H, W, 3]`` uint8, ``labels`` (two class indices) and ``masks`` ``[2, H, W]`` bool, one per shape."""
+
+    image: np.ndarray
+    labels: tuple[int, int]
+    masks: np.ndarray
+
+    @property
+    def class_names(self) -> tuple[str, str]:
+        return (CLASSES[self.labels[0]], CLASSES[self.labels[1]])
+
+
+PAIR_GAP = 2 * PATCH  # two patches between the two shapes' boxes, so that masks grown by a patch (pointing) do not meet
+PAIR_MAX_SIZE = 96  # two shapes must fit apart on the canvas
+
+
+def generate_pair(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float = MIN_SIZE, max_size: float = PAIR_MAX_SIZE) -> PairSample:
+    """Two different shapes on one background, apart, each visible against its surround."""
+    while True:
+        labels = tuple(int(label) for label in rng.choice(len(CLASSES), size=2, replace=False))
+        pixels = _canvas(rng, size, easy=False)
+        first = _paint(rng, pixels, CLASSES[labels[0]], min_size, max_size, easy=False)
+        box = np.zeros_like(first)
+        x0, y0, x1, y1 = _bbox(first)
+        box[max(y0 - PAIR_GAP, 0) : y1 + PAIR_GAP, max(x0 - PAIR_GAP, 0) : x1 + PAIR_GAP] = True
+        second = _paint(rng, pixels, CLASSES[labels[1]], min_size, max_size, easy=False, keep_clear=box)
+        if second is None:
+            continue
+        image = _finish(rng, pixels, easy=False)
+        if min(visible_contrast(image, first), visible_contrast(image, second)) >= MIN_VISIBLE:
+            return PairSample(image=image, labels=labels, masks=np.stack([first, second]))
 
 
 def generate_set(seed: int, count: int, size: int = IMAGE_SIZE) -> list[Sample]:
@@ -324,9 +386,27 @@ def write_examples(folder: Path, seed: int = EXAMPLES_SEED) -> list[Path]:
     return sorted(written.values())
 
 
-def write_set(folder: Path, count: int, seed: int) -> None:
+def write_set(folder: Path, count: int, seed: int, objects: int = 1) -> None:
     """``count`` generated images as ``folder/images/CLASS/NNNNNN.png`` (the ImageFolder convention) and their
-    masks as ``folder/masks/CLASS/NNNNNN.png`` (white on the object), the same for the same seed."""
+    masks as ``folder/masks/CLASS/NNNNNN.png`` (white on the object), the same for the same seed.
+
+    With ``objects=2``, two different shapes per image: ``folder/images/A+B/NNNNNN.png`` and one mask per shape,
+    ``folder/masks/A+B/NNNNNN/A.png`` and ``.../B.png``."""
+    if objects == 2:
+        rng = np.random.default_rng(seed)
+        for index in range(count):
+            pair = generate_pair(rng)
+            name = "+".join(pair.class_names)
+            path = folder / "images" / name / f"{index:06d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pair.image).save(path)
+            for class_name, mask in zip(pair.class_names, pair.masks):
+                mask_path = folder / "masks" / name / f"{index:06d}" / f"{class_name}.png"
+                mask_path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(mask.astype(np.uint8) * 255).save(mask_path)
+        return
+    if objects != 1:
+        raise VitExplorerError(f"make-shapes draws 1 or 2 objects per image, not {objects}")
     for index, sample in enumerate(generate_set(seed, count)):
         for kind, picture in (("images", sample.image), ("masks", sample.mask.astype(np.uint8) * 255)):
             path = folder / kind / sample.class_name / f"{index:06d}.png"

@@ -1,0 +1,74 @@
+"""LeGrad against a line-by-line transcription of its authors' formula (WalBouss/LeGrad, ``legrad/wrapper.py``,
+``compute_legrad_clip``), written on timm's ViT blocks without the adapter, on the same weights."""
+
+import pytest
+import torch
+from einops import rearrange
+
+from vit_explorer.core.legrad import LAST_LAYERS, legrad
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.timm_adapter import from_timm_module
+
+
+def min_max(logits: torch.Tensor) -> torch.Tensor:  # legrad/utils.py
+    batch, prompts = logits.shape[:2]
+    low = logits.reshape(batch, prompts, -1).min(dim=-1, keepdim=True)[0].unsqueeze(-1)
+    high = logits.reshape(batch, prompts, -1).max(dim=-1, keepdim=True)[0].unsqueeze(-1)
+    return (logits - low) / (high - low)
+
+
+def reference_legrad(model: torch.nn.Module, image: torch.Tensor, target: int, layer_index: int = -2) -> torch.Tensor:
+    """``compute_legrad_clip`` with the class score of the classifier in place of the text similarity."""
+    blocks = list(model.blocks)
+    starting_depth = layer_index if layer_index >= 0 else len(blocks) + layer_index
+    # the hooked forward: each block keeps its attention map and its output (feat_post_mlp)
+    x = model._pos_embed(model.patch_embed(image))
+    attention_maps, feats = [], []
+    for block in blocks:
+        attn = block.attn
+        b, n, c = x.shape
+        qkv = attn.qkv(block.norm1(x)).reshape(b, n, 3, attn.num_heads, c // attn.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn_map = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        attention_maps.append(attn_map)
+        out = attn.proj((attn_map @ v).transpose(1, 2).reshape(b, n, c))
+        x = x + block.ls1(out)
+        x = x + block.ls2(block.mlp(block.norm2(x)))
+        feats.append(x)
+    num_tokens = feats[-1].shape[1] - 1
+    w = h = int(num_tokens**0.5)
+    accum_expl_map = 0
+    for layer in range(starting_depth, len(blocks)):
+        model.zero_grad()
+        one_hot = model.head(model.norm(feats[layer])[:, 0])[0, target]
+        grad = torch.autograd.grad(one_hot, [attention_maps[layer]], retain_graph=True, create_graph=True)[0]
+        grad = torch.clamp(grad, min=0.0)
+        image_relevance = grad.mean(dim=1).mean(dim=1)[:, 1:]  # average attn over [CLS] + patch tokens
+        accum_expl_map += rearrange(image_relevance, "b (w h) -> 1 b w h", w=w, h=h)
+    return min_max(accum_expl_map)[0, 0]
+
+
+@pytest.fixture
+def small_timm():
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    module = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=7, img_size=64, depth=4).eval()
+    return from_timm_module(module, "small timm")
+
+
+def test_legrad_equals_the_reference_formula_on_the_same_weights(small_timm):
+    torch.manual_seed(1)
+    image = torch.randn(1, 3, 64, 64)
+    for target in (0, 3, 6):
+        ours = legrad(small_timm, image, target)
+        assert ours.shape == (4, 4) and (ours >= 0).all()
+        expected = reference_legrad(small_timm.module, image, target, layer_index=-LAST_LAYERS)
+        torch.testing.assert_close((ours - ours.min()) / (ours.max() - ours.min()), expected.detach(), rtol=1e-4, atol=1e-5)
+    # more layers give another map, and that one matches the reference's own layer_index too
+    torch.testing.assert_close(min_max(legrad(small_timm, image, 2, last_layers=4)[None, None])[0, 0],
+                               reference_legrad(small_timm.module, image, 2, layer_index=0).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_legrad_refuses_more_layers_than_the_model_has(small_timm):
+    with pytest.raises(VitExplorerError, match="1…4 layers"):
+        legrad(small_timm, torch.randn(1, 3, 64, 64), 0, last_layers=5)
