@@ -112,10 +112,8 @@ def _background(kind: str, rng: np.random.Generator, base_hsv: tuple[float, floa
     return first + (second - first) * t[..., None]
 
 
-def draw_independent(rng: np.random.Generator) -> Drawn:
-    """One image of one shape, drawn from ``rng``."""
-    label = int(rng.integers(len(CLASSES)))
-    kind = CLASSES[label]
+def _scene(rng: np.random.Generator) -> tuple[np.ndarray, float, str]:
+    """A background with a few thin anti-aliased lines ``[SIZE, SIZE, 3]`` float, its value and its kind."""
     background_kind = BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
     background_value = rng.uniform(0.1, 0.9)
     image = _background(background_kind, rng, (rng.random(), rng.uniform(0, 0.9), background_value))
@@ -123,8 +121,12 @@ def draw_independent(rng: np.random.Generator) -> Drawn:
         r0, c0, r1, c1 = rng.integers(0, SIZE, 4)
         rows, cols, weight = draw.line_aa(r0, c0, r1, c1)
         image[rows, cols] = image[rows, cols] * (1 - weight[:, None]) + _hsv(rng.random(), 1, rng.random()) * weight[:, None]
-    radius = rng.uniform(16, 56)
-    centre = rng.uniform(radius + 3, SIZE - radius - 3, 2)
+    return image, background_value, background_kind
+
+
+def _put(image: np.ndarray, rng: np.random.Generator, kind: str, centre: np.ndarray, radius: float, background_value: float
+         ) -> tuple[np.ndarray, np.ndarray, str]:
+    """``image`` with one ``kind`` shape painted at ``centre``, the shape's mask ``[SIZE, SIZE]`` and its style."""
     scale = 2
     silhouette = _silhouette(kind, rng, centre, radius, scale)
     style = "filled" if kind in ("circle", "ring") or rng.random() < 0.6 else "outlined"
@@ -138,9 +140,49 @@ def draw_independent(rng: np.random.Generator) -> Drawn:
     colour = _hsv(rng.random(), rng.uniform(0.2, 1.0), value)
     coverage = painted.reshape(SIZE, scale, SIZE, scale).mean(axis=(1, 3))[..., None]
     image = image * (1 - coverage) + colour * coverage
+    return image, silhouette.reshape(SIZE, scale, SIZE, scale).mean(axis=(1, 3)) >= 0.5, style
+
+
+def draw_independent(rng: np.random.Generator) -> Drawn:
+    """One image of one shape, drawn from ``rng``."""
+    label = int(rng.integers(len(CLASSES)))
+    image, background_value, background_kind = _scene(rng)
+    radius = rng.uniform(16, 56)
+    centre = rng.uniform(radius + 3, SIZE - radius - 3, 2)
+    image, mask, style = _put(image, rng, CLASSES[label], centre, radius, background_value)
     image += rng.normal(0, rng.uniform(0, 8), image.shape)
-    mask = silhouette.reshape(SIZE, scale, SIZE, scale).mean(axis=(1, 3)) >= 0.5
     return Drawn(np.clip(image, 0, 255).astype(np.uint8), label, mask, style, background_kind)
+
+
+@dataclass(frozen=True)
+class DrawnPair:
+    image: np.ndarray  # [SIZE, SIZE, 3] uint8
+    labels: tuple[int, int]  # two different classes
+    masks: tuple[np.ndarray, np.ndarray]  # [SIZE, SIZE] bool each
+
+
+def draw_independent_pair(rng: np.random.Generator) -> DrawnPair:
+    """Two different shapes on one background, their centres far enough apart that the discs they fit in stay
+    at least 36 pixels (two and a quarter patches of 16) from each other."""
+    labels = tuple(int(label) for label in rng.choice(len(CLASSES), size=2, replace=False))
+    image, background_value, _ = _scene(rng)
+    radii = rng.uniform(16, 40, 2)
+    while True:
+        centres = [rng.uniform(radius + 3, SIZE - radius - 3, 2) for radius in radii]
+        if np.linalg.norm(centres[0] - centres[1]) >= radii.sum() * 1.1 + 36:  # a star's points reach past its radius
+            break
+    masks = []
+    for label, centre, radius in zip(labels, centres, radii):
+        image, mask, _ = _put(image, rng, CLASSES[label], centre, radius, background_value)
+        masks.append(mask)
+    image += rng.normal(0, rng.uniform(0, 8), image.shape)
+    return DrawnPair(np.clip(image, 0, 255).astype(np.uint8), labels, (masks[0], masks[1]))
+
+
+def independent_pairs(count: int, seed: int = INDEPENDENT_SEED + 1) -> list[DrawnPair]:
+    """``count`` two-shape images, the same for the same seed."""
+    rng = np.random.default_rng(seed)
+    return [draw_independent_pair(rng) for _ in range(count)]
 
 
 def independent_set(count: int, seed: int = INDEPENDENT_SEED) -> list[Drawn]:

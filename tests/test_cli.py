@@ -129,9 +129,10 @@ def test_a_backbone_refuses_class_options_before_any_pass(tmp_path, capsys, imag
     backbone = write_backbone_checkpoint(tmp_path / "backbone.safetensors", CLI_MODEL)
     out = tmp_path / "out"
     assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms", "--ablation",
-                 "--method", "relevance"]) == 1
+                 "--method", "relevance", "--scoreboard"]) == 1
     error = capsys.readouterr().err
-    assert "has no classifier head" in error and "--ablation" in error and "--method relevance" in error  # both, in one message
+    assert "has no classifier head" in error and "--ablation" in error and "--method relevance" in error  # all, in one message
+    assert "--scoreboard" in error
     assert "analysing" not in error and "sanity check" not in error and not out.exists()  # before any pass
     # what a backbone can do still runs: sanity and norms, without the refused options
     assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms"]) == 0
@@ -323,3 +324,16 @@ def test_evaluate_on_two_shape_images_scores_class_sensitive_pointing(tmp_path):
             hits.append(bool(patch_mask(mask, model.layout.grid_hw, dilate=0).flatten()[explanation.map.argmax()]))
         assert scores["relevance/class_pointing"][index] == float(all(hits))
     assert {row["method"] for row in report["table"]} == {"relevance", "rollout", "random"}
+
+
+def test_analyze_scoreboard_writes_the_ranking_and_prints_it(tmp_path, capsys, image_file):
+    checkpoint = write_checkpoint(tmp_path / "model.safetensors", CLI_MODEL)
+    out = tmp_path / "out"
+    assert main(["analyze", str(image_file), "--model", str(checkpoint), "--out", str(out), "--no-faithfulness", "--scoreboard",
+                 "--baseline", "mean"]) == 0
+    record = json.loads((out / "scoreboard.json").read_text())
+    assert record["baseline"] == "mean" and record["curves"] == {"deletion": "deletion", "insertion": "insertion"}
+    scores = [row["score"] for row in record["ranking"]]
+    assert scores == sorted(scores, reverse=True) and len(scores) == 6
+    printed = capsys.readouterr().out
+    assert f"1. {record['ranking'][0]['method']}: score {scores[0]:.3f}" in printed and "chance (random orders)" in printed

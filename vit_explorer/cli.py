@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -83,6 +84,15 @@ def run_analyze(args: argparse.Namespace) -> None:
         progress(f"head ablation ({args.ablation_mode}): each head removed in turn, {cost_text(*analysis.map_shape)}")
         with progress_bar("head ablation", analysis.map_shape[0], unit="layer") as step:
             ablation = ablation_of(model, analysis, args.target, args.ablation_mode, step=step)
+    board = None
+    if args.scoreboard:
+        from vit_explorer.core.maps import CLASS_METHODS
+        from vit_explorer.methods.scoreboard import batches, scoreboard
+
+        protocol = "ROAD (MoRF and LeRF)" if args.baseline == "road" else f"deletion and insertion ({args.baseline})"
+        progress(f"scoreboard: {len(CLASS_METHODS)} methods ranked by {protocol}, each against chance and the randomised model")
+        with progress_bar("scoreboard", batches(len(CLASS_METHODS), baseline=args.baseline) + analysis.map_shape[0], unit="step") as step:
+            board = scoreboard(model, analysis, args.target, baseline=args.baseline, options=options, step=step)
     out = Path(args.out)
     # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +108,9 @@ def run_analyze(args: argparse.Namespace) -> None:
                                                  steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
         if sanity is not None:
             written += files.write_sanity(sanity, staging)
+        if board is not None:
+            written.append(staging / "scoreboard.json")
+            written[-1].write_text(json.dumps(board.as_dict(), indent=2, default=float) + "\n")
         if args.norms:
             written += files.write_norms(analysis, staging, cmap=args.cmap)
         if ablation is not None:
@@ -123,9 +136,13 @@ def run_analyze(args: argparse.Namespace) -> None:
             progress(analysis.ood.domain(analysis.model_name))
     if curves is not None:
         aucs = curves.aucs
-        print(f"{args.method} map for {analysis.label(curves.target)!r}: deletion AUC {aucs['deletion']:.3f} "
-              f"(random {aucs['random_deletion']:.3f}, lower is better), insertion AUC {aucs['insertion']:.3f} "
+        first, second = curves.curve_names
+        print(f"{args.method} map for {analysis.label(curves.target)!r}: {first} AUC {aucs['deletion']:.3f} "
+              f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
               f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}", flush=True)
+    if board is not None:
+        for line in scoreboard_lines(board):
+            print(line, flush=True)
     elif analysis.num_classes == 0:
         progress("no classifier head: no class probabilities, so the map was not scored")
     if sanity is not None:
@@ -140,6 +157,19 @@ def run_analyze(args: argparse.Namespace) -> None:
               f"most, {ablation.original_probability:.1%} → {ablation.original_probability - drop:.1%}", flush=True)
     progress(npz_note)
     progress(f"wrote {', '.join(path.name for path in written)} to {out}")
+
+
+def scoreboard_lines(board) -> list[str]:
+    """The scoreboard as printed lines: one per method, best first, then chance."""
+    first, second = board.curve_names
+    lines = [f"scoreboard for {board.target_label!r}, best first (score: {second} AUC − {first} AUC"
+             + (", halved" if board.baseline == "road" else "") + "; randomised ρ ≥ 0.5: the map barely depends on the weights):"]
+    for rank, entry in enumerate(board.entries, start=1):
+        badge = "" if entry.depends_on_weights else "  [does not depend on the weights]"
+        lines.append(f"{rank}. {entry.method}: score {entry.score:.3f} ({entry.over_chance:+.1f} sd from chance), {first} {entry.deletion:.3f}, "
+                     f"{second} {entry.insertion:.3f}, randomised ρ {entry.randomised_rho:.2f}{badge}")
+    lines.append(f"chance (random orders): score {board.chance_mean:.3f} ± {board.chance_sd:.3f}")
+    return lines
 
 
 def check_analyze_options(args: argparse.Namespace, model) -> None:
@@ -162,6 +192,8 @@ def check_analyze_options(args: argparse.Namespace, model) -> None:
         refused.append("--target names a class")
     if args.ablation:
         refused.append("--ablation measures the change of a class score")
+    if args.scoreboard:
+        refused.append("--scoreboard scores maps by a class's probability")
     if refused:
         raise VitExplorerError(f"{model.name} has no classifier head, so it has no classes: {'; '.join(refused)}. "
                                "Drop these options; --sanity and --norms work on a backbone")
@@ -208,7 +240,6 @@ def run_stats(args: argparse.Namespace) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-    import json
 
     import numpy as np
 
@@ -356,6 +387,9 @@ def parser() -> argparse.ArgumentParser:
                          help="what deleted patches show: blurred, the mean colour, or ROAD's noisy linear imputation (then the "
                               "curves are ROAD's MoRF and LeRF)")
     analyze.add_argument("--no-faithfulness", action="store_true", help="skip the deletion / insertion score")
+    analyze.add_argument("--scoreboard", action="store_true",
+                         help="write scoreboard.json: every map method for the target, ranked by --baseline's protocol, each with its "
+                              "distance from chance and its rank correlation with the fully randomised model's map")
     analyze.add_argument("--sanity", action="store_true", help="write sanity.json and sanity.png: how each map's correlation with the "
                          "trained model's falls as layers are randomised from the top (one pass per layer)")
     analyze.add_argument("--norms", action="store_true", help="write norms.json, norms.png, norms_chart.png and norm_outliers.png: "

@@ -185,75 +185,103 @@ def deletion_insertion(
     (as the model sees it) and class ``target``, with ``random_orders`` random orders as the baseline; with the
     ``road`` baseline, ROAD's MoRF and LeRF curves in their place (module doc), the noise drawn from ``seed``.
 
-    Costs ``forward_passes(steps, random_orders)`` images through the model, in batches of ``batch_size``;
+    Costs ``forward_passes(steps, random_orders, baseline)`` images through the model, in batches of ``batch_size``;
     ``step`` is called after each batch (``batches`` of them: a progress bar's advance).
     """
-    layout = model.layout
+    check_map(model.layout, grid_map)
+    randoms = random_patch_orders(model.layout, random_orders, seed)
+    order = importance_order(grid_map)
+    if baseline == "road":
+        probs, tops = perturbed_probabilities(model, view, map_runs(order, baseline) + random_runs(randoms, baseline), target, steps,
+                                              baseline, seed, batch_size, step)
+        return curves_of(target, steps, baseline, probs[:2], tops[:2], probs[2:], tops[2:])
+    # deletion's images, then insertion's, each in batches of their own (``batches`` counts them so)
+    runs = {mode: [(each, mode) for each in (order, *randoms)] for mode in ("delete", "insert")}
+    deleted, deleted_tops = perturbed_probabilities(model, view, runs["delete"], target, steps, baseline, seed, batch_size, step)
+    inserted, inserted_tops = perturbed_probabilities(model, view, runs["insert"], target, steps, baseline, seed, batch_size, step)
+    return curves_of(target, steps, baseline, np.stack([deleted[0], inserted[0]]), np.stack([deleted_tops[0], inserted_tops[0]]),
+                     np.concatenate([deleted[1:], inserted[1:]]), np.concatenate([deleted_tops[1:], inserted_tops[1:]]))
+
+
+def check_map(layout: TokenLayout, grid_map: torch.Tensor) -> None:
     if tuple(grid_map.shape) != layout.grid_hw:
         raise VitExplorerError(f"map of shape {tuple(grid_map.shape)} does not match the {layout.grid_hw} patch grid")
-    if steps < 1 or random_orders < 1:
-        raise VitExplorerError("faithfulness needs at least one step and one random order")
-    # numpy's generator draws the random orders: a seed gives the orders the published figures were scored with
+
+
+def random_patch_orders(layout: TokenLayout, count: int, seed: int) -> list[torch.Tensor]:
+    """``count`` random patch orders, drawn by numpy's generator from ``seed`` (the orders the published figures were
+    scored with)."""
+    if count < 1:
+        raise VitExplorerError("faithfulness needs at least one random order")
     rng = np.random.default_rng(seed)
-    orders = [importance_order(grid_map)] + [torch.from_numpy(rng.permutation(layout.num_patches)) for _ in range(random_orders)]
-    image = to_pixels(view, model.preprocess)[0]
-    if baseline == "road":
-        return road_curves(model, image, orders, target, steps, seed, batch_size, step)
-    masks = torch.cat([step_masks(order, steps) for order in orders])  # [orders · (steps + 1), patches]
-    blank = to_pixels(baseline_view(view, layout, baseline), model.preprocess)[0]
-    probs, tops = [], []
-    # deletion replaces the first patches of each order; insertion shows only them
-    for start_from, put_in in ((image, blank), (blank, image)):
-        for start in range(0, len(masks), batch_size):  # perturbed images are built batch by batch
-            changed = pixel_masks(masks[start : start + batch_size], layout, view.shape[:2])
-            batch_probs, batch_tops = target_probabilities(model, start_from * (1 - changed) + put_in * changed, target)
-            probs.append(batch_probs)
-            tops.append(batch_tops)
-            if step is not None:
-                step()
-    deletion, insertion = np.concatenate(probs).reshape(2, len(orders), steps + 1)
-    deletion_top1 = np.concatenate(tops).reshape(2, len(orders), steps + 1)[0].astype(np.float64)
-    return FaithfulnessCurves(
-        target=target,
-        fractions=np.linspace(0.0, 1.0, steps + 1),
-        deletion=deletion[0],
-        insertion=insertion[0],
-        random_deletion=deletion[1:].mean(axis=0),
-        random_insertion=insertion[1:].mean(axis=0),
-        deletion_top1=deletion_top1[0],
-        random_deletion_top1=deletion_top1[1:].mean(axis=0),
-        baseline=baseline,
-    )
+    return [torch.from_numpy(rng.permutation(layout.num_patches)) for _ in range(count)]
 
 
-def road_curves(model: LoadedModel, image: torch.Tensor, orders: list[torch.Tensor], target: int, steps: int, seed: int,
-                batch_size: int, step: Callable[[], None] | None) -> FaithfulnessCurves:
-    """ROAD's MoRF and LeRF curves of the map whose patch order is ``orders[0]`` (the rest random) for ``image``
-    ``[3, H, W]`` (normalised): each step's removed patches imputed (``road.impute``), the noise drawn from ``seed``."""
+# a run: one patch order and what happens to its first patches: "delete" (replaced by the baseline, or imputed by ROAD)
+# or "insert" (shown on the baseline)
+Run = tuple[torch.Tensor, str]
+
+
+def map_runs(order: torch.Tensor, baseline: str) -> list[Run]:
+    """A map's two curves: deletion and insertion, or ROAD's MoRF and LeRF (the reverse order removed)."""
+    return [(order, "delete"), (order.flip(0), "delete")] if baseline == "road" else [(order, "delete"), (order, "insert")]
+
+
+def random_runs(orders: list[torch.Tensor], baseline: str) -> list[Run]:
+    """Chance's runs: each random order deleted, then each inserted (ROAD: removed only; they stand for both curves)."""
+    return [(order, "delete") for order in orders] + ([] if baseline == "road" else [(order, "insert") for order in orders])
+
+
+def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run], target: int, steps: int, baseline: str,
+                            seed: int, batch_size: int, step: Callable[[], None] | None) -> tuple[np.ndarray, np.ndarray]:
+    """The target's probability ``[runs, steps + 1]`` and whether it is the top class (1.0 or 0.0) along each run, all
+    the perturbed images through the model in batches of ``batch_size`` (``step`` after each)."""
+    if steps < 1:
+        raise VitExplorerError("faithfulness needs at least one step")
+    if baseline not in BASELINES:
+        raise VitExplorerError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     layout = model.layout
-    # MoRF removes the map's order, LeRF its reverse; random orders stand for chance at both
-    removal_orders = [orders[0], orders[0].flip(0), *orders[1:]]
-    masks = torch.cat([step_masks(order, steps) for order in removal_orders])  # [orders · (steps + 1), patches]
+    image = to_pixels(view, model.preprocess)[0]  # [3, H, W]
+    blank = None if baseline == "road" else to_pixels(baseline_view(view, layout, baseline), model.preprocess)[0]
+    masks = torch.cat([step_masks(order, steps) for order, _ in runs])  # [runs · (steps + 1), patches]
+    inserting = torch.tensor([mode == "insert" for _, mode in runs]).repeat_interleave(steps + 1)[:, None, None, None]
     generator = torch.Generator().manual_seed(seed)
     probs, tops = [], []
     for start in range(0, len(masks), batch_size):
-        removed = pixel_masks(masks[start : start + batch_size], layout, tuple(image.shape[1:])).bool()
-        batch = impute(image.expand(len(removed), *image.shape), removed, generator=generator)
+        changed = pixel_masks(masks[start : start + batch_size], layout, tuple(image.shape[1:]))  # [k, 1, H, W]
+        if blank is None:
+            batch = impute(image.expand(len(changed), *image.shape), changed.bool(), generator=generator)
+        else:
+            inserted = inserting[start : start + batch_size]
+            # deletion shows the baseline on the changed patches; insertion shows the image only there
+            batch = torch.where(inserted, blank * (1 - changed) + image * changed, image * (1 - changed) + blank * changed)
         batch_probs, batch_tops = target_probabilities(model, batch, target)
         probs.append(batch_probs)
         tops.append(batch_tops)
         if step is not None:
             step()
-    curves = np.concatenate(probs).reshape(len(removal_orders), steps + 1)
-    top1 = np.concatenate(tops).reshape(len(removal_orders), steps + 1).astype(np.float64)
+    shape = (len(runs), steps + 1)
+    return np.concatenate(probs).reshape(shape), np.concatenate(tops).reshape(shape).astype(np.float64)
+
+
+def curves_of(target: int, steps: int, baseline: str, map_probs: np.ndarray, map_tops: np.ndarray, random_probs: np.ndarray,
+              random_tops: np.ndarray) -> FaithfulnessCurves:
+    """One map's curves from its two runs ``[2, steps + 1]`` and chance's runs (``random_runs``)."""
+    if baseline == "road":
+        random_deletion = random_insertion = random_probs.mean(axis=0)
+        random_deletion_top1 = random_tops.mean(axis=0)
+    else:
+        orders = len(random_probs) // 2
+        random_deletion, random_insertion = random_probs[:orders].mean(axis=0), random_probs[orders:].mean(axis=0)
+        random_deletion_top1 = random_tops[:orders].mean(axis=0)
     return FaithfulnessCurves(
         target=target,
         fractions=np.linspace(0.0, 1.0, steps + 1),
-        deletion=curves[0],
-        insertion=curves[1],
-        random_deletion=curves[2:].mean(axis=0),
-        random_insertion=curves[2:].mean(axis=0),
-        deletion_top1=top1[0],
-        random_deletion_top1=top1[2:].mean(axis=0),
-        baseline="road",
+        deletion=map_probs[0],
+        insertion=map_probs[1],
+        random_deletion=random_deletion,
+        random_insertion=random_insertion,
+        deletion_top1=map_tops[0],
+        random_deletion_top1=random_deletion_top1,
+        baseline=baseline,
     )

@@ -125,7 +125,7 @@ def default_methods(analysis: Analysis) -> tuple[str, ...]:
 
 def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | None = None, *, methods: tuple[str, ...] | None = None,
                  extra: Mapping[str, MapFunction] | None = None, options: RolloutOptions = RolloutOptions(),
-                 seed: int = 0, step: Callable[[], None] | None = None) -> SanityCurves:
+                 seed: int = 0, cascade: bool = True, step: Callable[[], None] | None = None) -> SanityCurves:
     """Cascading randomisation of ``model``'s layers for the image of ``analysis``.
 
     Args:
@@ -136,9 +136,12 @@ def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | Non
         extra: more maps by name, each a function of an analysis and the target's evidence.
         options: rollout options of the rollout-based maps.
         seed: seed of the random layers.
-        step: called after each layer is randomised and the maps recomputed (a progress bar's advance).
+        cascade: False: only the end point, every layer randomised at once (the same draws, so the same
+            correlation as the cascade's last step): ``randomised_layers`` is then ``[0, layers]``.
+        step: called after each layer is randomised (and the maps recomputed, in a cascade): a progress bar's advance.
 
-    Costs one forward and one backward pass per step (layers + 1 of them) and a copy of the model.
+    Costs one forward and one backward pass per step (layers + 1 of them, or 2 without ``cascade``) and a copy of
+    the model.
     """
     check_model(model, analysis)
     methods = default_methods(analysis) if methods is None else tuple(methods)
@@ -166,12 +169,14 @@ def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | Non
     correlations = {name: [statistics.spearman(trained[name], trained[name])] for name in functions}
     blocks = copied.adapter.blocks(copied.module)
     generator = torch.Generator().manual_seed(seed)
-    for block in reversed(blocks):
+    for depth, block in enumerate(reversed(blocks), start=1):
         randomise(block, generator)
-        for name, grid_map in current_maps().items():
-            correlations[name].append(statistics.spearman(trained[name], grid_map))
+        if cascade or depth == len(blocks):
+            for name, grid_map in current_maps().items():
+                correlations[name].append(statistics.spearman(trained[name], grid_map))
         if step is not None:
             step()
-    return SanityCurves(methods=tuple(functions), randomised_layers=list(range(len(blocks) + 1)), correlations=correlations,
+    steps = list(range(len(blocks) + 1)) if cascade else [0, len(blocks)]
+    return SanityCurves(methods=tuple(functions), randomised_layers=steps, correlations=correlations,
                         target=index, target_label=None if index is None else analysis.label(index), model_name=model.name,
                         seed=seed)

@@ -1,0 +1,140 @@
+"""Every map method for one image and one target, ranked by how faithful it is, with chance and a sanity badge.
+
+One run scores each method's map by the chosen protocol (blur or mean deletion/insertion, or ROAD's MoRF/LeRF:
+``faithfulness``) and ranks them by one number, higher is better: insertion AUC − deletion AUC (ROAD: its combined
+score, half that). Chance is the same number for random patch orders, drawn once and shared by every method, whose
+spread says how far from chance a method must be to count. Each method also gets the Spearman ρ of its map with the
+same map from the fully randomised model (``sanity``, its end point only): above ``sanity.FALLEN`` the map barely depends on what the
+model learned. All perturbed images of all methods go through the model in shared batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from vit_explorer.core.analysis import Analysis, check_model, class_evidence
+from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.methods import faithfulness
+from vit_explorer.methods.faithfulness import area_under, importance_order
+from vit_explorer.methods.sanity import FALLEN, sanity_check
+from vit_explorer.models.base import LoadedModel
+
+# coarser than one map's score (``faithfulness.DEFAULT_STEPS``): the board scores every method at once, in seconds
+STEPS = 8
+RANDOM_ORDERS = 3
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One method's line of the scoreboard.
+
+    Attributes:
+        method: its ``CLASS_METHODS`` key.
+        deletion: area under its deletion (ROAD: MoRF) curve, lower is better.
+        insertion: area under its insertion (ROAD: LeRF) curve, higher is better.
+        score: insertion − deletion (ROAD: half that), higher is better.
+        over_chance: score − chance's mean score, in standard deviations of chance's scores.
+        randomised_rho: Spearman ρ of its map with the fully randomised model's (NaN for a constant map).
+    """
+
+    method: str
+    deletion: float
+    insertion: float
+    score: float
+    over_chance: float
+    randomised_rho: float
+
+    @property
+    def depends_on_weights(self) -> bool:
+        """False when the map survives randomising the whole model (ρ ≥ ``FALLEN``)."""
+        return not self.randomised_rho >= FALLEN
+
+
+@dataclass(frozen=True)
+class Scoreboard:
+    """The methods of one image and target, best first, and chance's score (mean and spread over random orders)."""
+
+    target: int
+    target_label: str
+    baseline: str
+    steps: int
+    random_orders: int
+    entries: tuple[Entry, ...]
+    chance_mean: float
+    chance_sd: float
+
+    @property
+    def curve_names(self) -> tuple[str, str]:
+        return ("MoRF", "LeRF") if self.baseline == "road" else ("deletion", "insertion")
+
+    def as_dict(self) -> dict:
+        first, second = self.curve_names
+        return {"target": self.target, "target_label": self.target_label, "baseline": self.baseline, "steps": self.steps,
+                "random_orders": self.random_orders, "curves": {"deletion": first, "insertion": second},
+                "score": "(LeRF − MoRF) / 2" if self.baseline == "road" else "insertion − deletion",
+                "chance": {"mean": self.chance_mean, "sd": self.chance_sd}, "sanity_threshold": FALLEN,
+                "ranking": [{"method": entry.method, "deletion": entry.deletion, "insertion": entry.insertion, "score": entry.score,
+                             "over_chance_sd": entry.over_chance, "randomised_rho": entry.randomised_rho,
+                             "depends_on_weights": entry.depends_on_weights} for entry in self.entries]}
+
+
+def combined(deletion: float, insertion: float, baseline: str) -> float:
+    """The ranking number: insertion − deletion, halved for ROAD as its combined score is."""
+    return (insertion - deletion) / (2 if baseline == "road" else 1)
+
+
+def batches(methods: int, steps: int = STEPS, random_orders: int = RANDOM_ORDERS, baseline: str = "blur",
+            batch_size: int = 64) -> int:
+    """Batches one ``scoreboard`` runs (its progress bar's length, before the sanity check's layers)."""
+    images = (2 * methods + random_orders * (1 if baseline == "road" else 2)) * (steps + 1)
+    return math.ceil(images / batch_size)
+
+
+def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None = None, *, methods: tuple[str, ...] | None = None,
+               baseline: str = "blur", steps: int = STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
+               options: RolloutOptions = RolloutOptions(), batch_size: int = 64,
+               step: Callable[[], None] | None = None) -> Scoreboard:
+    """Rank ``methods`` (default: all of ``CLASS_METHODS``) for the image of ``analysis`` and ``target`` (default: the
+    top class). ``step`` is called after each batch of perturbed images and after each layer the sanity check
+    randomises (``batches`` + layers calls)."""
+    check_model(model, analysis)
+    if analysis.num_classes == 0:
+        raise VitExplorerError(f"{model.name} has no classifier head: the scoreboard scores maps by a class's probability")
+    methods = tuple(CLASS_METHODS) if methods is None else tuple(methods)
+    unknown = [method for method in methods if method not in CLASS_METHODS]
+    if unknown:
+        raise VitExplorerError(f"unknown method {', '.join(unknown)}; use some of {', '.join(CLASS_METHODS)}")
+    evidence = class_evidence(model, analysis, target)
+    maps = {method: class_map(analysis, method, evidence, options) for method in methods}
+    randoms = faithfulness.random_patch_orders(model.layout, random_orders, seed)
+    runs = [run for method in methods for run in faithfulness.map_runs(importance_order(maps[method]), baseline)]
+    runs += faithfulness.random_runs(randoms, baseline)
+    probs, _ = faithfulness.perturbed_probabilities(model, analysis.image, runs, evidence.target, steps, baseline, seed, batch_size, step)
+    fractions = np.linspace(0.0, 1.0, steps + 1)
+    aucs = np.array([area_under(fractions, curve) for curve in probs])  # [runs]
+    chance = aucs[2 * len(methods) :]
+    if baseline == "road":
+        # ROAD's random orders stand for both curves: chance's score pairs one order's LeRF with another's MoRF
+        pairs = [(a, b) for a in range(random_orders) for b in range(random_orders) if a != b] or [(0, 0)]
+        chance_scores = np.array([combined(chance[a], chance[b], baseline) for a, b in pairs])
+    else:  # each order's insertion − its deletion
+        chance_scores = combined(chance[:random_orders], chance[random_orders:], baseline)
+    chance_mean = float(np.mean(chance_scores))
+    chance_sd = float(np.std(chance_scores, ddof=1)) if len(chance_scores) > 1 else float("nan")
+    sanity = sanity_check(model, analysis, evidence.target, methods=methods, options=options, seed=seed, cascade=False, step=step)
+    entries = []
+    for index, method in enumerate(methods):
+        deletion, insertion = float(aucs[2 * index]), float(aucs[2 * index + 1])
+        score = combined(deletion, insertion, baseline)
+        spread = chance_sd if chance_sd > 0 else float("nan")
+        entries.append(Entry(method=method, deletion=deletion, insertion=insertion, score=score,
+                             over_chance=(score - chance_mean) / spread, randomised_rho=float(sanity.final[method])))
+    entries.sort(key=lambda entry: -entry.score)
+    return Scoreboard(target=evidence.target, target_label=analysis.label(evidence.target), baseline=baseline, steps=steps,
+                      random_orders=random_orders, entries=tuple(entries), chance_mean=chance_mean, chance_sd=chance_sd)
+
