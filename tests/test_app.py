@@ -392,7 +392,7 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     grad = by_name(shared.on_controls(session, CLASS_MAPS, *controls(method="grad-rollout")), shared.TAB_OUTPUTS)
     assert not np.array_equal(grad["class_view"], class_view) and hidden(grad["faithfulness_plot"]) and len(calls) == 1
 
-    chart, text = class_maps.on_score(models, session, *CONTROLS)
+    chart, text = class_maps.on_score(models, session, "blur", *CONTROLS)
     assert "deletion AUC" in text and "insertion AUC" in text and "random orders" in text
     assert len(calls) > 1  # scoring runs the perturbed images through the model
     curves = session.screen.score[1]
@@ -411,6 +411,16 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     with zipfile.ZipFile(archive) as bundle:
         assert "relevance.png" in bundle.namelist()
 
+    words, table = class_maps.on_scoreboard(models, session, "mean", *CONTROLS)
+    board = session.screen.board[1]
+    assert "Scoreboard" in words and "mean deletion and insertion" in words and table["visible"] is True
+    rows = table["value"]
+    assert [row[0] for row in rows] == list(range(1, len(maps.CLASS_METHODS) + 1))
+    assert [row[2] for row in rows] == sorted((row[2] for row in rows), reverse=True)
+    assert rows[0][1] == maps.CLASS_METHODS[board.entries[0].method]
+    # the board stays with its target and rollout options, whatever the method shown
+    assert opened(CLASS_MAPS, session, controls(method="cls"))["board_table"]["value"] == rows
+
 
 @pytest.mark.hf
 def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
@@ -425,9 +435,12 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     assert np.array_equal(outputs["class_view"], rollout_view)
     assert outputs["method"]["value"] == "rollout" and [key for _, key in outputs["method"]["choices"]] == ["rollout", "cls"]
     assert outputs["score"]["interactive"] is False  # no faithfulness score without class probabilities
+    assert outputs["scoreboard"]["interactive"] is False
     assert opened(STATISTICS, session)["importance_plot"]["visible"] is False  # no gradient importance without a class
     with pytest.raises(gr.Error, match="no classifier head"):
-        class_maps.on_score(models, session, *CONTROLS)
+        class_maps.on_score(models, session, "blur", *CONTROLS)
+    with pytest.raises(gr.Error, match="no classifier head"):
+        class_maps.on_scoreboard(models, session, "blur", *CONTROLS)
     with pytest.raises(gr.Error, match="needs a target class"):
         shared.on_controls(session, GRID, *controls(order_by="gradient importance"))
 
@@ -832,9 +845,11 @@ def test_a_resampled_position_embedding_is_said_in_the_app(upload, tmp_path):
 def test_long_actions_move_a_progress_bar_to_its_end(models, upload, checkpoint):
     session, _ = analysed(models, upload, checkpoint)
     layers = session.analysis.map_shape[0]
-    for run, total in ((class_maps.on_sanity, layers), (ablation_tab.on_run, layers), (class_maps.on_score, None)):
+    actions = ((class_maps.on_sanity, (), layers), (ablation_tab.on_run, (), layers), (class_maps.on_score, ("blur",), None),
+               (class_maps.on_scoreboard, ("blur",), None))
+    for run, extra, total in actions:
         calls = []
-        run(models, session, *CONTROLS, progress=lambda value, desc, unit: calls.append(value))
+        run(models, session, *extra, *CONTROLS, progress=lambda value, desc, unit: calls.append(value))
         steps = total or calls[0][1]
         assert calls[0] == (0, steps) and calls[-1] == (steps, steps) and len(calls) == steps + 1, (run.__name__, calls)
 
@@ -844,7 +859,7 @@ def test_gradio_hands_its_progress_bar_to_the_long_actions(checkpoint):
 
     with app.build_demo(checkpoint, ModelCache()) as demo:
         functions = {block.api_name: block.fn for block in demo.fns.values()}
-    for name, index in {"sanity_check": 1, "run_ablation": 1, "score": 1, "compare": 4, "compare_model": 4, "change_model": 5}.items():
+    for name, index in {"sanity_check": 1, "run_ablation": 1, "score": 2, "scoreboard": 2, "compare": 4, "compare_model": 4, "change_model": 5}.items():
         _, progress_index, _, _ = special_args(functions[name], inputs=[None] * 40)
         assert progress_index == index, name  # Gradio inserts its gr.Progress there, before the control values
 
@@ -853,7 +868,7 @@ def test_the_export_tab_writes_the_sessions_report_with_what_ran(models, upload,
     session, _ = analysed(models, upload, checkpoint)
     before = Path(export.on_report(session, *CONTROLS)).read_text()
     assert "<h2>Faithfulness</h2>" not in before and "data:image/png;base64," in before
-    class_maps.on_score(models, session, *CONTROLS)  # a score on this session's map joins the report
+    class_maps.on_score(models, session, "blur", *CONTROLS)  # a score on this session's map joins the report
     after = Path(export.on_report(session, *CONTROLS)).read_text()
     assert "<h2>Faithfulness</h2>" in after, after[-3000:]
     assert "relevance (Chefer et al.)" in after and Path(checkpoint).name in after

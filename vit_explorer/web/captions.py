@@ -17,6 +17,7 @@ from vit_explorer.methods.comparison import Comparison, Side, same_classes
 from vit_explorer.methods.dataset import DatasetStatistics
 from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, FaithfulnessCurves, forward_passes
 from vit_explorer.methods.sanity import SanityCurves
+from vit_explorer.methods.scoreboard import Scoreboard
 from vit_explorer.web.session import Controls, Session
 
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
@@ -167,9 +168,31 @@ def class_note(session: Session) -> str:
 def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> str:
     """A faithfulness score in words: the verdict, and each AUC against random orders with its margin."""
     aucs, margins = curves.aucs, curves.margins
+    first, second = curves.curve_names
+    road = f" ROAD's combined score (LeRF − MoRF) / 2: **{curves.road_combined:.3f}**." if curves.baseline == "road" else ""
     return (f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}** {curves.verdict}: "
-            f"deletion AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
-            f"insertion AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f}).")
+            f"{first} AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
+            f"{second} AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f})."
+            + road)
+
+
+def board_text(analysis: Analysis, board: Scoreboard) -> str:
+    """What the scoreboard ranked by, and chance."""
+    first, second = board.curve_names
+    protocol = "ROAD (removed patches imputed from their neighbours)" if board.baseline == "road" else f"{board.baseline} deletion and insertion"
+    unweighted = [maps.CLASS_METHODS[entry.method] for entry in board.entries if not entry.depends_on_weights]
+    badge = (f" ⚠️ {', '.join(unweighted)}: the map barely changes when the whole model is randomised (ρ ≥ 0.5), so it shows the "
+             "image more than the model." if unweighted else "")
+    return (f"**Scoreboard** for **{analysis.label(board.target)}**, by {protocol}, best first: score = {second} AUC − {first} AUC"
+            f"{' halved' if board.baseline == 'road' else ''}; chance (random orders) scores {board.chance_mean:.3f} ± "
+            f"{board.chance_sd:.3f}, and *vs chance* counts its standard deviations.{badge}")
+
+
+def board_rows(board: Scoreboard) -> list[list]:
+    """The scoreboard as table rows: rank, method, score, vs chance, the two AUCs, randomised ρ, badge."""
+    return [[rank, maps.CLASS_METHODS[entry.method], round(entry.score, 3), f"{entry.over_chance:+.1f} sd", round(entry.deletion, 3),
+             round(entry.insertion, 3), round(entry.randomised_rho, 2), "yes" if entry.depends_on_weights else "no ⚠️"]
+            for rank, entry in enumerate(board.entries, start=1)]
 
 
 def dataset_note(session: Session, dataset: DatasetStatistics) -> str:

@@ -20,6 +20,7 @@ from vit_explorer.draw import render
 from vit_explorer.methods.comparison import Comparison
 from vit_explorer.methods.faithfulness import FaithfulnessCurves
 from vit_explorer.methods.sanity import SanityCurves
+from vit_explorer.methods.scoreboard import Scoreboard
 from vit_explorer.models import LoadedModel, load_model
 from vit_explorer.models.builtin import builtin_names
 
@@ -138,6 +139,7 @@ class Screen:
     order: torch.Tensor | None = None  # its head order [layers, heads]
     score: tuple[Hashable, FaithfulnessCurves] | None = None  # the last faithfulness score, and which map it scored
     sanity: tuple[Hashable, SanityCurves] | None = None  # the last sanity check, and the (target, rollout options) it ran for
+    board: tuple[Hashable, Scoreboard] | None = None  # the last scoreboard, and the (target, rollout options, baseline) it ran for
     ablation_geometry: render.GridGeometry | None = None  # the ablation heat map as drawn, for tile clicks
     # the head clicked in the ablation heat map: (mode, (layer, head), top-5 with that head removed)
     ablated: tuple[str, tuple[int, int], list[Prediction]] | None = None

@@ -1,6 +1,6 @@
-"""The Class maps tab: which patches a target class depends on (relevance, gradient-weighted rollout, and the
-class-agnostic maps beside them), the chosen map's faithfulness score against random orders, and a sanity check
-that the maps depend on the weights (cascading randomisation)."""
+"""The Class maps tab: which patches a target class depends on (relevance, AttnLRP, LeGrad, gradient-weighted
+rollout, and the class-agnostic maps beside them), the chosen map's faithfulness score against random orders (blur,
+mean or ROAD), the scoreboard of every method, and a sanity check that the maps depend on the weights."""
 
 from __future__ import annotations
 
@@ -14,11 +14,15 @@ from vit_explorer.draw import charts, pictures, plots
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.faithfulness import batches, deletion_insertion
 from vit_explorer.methods.sanity import sanity_check
-from vit_explorer.web.captions import NO_CLASSIFIER, class_note, sanity_note, sanity_text, score_text
+from vit_explorer.methods.scoreboard import batches as board_batches
+from vit_explorer.methods.scoreboard import scoreboard
+from vit_explorer.web.captions import NO_CLASSIFIER, board_rows, board_text, class_note, sanity_note, sanity_text, score_text
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, require, user_errors
 
-OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart")
+OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart", "board_text", "board_table")
+BOARD_COLUMNS = ["rank", "method", "score", "vs chance", "deletion / MoRF AUC", "insertion / LeRF AUC", "randomised ρ",
+                 "depends on weights"]
 
 
 def layout() -> dict:
@@ -31,19 +35,26 @@ def layout() -> dict:
             class_view = map_image("class-view", "Class-specific map")
         with gr.Column(min_width=300):
             class_text = gr.Markdown("")
+            baseline = gr.Radio([("blur", "blur"), ("mean colour", "mean"), ("ROAD imputation", "road")], value="blur",
+                                label="Removed patches show", elem_id="baseline",
+                                info="ROAD fills them from their neighbours, so the removal itself leaves no shape (slower)")
             with gr.Row():
                 score = gr.Button("Score faithfulness", elem_id="score")
+                board = gr.Button("Score every method", elem_id="scoreboard")
                 sanity = gr.Button("Sanity check", elem_id="sanity")
             sanity_words = gr.Markdown("", elem_id="sanity-text")
     # under the map, full width: its legend lies beside the axes
     sanity_picture = map_image("sanity-chart", "Sanity check: correlation against layers randomised", visible=False)
+    board_words = gr.Markdown("", elem_id="board-text")
+    board_table = gr.Dataframe(headers=BOARD_COLUMNS, interactive=False, visible=False, elem_id="board-table", show_label=False)
     # full width: its legend names four curves with their AUCs
     faithfulness = gr.LinePlot(x="share", y="probability", color="curve", x_title="share of patches deleted / inserted",
                                y_title="target probability", x_lim=[0, 1], x_axis_format=".0%", y_lim=[0, 1.05], height=300,
                                label="Deletion and insertion", show_label=False,
                                buttons=["fullscreen", "export"], visible=False, elem_id="faithfulness")
-    return {"method": method, "class_view": class_view, "class_text": class_text, "score": score,
-            "faithfulness_plot": faithfulness, "sanity": sanity, "sanity_text": sanity_words, "sanity_chart": sanity_picture}
+    return {"method": method, "class_view": class_view, "class_text": class_text, "score": score, "baseline": baseline,
+            "faithfulness_plot": faithfulness, "sanity": sanity, "sanity_text": sanity_words, "sanity_chart": sanity_picture,
+            "scoreboard": board, "board_text": board_words, "board_table": board_table}
 
 
 def shown_method(session: Session, controls: Controls) -> str:
@@ -62,9 +73,10 @@ def set_ranges(session: Session) -> dict:
     """A backbone: only the maps that need no class, rollout chosen, and no faithfulness score (it needs class scores)."""
     if session.evidence is None:
         agnostic = [(name, key) for key, name in maps.CLASS_METHODS.items() if key not in maps.CLASS_SPECIFIC]
-        return {"method": gr.update(choices=agnostic, value="rollout"), "score": gr.update(interactive=False)}
+        return {"method": gr.update(choices=agnostic, value="rollout"), "score": gr.update(interactive=False),
+                "scoreboard": gr.update(interactive=False)}
     return {"method": gr.update(choices=[(name, key) for key, name in maps.CLASS_METHODS.items()]),
-            "score": gr.update(interactive=True)}
+            "score": gr.update(interactive=True), "scoreboard": gr.update(interactive=True)}
 
 
 def scored(session: Session, controls: Controls) -> tuple:
@@ -86,7 +98,7 @@ def render(session: Session, controls: Controls) -> dict:
     else:
         plot, text = NO_PLOT, class_note(session)
     return {"class_view": render_class(session, controls), "class_text": text, "faithfulness_plot": plot,
-            **sanity_views(session, controls)}
+            **sanity_views(session, controls), **board_views(session, controls)}
 
 
 def depends(session: Session, controls: Controls) -> tuple:
@@ -106,20 +118,31 @@ def sanity_views(session: Session, controls: Controls) -> dict:
     return {"sanity_text": sanity_text(sanity[1]), "sanity_chart": gr.update(value=charts.sanity_chart(sanity[1]), visible=True)}
 
 
+def board_views(session: Session, controls: Controls) -> dict:
+    """The last scoreboard where it ran for this target and these rollout options; else nothing (no empty table)."""
+    board = session.screen.board
+    if board is None or board[0] != checked(session, controls):
+        return {"board_text": "", "board_table": gr.update(value=None, visible=False)}
+    return {"board_text": board_text(session.analysis, board[1]),
+            "board_table": gr.update(value=board_rows(board[1]), headers=BOARD_COLUMNS, visible=True)}
+
+
 NO_PLOT = gr.update(value=None, visible=False)  # no empty chart box before a score: the caption says what scoring draws
 SCORED = ("faithfulness_plot", "class_text")
 SANITY = ("sanity_text", "sanity_chart")
+BOARD = ("board_text", "board_table")
 
 
 @user_errors
-def on_score(models: ModelCache, session: Session | None, *control_values, progress: Callable | None = None) -> tuple:
-    """Deletion and insertion curves of the map on screen against random orders: the plot and the AUCs (``SCORED``)."""
+def on_score(models: ModelCache, session: Session | None, baseline: str, *control_values, progress: Callable | None = None) -> tuple:
+    """Deletion and insertion curves (ROAD: MoRF and LeRF) of the map on screen against random orders: the plot and the
+    AUCs (``SCORED``)."""
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
     grid_map = maps.class_map(session.analysis, controls.method, session.evidence, controls.rollout)
     curves = deletion_insertion(models.get(session.model_spec), session.analysis.image, grid_map, session.evidence.target,
-                                step=counter(progress, batches(), "deletion and insertion", "batch"))
+                                baseline=baseline, step=counter(progress, batches(baseline=baseline), "faithfulness", "batch"))
     session.screen.score = (scored(session, controls), curves)
     values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
               "class_text": score_text(session.analysis, controls.method, curves)}
@@ -137,18 +160,36 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values, prog
     return in_order(sanity_views(session, controls), SANITY)
 
 
+@user_errors
+def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *control_values, progress: Callable | None = None) -> tuple:
+    """Every method scored and ranked for the target (``scoreboard``): the words and the table (``BOARD``)."""
+    session, controls = require(session), Controls.from_values(control_values)
+    if session.evidence is None:
+        raise VitExplorerError(NO_CLASSIFIER)
+    total = board_batches(len(maps.CLASS_METHODS), baseline=baseline) + session.analysis.map_shape[0]
+    board = scoreboard(models.get(session.model_spec), session.analysis, session.evidence.target, baseline=baseline,
+                       options=controls.rollout, step=counter(progress, total, "scoring every method", "step"))
+    session.screen.board = (checked(session, controls), board)
+    return in_order(board_views(session, controls), BOARD)
+
+
 def wire(app: Wiring) -> None:
     state = app["state"]
 
     # Gradio passes its progress bar to a positional parameter whose default is one
-    def score_map(session, progress=gr.Progress(), *values):
-        return on_score(app.models, session, *values, progress=progress)
+    def score_map(session, baseline, progress=gr.Progress(), *values):
+        return on_score(app.models, session, baseline, *values, progress=progress)
+
+    def score_all(session, baseline, progress=gr.Progress(), *values):
+        return on_scoreboard(app.models, session, baseline, *values, progress=progress)
 
     def check_sanity(session, progress=gr.Progress(), *values):
         return on_sanity(app.models, session, *values, progress=progress)
 
-    app["score"].click(score_map, [state, *app.controls], app.all(SCORED), api_name="score", concurrency_limit=2)
+    app["score"].click(score_map, [state, app["baseline"], *app.controls], app.all(SCORED), api_name="score", concurrency_limit=2)
+    app["scoreboard"].click(score_all, [state, app["baseline"], *app.controls], app.all(BOARD), api_name="scoreboard",
+                            concurrency_limit=2)
     app["sanity"].click(check_sanity, [state, *app.controls], app.all(SANITY), api_name="sanity_check", concurrency_limit=2)
 
 
-TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score"), set_ranges=set_ranges)
+TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score", "scoreboard"), set_ranges=set_ranges)
