@@ -18,7 +18,7 @@ from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import kept_ablation, prediction_without
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.web import app
-from vit_explorer.web.captions import MEAN_PATCHES, NO_CLASS_SCORE, NO_CLASSIFIER
+from vit_explorer.web.captions import MEAN_PATCHES, NO_CLASS_SCORE, NO_CLASSIFIER, SHORT_NAMES
 from vit_explorer.web.session import Controls, ModelCache
 from vit_explorer.web.tabs import TABS, class_maps, export, head_statistics, layers_heads, shared
 from vit_explorer.web.tabs import compare as compare_tab
@@ -417,7 +417,7 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     rows = table["value"]
     assert [row[0] for row in rows] == list(range(1, len(maps.CLASS_METHODS) + 1))
     assert [row[2] for row in rows] == sorted((row[2] for row in rows), reverse=True)
-    assert rows[0][1] == maps.CLASS_METHODS[board.entries[0].method]
+    assert rows[0][1] == SHORT_NAMES[board.entries[0].method] and set(SHORT_NAMES) == set(maps.CLASS_METHODS)
     # the board stays with its target and rollout options, whatever the method shown
     assert opened(CLASS_MAPS, session, controls(method="cls"))["board_table"]["value"] == rows
 

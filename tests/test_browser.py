@@ -148,7 +148,7 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
         page.locator("#scoreboard").click()  # every method, ranked
         page.wait_for_selector("#board-table table", timeout=120_000)
         page.get_by_text("Scoreboard for").first.wait_for(timeout=30_000)
-        assert page.locator("#board-table").get_by_text("AttnLRP (Achtibat et al.)").first.is_visible()
+        assert page.locator("#board-table").get_by_text("AttnLRP", exact=True).first.is_visible()
 
         page.get_by_role("tab", name="Head statistics").click()  # drawn now, when opened
         points(page, "distance-plot").first.wait_for(timeout=30_000)

@@ -130,7 +130,17 @@ def grid_picture(
 def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions,
                       cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
     """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
-    grid_map = class_map(analysis, method, evidence, options)
+    return method_picture(analysis, class_map(analysis, method, evidence, options), method, cmap, scale)
+
+
+def method_picture(analysis: Analysis, grid_map: torch.Tensor, method: str, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
+    """A class map's large view. A signed map (AttnLRP's relevance also speaks against the class) goes on a diverging
+    scale symmetric about 0, red for the class and blue against it, since a sequential scale would paint the strongest
+    evidence against as the least important; any other map on ``cmap``."""
+    if float(grid_map.min()) < 0:
+        bound = float(grid_map.abs().max())
+        return map_picture(analysis, grid_map, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),
+                           unit=f"{UNITS[method]}: red for the class, blue against")
     return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale)
 
 

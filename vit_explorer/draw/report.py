@@ -19,7 +19,6 @@ from vit_explorer.core.maps import (
     CLASS_SPECIFIC,
     RolloutOptions,
     attention_map,
-    class_map,
     default_query,
     rollout_map,
 )
@@ -93,7 +92,7 @@ def explanation_html(analysis: Analysis, grid_map, method: str, target: str | No
     the top-5 predictions (a fragment, as Jupyter embeds it)."""
     title = f"{CLASS_METHODS[method]}" + (f" · target {target}" + (f" ({probability:.1%})" if probability is not None else "")
                                          if target is not None else "")
-    map_view = pictures.map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=pictures.UNITS[method])
+    map_view = pictures.method_picture(analysis, grid_map, method, cmap)
     return (f'<div><h3 style="margin:4px 0">{html.escape(title)}</h3>{provenance(analysis)}<div class="row">'
             f"{figure(pictures.image_picture(analysis, None), 'the image as the model saw it')}"
             f"{figure(map_view, CLASS_METHODS[method])}<div>{top_five(analysis)}</div></div></div>")
@@ -142,8 +141,7 @@ def report_html(analysis: Analysis, parts: ReportParts) -> str:
     sections.append(f"<h2>Layers × heads</h2>{figure(grid, 'where the class token looks in every layer (rows) and head (columns), each tile on its own scale')}")
     methods = [method for method in CLASS_METHODS if parts.evidence is not None or method not in CLASS_SPECIFIC]
     target = "" if parts.evidence is None else f" for {analysis.label(parts.evidence.target)}"
-    maps = "".join(figure(pictures.map_picture(analysis, class_map(analysis, method, parts.evidence, parts.options), cmap=cmap,
-                                               overlay=True, query=None, unit=pictures.UNITS[method]), CLASS_METHODS[method])
+    maps = "".join(figure(pictures.class_map_picture(analysis, method, parts.evidence, parts.options, cmap), CLASS_METHODS[method])
                    for method in methods)
     sections.append(f"<h2>Class maps{html.escape(target)}</h2><div class=\"row\">{maps}</div>")
     if parts.curves is not None and parts.scored_method is not None:

@@ -184,13 +184,18 @@ def board_text(analysis: Analysis, board: Scoreboard) -> str:
     badge = (f" ⚠️ {', '.join(unweighted)}: the map barely changes when the whole model is randomised (ρ ≥ 0.5), so it shows the "
              "image more than the model." if unweighted else "")
     return (f"**Scoreboard** for **{analysis.label(board.target)}**, by {protocol}, best first: score = {second} AUC − {first} AUC"
-            f"{' halved' if board.baseline == 'road' else ''}; chance (random orders) scores {board.chance_mean:.3f} ± "
-            f"{board.chance_sd:.3f}, and *vs chance* counts its standard deviations.{badge}")
+            f"{' halved' if board.baseline == 'road' else ''} (*del.* and *ins.* are the {first} and {second} AUCs); chance (random "
+            f"orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}, and *vs chance* counts its standard deviations; "
+            f"*random-model ρ* is the map's rank correlation with the same map from the fully randomised model.{badge}")
+
+
+SHORT_NAMES = {"relevance": "relevance", "attnlrp": "AttnLRP", "legrad": "LeGrad", "grad-rollout": "grad-rollout",
+               "rollout": "rollout", "cls": "class attention"}
 
 
 def board_rows(board: Scoreboard) -> list[list]:
     """The scoreboard as table rows: rank, method, score, vs chance, the two AUCs, randomised ρ, badge."""
-    return [[rank, maps.CLASS_METHODS[entry.method], round(entry.score, 3), f"{entry.over_chance:+.1f} sd", round(entry.deletion, 3),
+    return [[rank, SHORT_NAMES.get(entry.method, entry.method), round(entry.score, 3), f"{entry.over_chance:+.1f} sd", round(entry.deletion, 3),
              round(entry.insertion, 3), round(entry.randomised_rho, 2), "yes" if entry.depends_on_weights else "no ⚠️"]
             for rank, entry in enumerate(board.entries, start=1)]
 

@@ -21,8 +21,7 @@ from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, require, user_errors
 
 OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart", "board_text", "board_table")
-BOARD_COLUMNS = ["rank", "method", "score", "vs chance", "deletion / MoRF AUC", "insertion / LeRF AUC", "randomised ρ",
-                 "depends on weights"]
+BOARD_COLUMNS = ["#", "method", "score", "vs chance", "del. AUC", "ins. AUC", "random-model ρ", "uses weights"]
 
 
 def layout() -> dict:
