@@ -151,3 +151,31 @@ def test_a_missing_parameter_other_than_the_head_is_refused(dinov2_weights, tmp_
     save_file(state, str(tmp_path / "timm.safetensors"))
     with pytest.raises(VitExplorerError, match=r"lack 'blocks\.3\.norm2\.weight', which would be initialised at random"):
         load_model(f"timm:vit_small_patch14_dinov2@{tmp_path / 'timm.safetensors'}", device="cpu")
+
+
+# The cat's eyes in chelsea at 224 px, as 16×16 grids of 14-px patches (rows, columns, inclusive), read by eye from the
+# photo with the grid drawn over it, not from any map: left eye rows 4–7, cols 4–7; right eye rows 5–8, cols 10–12
+EYES = ((range(4, 8), range(4, 8)), (range(5, 9), range(10, 13)))
+
+
+def on_or_beside_an_eye(row: int, col: int) -> bool:
+    return any(rows.start - 1 <= row <= rows.stop and cols.start - 1 <= col <= cols.stop for rows, cols in EYES)
+
+
+@pytest.mark.parametrize("family", ["timm", "hf"])
+def test_a_backbone_explains_the_similarity_to_an_eye_patch_with_its_maximum_on_an_eye(models, family):
+    """Measured on both families: AttnLRP peaks at (6, 5) or (5, 6), on the left eye, for either eye as the reference
+    (and for the image's own embedding); LeGrad peaks on the right eye (5, 10) for the right eye's patch and at (10, 9),
+    the nose bridge, for the left's; Chefer's relevance peaks at (0, 13), a background patch of the kind DINOv2 makes
+    into a high-norm artefact token, for both."""
+    from vit_explorer import explain
+
+    model = models[family]
+    for eye in ((6, 6), (7, 11)):
+        explanation = explain(real_photo("chelsea"), model, "attnlrp", target=eye)
+        assert explanation.target == f"similarity to patch (row {eye[0]}, col {eye[1]})" and explanation.probability is None
+        assert explanation.analysis.similarity and explanation.map.shape == (16, 16)
+        row, col = divmod(int(explanation.map.argmax()), 16)
+        assert on_or_beside_an_eye(row, col), (eye, row, col)
+    with pytest.raises(VitExplorerError, match="no class"):
+        explain(real_photo("chelsea"), model, "relevance", target="cat")

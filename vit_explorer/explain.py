@@ -9,9 +9,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit_explorer.core.analysis import Analysis, analyze, class_evidence
+from vit_explorer.core.analysis import Analysis, analyze, class_evidence, pixels_of
 from vit_explorer.core.images import ImageSource
 from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions, class_map
+from vit_explorer.core.targets import similarity_model
 from vit_explorer.draw import report
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import DEFAULT_MODEL, LoadedModel, load_model
@@ -24,9 +25,10 @@ class Explanation:
     Attributes:
         map: the map over the patch grid ``[grid_h, grid_w]`` (prefix tokens removed), a CPU tensor.
         method: its method (``CLASS_METHODS`` key).
-        target: the label of the class it explains; None for a class-agnostic map (rollout, cls) asked for no class,
-            and always for a backbone.
-        probability: the target's probability; None where there is no target.
+        target: the label of what it explains: a class, or for a backbone a similarity ("similarity to the image's own
+            embedding", "similarity to patch (row r, col c)"); None for a class-agnostic map (rollout, cls) asked for no
+            target.
+        probability: the target class's probability; None where there is no class.
         analysis: the analysis it was read from (every layer's maps, logits, layout).
     """
 
@@ -47,13 +49,14 @@ class Explanation:
 
 
 def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None, method: str = "relevance",
-            target: int | str | None = None, options: RolloutOptions | None = None) -> Explanation:
+            target: int | str | tuple[int, int] | None = None, options: RolloutOptions | None = None) -> Explanation:
     """Explain ``image`` (a path, bytes, a PIL image or an ``[H, W, 3]`` uint8 array) with ``model`` (a spec such as
     ``"timm:vit_base_patch16_224"``, a loaded model, or None for the built-in one) by ``method`` (``CLASS_METHODS``),
     for ``target`` (a class name or index; None: the top class).
 
-    A backbone has no class: its class-agnostic maps (``rollout``, ``cls``) explain it, and a class-specific method
-    or a target is refused with a message saying so.
+    A backbone has no class: its class-specific maps explain the similarity of the image's embedding to a reference
+    (``core.targets``): its own embedding (``target`` None) or the output token of the patch at ``target`` = (row,
+    column): "what makes the image look like that patch". Its class-agnostic maps (``rollout``, ``cls``) need none.
     """
     if method not in CLASS_METHODS:
         raise VitExplorerError(f"unknown method {method!r}; use one of {', '.join(CLASS_METHODS)}")
@@ -61,13 +64,19 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     if isinstance(image, np.ndarray):
         image = Image.fromarray(image)
     analysis = analyze(loaded, image)
-    if analysis.num_classes == 0 and (method in CLASS_SPECIFIC or target is not None):
-        raise VitExplorerError(f"{loaded.name} has no classifier head, so it has no class to explain: use method='rollout' "
-                               "or method='cls', without a target")
     # a class-agnostic map explains no class: it names none, unless one was asked for
     explains = method in CLASS_SPECIFIC or target is not None
+    if analysis.num_classes == 0 and explains:
+        if target is not None and not (isinstance(target, tuple) and len(target) == 2):
+            raise VitExplorerError(f"{loaded.name} has no classifier head, so it has no class {target!r}: give no target (the "
+                                   "similarity to the image's own embedding) or a patch as (row, column)")
+        loaded = similarity_model(loaded, pixels_of(loaded, analysis), target)
+        analysis, target = analyze(loaded, image), 0
+    elif isinstance(target, tuple):
+        raise VitExplorerError(f"a patch target (row, column) is for a backbone; {loaded.name} has classes: name one")
     evidence = class_evidence(loaded, analysis, target) if explains else None
     grid_map = class_map(analysis, method, evidence, options or RolloutOptions())
+    scored = evidence is not None and not analysis.similarity
     return Explanation(map=grid_map, method=method,
                        target=None if evidence is None else analysis.label(evidence.target),
-                       probability=None if evidence is None else float(analysis.probs[evidence.target]), analysis=analysis)
+                       probability=float(analysis.probs[evidence.target]) if scored else None, analysis=analysis)

@@ -24,6 +24,7 @@ from vit_explorer.core import attnlrp, legrad, relevance, statistics
 from vit_explorer.core.capture import TOP, CompactSink, RowSink, StackingSink, capture
 from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
 from vit_explorer.core.map_store import MapStore
+from vit_explorer.core.targets import SimilarityAdapter
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.models.layout import TokenLayout
@@ -65,6 +66,8 @@ class Analysis:
             recomputed with the model by ``recompute_query_rows``.
         token_norms: the L2 norm of every token of the residual stream after each layer ``[layers, n]``
             float32, from the same pass (the ``norms`` module reads it); None when not captured.
+        similarity: the one "class" is a backbone's similarity score (``targets``), not a class: its logit is the score
+            and its softmax means nothing.
     """
 
     image: np.ndarray
@@ -79,6 +82,7 @@ class Analysis:
     model_notes: tuple[str, ...] = ()
     random_weights: bool = False
     token_norms: torch.Tensor | None = None
+    similarity: bool = False
     # tensors that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
     derived_limit: ClassVar[int] = 32
@@ -277,7 +281,7 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
                       ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,
                       view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), model_notes=tuple(model.notes),
                       random_weights=model.random_weights,
-                      token_norms=captured.token_norms[0])
+                      token_norms=captured.token_norms[0], similarity=isinstance(model.adapter, SimilarityAdapter))
     if storage == "compact":
         result.compact = captured.kept
         model.layout.validate(result.compact["head_mean"].shape[-1])

@@ -58,6 +58,9 @@ def top_five(analysis: Analysis) -> str:
     """The top-5 as a table, or a line saying a backbone has none."""
     if not analysis.num_classes:
         return "<p>Backbone: no classifier head, no predictions.</p>"
+    if analysis.similarity:
+        return (f"<p>{html.escape(analysis.label(0))}: <b>{float(analysis.logits[0]):.3f}</b> (a projection on a unit direction, "
+                "not a probability)</p>")
     return predictions_table(analysis.top_k(5))
 
 

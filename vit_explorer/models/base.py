@@ -112,6 +112,16 @@ class CaptureAdapter(ABC):
         its last layer: the final norm, the model's pooling and its classifier head (``[b, 0]`` for a backbone).
         LeGrad reads every layer's stream through it."""
 
+    @abstractmethod
+    def final_tokens(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """Every token's output embedding ``[b, n, dim]`` if ``hidden`` ``[b, n, dim]`` were the residual stream after the
+        last layer: the model's final norm."""
+
+    @abstractmethod
+    def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """The image's embedding ``[b, dim']`` from ``final_tokens``: the model's own pooling (class token or mean) and
+        whatever it applies before a head; what a backbone hands on."""
+
     def layer_norms(self, module: nn.Module) -> list[nn.Module]:
         """Every LayerNorm of ``module`` (AttnLRP treats their scale as a constant)."""
         return [part for part in module.modules() if isinstance(part, nn.LayerNorm)]

@@ -60,13 +60,19 @@ class HFAdapter(CaptureAdapter):
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         if not self.num_classes(module):
             return hidden.new_zeros(hidden.shape[0], 0)
-        sequence = module.base_model.layernorm(hidden)
+        sequence = self.final_tokens(module, hidden)
         if hasattr(module, "distillation_classifier"):  # DeiT with its teacher's token: the two heads' mean
             return (module.cls_classifier(sequence[:, 0]) + module.distillation_classifier(sequence[:, 1])) / 2
         if module.config.model_type.startswith("dinov2"):  # the class token beside the mean of the patch tokens
             first_patch = 1 + (getattr(module.config, "num_register_tokens", 0) or 0)
             return module.classifier(torch.cat([sequence[:, 0], sequence[:, first_patch:].mean(dim=1)], dim=1))
         return module.classifier(sequence[:, 0])
+
+    def final_tokens(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return module.base_model.layernorm(hidden)
+
+    def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens[:, 0]  # the pooled output of ViT, DeiT and DINOv2 backbones: the class token after the final norm
 
     def activations(self, module: nn.Module) -> list[nn.Module]:
         # transformers' activations (GELUActivation, ...) are modules of transformers.activations

@@ -78,7 +78,13 @@ class TimmAdapter(HookAdapter):
         if not module.num_classes:
             return hidden.new_zeros(hidden.shape[0], 0)
         # ``forward_features`` ends in ``norm``; ``forward_head`` pools (class token, mean, distillation) and classifies
-        return module.forward_head(module.norm(hidden))
+        return module.forward_head(self.final_tokens(module, hidden))
+
+    def final_tokens(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return module.norm(hidden)
+
+    def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        return module.forward_head(tokens, pre_logits=True)
 
     def activations(self, module: nn.Module) -> list[nn.Module]:
         # timm's own activation modules (GELUTanh, QuickGELU, ...) live in timm.layers.activations

@@ -57,11 +57,15 @@ class VitPytorchAdapter(HookAdapter):
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         if self.num_classes(module) == 0:
             return hidden.new_zeros(hidden.shape[0], 0)
+        return module.mlp_head(self.pool(module, self.final_tokens(module, hidden)))
+
+    def final_tokens(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         # vit-pytorch's Transformer ends in a norm (older releases put it in the head instead)
         norm = getattr(module.transformer, "norm", None)
-        tokens = norm(hidden) if norm is not None else hidden
-        pooled = tokens.mean(dim=1) if module.pool == "mean" else tokens[:, 0]
-        return module.mlp_head(module.to_latent(pooled))
+        return norm(hidden) if norm is not None else hidden
+
+    def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        return module.to_latent(tokens.mean(dim=1) if module.pool == "mean" else tokens[:, 0])
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         return list(module.transformer.layers)  # each a ModuleList [attention, feed-forward]

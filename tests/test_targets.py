@@ -1,0 +1,73 @@
+"""Targets beyond classes: a backbone's similarity score, checked against the embedding computed apart."""
+
+import pytest
+import torch
+from conftest import TINY, photo, write_backbone_checkpoint, write_checkpoint
+
+from vit_explorer import VitExplorerError, analyze, explain, load_model
+from vit_explorer.core.analysis import pixels_of
+from vit_explorer.core.attnlrp import input_relevance
+from vit_explorer.core.maps import CLASS_SPECIFIC
+from vit_explorer.core.targets import similarity_model
+
+
+@pytest.fixture
+def backbone(tmp_path):
+    return load_model(str(write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)))
+
+
+def tokens_apart(model, pixels):
+    """The final tokens ``[n, dim]`` from the seed ViT's own modules, not through the adapter."""
+    module = model.module
+    x = module.to_patch_embedding(pixels)
+    x = torch.cat((module.cls_token.expand(1, -1, -1), x), dim=1) + module.pos_embedding[: x.shape[1] + 1]
+    return module.transformer(x)[0]  # the Transformer ends in its norm
+
+
+def test_the_own_embedding_score_is_the_embeddings_length_and_a_patch_score_its_projection(backbone):
+    image = photo((64, 64), seed=3)
+    pixels = pixels_of(backbone, analyze(backbone, image))
+    with torch.no_grad():
+        tokens = tokens_apart(backbone, pixels)
+    own = similarity_model(backbone, pixels)
+    assert own.labels == ["similarity to the image's own embedding"] and own.num_classes == 1
+    assert float(own.logits(pixels)[0, 0]) == pytest.approx(float(tokens[0].norm()), rel=1e-5)
+    patch = similarity_model(backbone, pixels, (2, 1))
+    token = tokens[backbone.layout.patch_token(2, 1)]
+    assert float(patch.logits(pixels)[0, 0]) == pytest.approx(float(tokens[0] @ token / token.norm()), rel=1e-5, abs=1e-6)
+    # the reference stays fixed: another image is scored against the same direction
+    other = pixels_of(backbone, analyze(backbone, photo((64, 64), seed=9)))
+    with torch.no_grad():
+        other_tokens = tokens_apart(backbone, other)
+    assert float(own.logits(other)[0, 0]) == pytest.approx(float(other_tokens[0] @ tokens[0] / tokens[0].norm()), rel=1e-5)
+    with pytest.raises(VitExplorerError, match="outside the 4×4 patch grid"):
+        similarity_model(backbone, pixels, (4, 0))
+
+
+def test_every_class_specific_method_explains_a_backbone(backbone):
+    image = photo((64, 64), seed=3)
+    for method in CLASS_SPECIFIC:
+        for target in (None, (1, 2)):
+            explanation = explain(image, backbone, method, target)
+            assert explanation.map.shape == (4, 4) and explanation.map.isfinite().all() and explanation.map.abs().sum() > 0
+            assert explanation.probability is None and explanation.target.startswith("similarity to")
+    html = explain(image, backbone, "attnlrp")._repr_html_()
+    assert "not a probability" in html and "100.0%" not in html
+    with pytest.raises(VitExplorerError, match="no class 'cat'"):
+        explain(image, backbone, "relevance", "cat")
+
+
+def test_attnlrp_conserves_the_similarity_score(backbone):
+    with torch.no_grad():
+        for name, parameter in backbone.module.named_parameters():
+            if name.endswith("bias") or name in ("cls_token", "pos_embedding"):
+                parameter.zero_()
+    pixels = pixels_of(backbone, analyze(backbone, photo((64, 64), seed=5)))
+    scored = similarity_model(backbone, pixels, (3, 3))
+    assert float(input_relevance(scored, pixels, 0).sum()) == pytest.approx(float(scored.logits(pixels)[0, 0]), rel=1e-4, abs=1e-5)
+
+
+def test_a_classifier_takes_classes_not_patches(tmp_path):
+    model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
+    with pytest.raises(VitExplorerError, match="patch target"):
+        explain(photo((64, 64)), model, "relevance", (1, 1))

@@ -1,0 +1,132 @@
+"""Targets beyond classes: what a backbone's class-specific maps explain.
+
+A backbone has no class scores, so relevance, AttnLRP, LeGrad, gradient-weighted rollout, head ablation and the sanity
+check have nothing to differentiate. ``similarity_model`` gives them one score instead: the projection of the image's
+embedding (the backbone's own pooling of its final tokens: the class token, or the mean patch for a model without
+one) on a unit reference direction r̂, s(x) = ⟨embed(x), r̂⟩. The reference is the image's own embedding (what makes
+the image look like itself) or the output token of one patch (what makes the image look like that patch). The
+reference is computed once, from the unchanged image, and held fixed: a perturbed or randomised model is scored
+against the same direction.
+
+The score is served through an adapter that wraps the model's own (``SimilarityAdapter``) and reports it as a
+model with one "class", so every method reaches it through the same interface as a class logit. It is a score,
+not a probability: a softmax over one class is 1 whatever the image, so faithfulness, which reads probabilities,
+refuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from vit_explorer.core.capture import capture_lock
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import CaptureAdapter, LoadedModel
+from vit_explorer.models.layout import TokenLayout
+
+SIMILARITY = "similarity"  # how a similarity target's label begins: what captions and files name
+
+
+class SimilarityAdapter(CaptureAdapter):
+    """The adapter of ``base``'s model with one score in place of class logits: ⟨embed(x), ``reference``⟩
+    ``[b, 1]``, ``reference`` ``[dim]`` a unit vector. Everything else is ``base``'s."""
+
+    def __init__(self, base: CaptureAdapter, reference: torch.Tensor) -> None:
+        self.base = base
+        self.reference = reference
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        return False  # made by ``similarity_model``, never found by ``adapter_for``
+
+    def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
+        return self.base.layout(module, input_hw)
+
+    def map_shape(self, module: nn.Module) -> tuple[int, int]:
+        return self.base.map_shape(module)
+
+    def num_classes(self, module: nn.Module) -> int:
+        return 1
+
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        return self.base.blocks(module)
+
+    def residual_modules(self, module: nn.Module) -> list[nn.Module]:
+        return self.base.residual_modules(module)
+
+    def residual_after(self, inputs: tuple, output) -> torch.Tensor:
+        return self.base.residual_after(inputs, output)
+
+    def stream_entries(self, module: nn.Module) -> list[nn.Module]:
+        return self.base.stream_entries(module)
+
+    def layer_norms(self, module: nn.Module) -> list[nn.Module]:
+        return self.base.layer_norms(module)
+
+    def activations(self, module: nn.Module) -> list[nn.Module]:
+        return self.base.activations(module)
+
+    def final_tokens(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return self.base.final_tokens(module, hidden)
+
+    def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        return self.base.pool(module, tokens)
+
+    def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        embedding = self.pool(module, self.final_tokens(module, hidden))  # [b, dim]
+        return embedding @ self.reference.to(embedding.device, embedding.dtype)[:, None]
+
+    def scored(self, module: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` (pixels → the base's outputs) made to return the score, read from the last layer's stream."""
+
+        def score(pixels: torch.Tensor) -> torch.Tensor:
+            streams: dict[int, torch.Tensor] = {}
+            with self.base.layer_outputs(module, streams.__setitem__):
+                forward(pixels)
+            return self.classify(module, streams[max(streams)])
+
+        return score
+
+    def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        return self.scored(module, lambda images: self.base.logits(module, images))(pixels)
+
+    @contextmanager
+    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        with self.base.attached(module, sink) as forward:
+            yield self.scored(module, forward)
+
+    @contextmanager
+    def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        with self.base.edited(module, edits) as forward:
+            yield self.scored(module, forward)
+
+
+def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int, int] | None = None) -> LoadedModel:
+    """``model`` scored by the similarity of an image's embedding to the embedding of the image ``pixels``
+    ``[1, 3, H, W]`` (``patch`` None) or to the output token of its patch at (row, column) ``patch``."""
+    module, layout = model.module, model.layout
+    streams: dict[int, torch.Tensor] = {}
+    with capture_lock(module), torch.inference_mode(), model.adapter.layer_outputs(module, streams.__setitem__):
+        model.adapter.logits(module, pixels.to(model.device))
+        tokens = model.adapter.final_tokens(module, streams[max(streams)])  # [1, n, dim]
+        if patch is None:
+            reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to the image's own embedding"
+        else:
+            row, col = patch
+            if not (0 <= row < layout.grid_hw[0] and 0 <= col < layout.grid_hw[1]):
+                raise VitExplorerError(f"patch ({row}, {col}) is outside the {layout.grid_hw[0]}×{layout.grid_hw[1]} patch grid")
+            token = tokens[0, layout.patch_token(row, col)]
+            pooled = model.adapter.pool(module, tokens)
+            if token.shape != pooled.shape[1:]:
+                raise VitExplorerError(f"{model.name}'s embedding ({pooled.shape[1]} values) is not in its tokens' space "
+                                       f"({token.shape[0]}): it has no patch to compare with; use its own embedding")
+            reference, label = token, f"{SIMILARITY} to patch (row {row}, col {col})"
+    reference = reference.float().clone()
+    norm = float(reference.norm())
+    if norm == 0:
+        raise VitExplorerError(f"{model.name} gives this reference an embedding of zero length: there is no direction to explain")
+    return dataclasses.replace(model, adapter=SimilarityAdapter(model.adapter, reference / norm), labels=[label], ood=None)
