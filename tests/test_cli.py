@@ -128,15 +128,19 @@ def test_version_and_every_option_says_its_default(capsys):
 def test_a_backbone_refuses_class_options_before_any_pass(tmp_path, capsys, image_file):
     backbone = write_backbone_checkpoint(tmp_path / "backbone.safetensors", CLI_MODEL)
     out = tmp_path / "out"
-    assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms", "--ablation",
-                 "--method", "relevance", "--scoreboard"]) == 1
+    assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--scoreboard",
+                 "--target", "cat"]) == 1
     error = capsys.readouterr().err
-    assert "has no classifier head" in error and "--ablation" in error and "--method relevance" in error  # all, in one message
-    assert "--scoreboard" in error
+    assert "--target 'cat'" in error and "patch:ROW,COL" in error
     assert "analysing" not in error and "sanity check" not in error and not out.exists()  # before any pass
-    # what a backbone can do still runs: sanity and norms, without the refused options
-    assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms"]) == 0
-    assert {"sanity.json", "norms.json", "attention.npz"} <= {path.name for path in out.iterdir()}
+    assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--scoreboard"]) == 1
+    assert "--scoreboard scores maps by a class's probability" in capsys.readouterr().err and not out.exists()
+    # a backbone's class-specific map, ablation and sanity explain a similarity: to a patch's embedding here
+    assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms", "--ablation",
+                 "--method", "attnlrp", "--target", "patch:2,3"]) == 0
+    assert {"sanity.json", "norms.json", "attention.npz", "attnlrp.png", "ablation.json"} <= {path.name for path in out.iterdir()}
+    assert json.loads((out / "sanity.json").read_text())["target_label"] == "similarity to patch (row 2, col 3)"
+    assert "target: similarity to patch (row 2, col 3)" in capsys.readouterr().err
 
 
 def test_full_maps_on_request_equal_a_fresh_capture(tmp_path, capsys, cli_checkpoint, image_file):

@@ -59,8 +59,18 @@ def run_analyze(args: argparse.Namespace) -> None:
     if analysis.ood is not None and analysis.ood.flagged:
         progress(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
     options = maps.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
-    # the target class is needed for class-specific maps and for scoring any map; a backbone has none
-    scored = analysis.num_classes > 0 and not args.no_faithfulness
+    if model.num_classes == 0 and (args.method in maps.CLASS_SPECIFIC or args.target is not None or args.ablation):
+        from vit_explorer.core.analysis import pixels_of
+        from vit_explorer.core.targets import similarity_model
+
+        # a backbone's target: the similarity of its embedding to its own, or to a patch's
+        model = similarity_model(model, pixels_of(model, analysis), patch_target(args.target))
+        progress(f"target: {model.labels[0]} (a backbone has no classes)")
+        analysis = analyze(model, image, name=str(args.image), memory_budget=memory_budget(args), fit=args.fit)
+        args.target = 0
+    # the target class is needed for class-specific maps and for scoring any map; a backbone has none, and a similarity
+    # score no probability
+    scored = analysis.num_classes > 0 and not analysis.similarity and not args.no_faithfulness
     if args.method in maps.CLASS_SPECIFIC or scored or args.target is not None:
         evidence = class_evidence(model, analysis, args.target)
     else:
@@ -129,7 +139,9 @@ def run_analyze(args: argparse.Namespace) -> None:
             path.replace(out / path.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    if analysis.num_classes:
+    if analysis.similarity:
+        progress(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
+    elif analysis.num_classes:
         top = analysis.top_k(1)[0]
         progress(f"top prediction: {top.label} ({top.prob:.1%})")
         if analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged:  # the warning above says it already
@@ -143,7 +155,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     if board is not None:
         for line in scoreboard_lines(board):
             print(line, flush=True)
-    elif analysis.num_classes == 0:
+    elif analysis.num_classes == 0 or analysis.similarity:
         progress("no classifier head: no class probabilities, so the map was not scored")
     if sanity is not None:
         print(sanity.summary(), flush=True)
@@ -153,8 +165,10 @@ def run_analyze(args: argparse.Namespace) -> None:
         print(for_analysis(analysis).summary(), flush=True)
     if ablation is not None:
         layer, head, drop = ablation.ranked(1)[0]
-        print(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the probability of {analysis.label(ablation.target)!r} "
-              f"most, {ablation.original_probability:.1%} → {ablation.original_probability - drop:.1%}", flush=True)
+        before = ablation.original_logit if ablation.single_score else ablation.original_probability
+        shown = "{:.3f}" if ablation.single_score else "{:.1%}"
+        print(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the {ablation.measure} of "
+              f"{analysis.label(ablation.target)!r} most, {shown.format(before)} → {shown.format(before - drop)}", flush=True)
     progress(npz_note)
     progress(f"wrote {', '.join(path.name for path in written)} to {out}")
 
@@ -176,7 +190,6 @@ def check_analyze_options(args: argparse.Namespace, model) -> None:
     """Refuse, before any pass runs, every requested option that ``model`` cannot serve, all in one message:
     nothing is computed only to be thrown away when a later option fails."""
     from vit_explorer.core.analysis import choose_storage, map_bytes
-    from vit_explorer.core.maps import CLASS_SPECIFIC
 
     full_bytes = map_bytes(model.layout, *model.adapter.map_shape(model.module))
     if args.full_maps and choose_storage(full_bytes, memory_budget(args)) == "compact":
@@ -184,19 +197,33 @@ def check_analyze_options(args: argparse.Namespace, model) -> None:
                                f"the memory budget of {args.memory_budget_mb:g} MB, so only the compact form is kept; raise "
                                "--memory-budget-mb or leave out --full-maps")
     if model.num_classes:
+        if args.target is not None and args.target.startswith("patch:"):
+            raise VitExplorerError(f"--target {args.target}: a patch target is for a backbone; {model.name} has classes: name one")
         return
     refused = []
-    if args.method in CLASS_SPECIFIC:
-        refused.append(f"--method {args.method} explains a class score (use rollout or cls)")
     if args.target is not None:
-        refused.append("--target names a class")
-    if args.ablation:
-        refused.append("--ablation measures the change of a class score")
+        patch_target(args.target)  # a backbone's target is a patch, or none
     if args.scoreboard:
         refused.append("--scoreboard scores maps by a class's probability")
     if refused:
         raise VitExplorerError(f"{model.name} has no classifier head, so it has no classes: {'; '.join(refused)}. "
-                               "Drop these options; --sanity and --norms work on a backbone")
+                               "Drop these options; its class-specific maps, --ablation and --sanity explain the similarity of "
+                               "its embedding to its own (or with --target patch:ROW,COL to that patch's)")
+
+
+def patch_target(target: str | None) -> tuple[int, int] | None:
+    """A backbone's ``--target``: None (its own embedding) or ``patch:ROW,COL``."""
+    if target is None:
+        return None
+    try:
+        kind, _, where = target.partition(":")
+        row, col = (int(part) for part in where.split(","))
+        if kind != "patch":
+            raise ValueError
+    except ValueError:
+        raise VitExplorerError(f"--target {target!r}: a backbone has no classes; give patch:ROW,COL (the similarity to that "
+                               "patch's embedding) or no --target (to its own embedding)") from None
+    return (row, col)
 
 
 def memory_budget(args: argparse.Namespace) -> int:
@@ -380,7 +407,8 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--out", required=True, help="output folder (required)")
     analyze.add_argument("--method", default="rollout", choices=list(CLASS_METHODS),
                          help="the map to write as METHOD.png and score: " + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
-    analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction)")
+    analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction); for a "
+                         "backbone, patch:ROW,COL: the similarity of the image's embedding to that patch's (default: to its own)")
     analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
     analyze.add_argument("--baseline", default="blur", choices=list(BASELINES),

@@ -211,7 +211,8 @@ def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None
     """The layers × heads heat map of how the target probability changes when each head alone is removed, in
     percentage points on a scale symmetric about 0, each tile labelled with its value, a colour bar below;
     and its geometry, which maps a click to (layer, head). ``selected`` (layer, head) is outlined."""
-    points = render.to_numpy(ablation.delta_probability, np.float32) * 100.0  # [layers, heads]
+    # a probability in percentage points; a single score (a backbone's similarity) as it is
+    points = render.to_numpy(ablation.delta, np.float32) * (1.0 if ablation.single_score else 100.0)  # [layers, heads]
     layers, heads = points.shape
     tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
     centred, bound = centred_on_zero(points)
@@ -219,10 +220,11 @@ def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None
     picture, geometry = render.tile_grid(np.broadcast_to(colours[:, :, None, None, :], (layers, heads, tile_px, tile_px, 3)),
                                          row_labels=[f"L{layer}" for layer in range(layers)],
                                          col_labels=[f"h{head}" for head in range(heads)], highlight=selected)
-    decimals = 1 if bound < 10 else 0
+    decimals = (3 if bound < 1 else 1) if ablation.single_score else (1 if bound < 10 else 0)
     texts = [[signed(value, decimals) for value in row] for row in points]
     picture = render.label_tiles(picture, geometry, texts, colours)
-    return render.with_colorbar(picture, ABLATION_CMAP, -bound, bound, ABLATION_UNIT), geometry
+    unit = "Δ target score (head removed)" if ablation.single_score else ABLATION_UNIT
+    return render.with_colorbar(picture, ABLATION_CMAP, -bound, bound, unit), geometry
 
 
 def signed(value: float, decimals: int) -> str:

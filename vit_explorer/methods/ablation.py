@@ -64,6 +64,8 @@ class HeadAblation:
         original_logit: the target logit with every head in place.
         original_probability: the target probability with every head in place.
         forward_passes: model forward passes it took.
+        single_score: the model gives one score (a backbone's similarity target, ``core.targets``), whose softmax is 1
+            whatever the heads: heads are then measured by the score itself.
     """
 
     mode: str
@@ -73,12 +75,23 @@ class HeadAblation:
     original_logit: float
     original_probability: float
     forward_passes: int
+    single_score: bool = False
+
+    @property
+    def measure(self) -> str:
+        """What a head's drop is a drop of: the target's probability, or its score where it is the only one."""
+        return "score" if self.single_score else "probability"
+
+    @property
+    def delta(self) -> torch.Tensor:
+        """The change of ``measure`` when each head is removed ``[layers, heads]``."""
+        return self.delta_logit if self.single_score else self.delta_probability
 
     @property
     def drop(self) -> torch.Tensor:
-        """How much removing each head lowers the target probability ``[layers, heads]`` (negative: raises it);
-        the "ablation effect" ranking lists heads highest first."""
-        return -self.delta_probability
+        """How much removing each head lowers the target probability (the score, for a single score) ``[layers, heads]``
+        (negative: raises it); the "ablation effect" ranking lists heads highest first."""
+        return -self.delta
 
     def ranked(self, k: int | None = None) -> list[tuple[int, int, float]]:
         """The ``k`` heads (all for None) whose removal lowers the target probability most, as (layer, head, drop)."""
@@ -87,8 +100,9 @@ class HeadAblation:
         return [(layer, head, float(drop[layer, head])) for layer, head in (divmod(index, drop.shape[1]) for index in flat)]
 
     def spearman(self, importance: torch.Tensor) -> float:
-        """Spearman correlation of |Δ probability| with a per-head score ``[layers, heads]`` (gradient importance)."""
-        return statistics.spearman(self.delta_probability.abs(), importance)
+        """Spearman correlation of |Δ probability| (|Δ score| for a single score) with a per-head score ``[layers, heads]``
+        (gradient importance)."""
+        return statistics.spearman(self.delta.abs(), importance)
 
     def as_dict(self, importance: torch.Tensor | None = None) -> dict:
         """Plain values; with the gradient ``importance`` ``[layers, heads]`` of the same target, also its
@@ -98,6 +112,7 @@ class HeadAblation:
                   "forward_equivalents": forward_equivalents(*self.delta_logit.shape),
                   "delta_logit": self.delta_logit.round(decimals=7).tolist(),
                   "delta_probability": self.delta_probability.round(decimals=7).tolist(),
+                  "ranked_by": self.measure,
                   "ranked_by_drop": [{"layer": layer, "head": head, "drop": drop} for layer, head, drop in self.ranked()]}
         if importance is not None:
             correlation = self.spearman(importance)
@@ -193,7 +208,7 @@ def head_ablation(model: LoadedModel, pixels: torch.Tensor, target: int | None =
     return HeadAblation(mode=mode, target=target, delta_logit=(logits[..., target] - original[target]).float(),
                         delta_probability=(probability - original_probability).float(),
                         original_logit=float(original[target]), original_probability=original_probability,
-                        forward_passes=1 + layers)
+                        forward_passes=1 + layers, single_score=original.numel() == 1)
 
 
 def prediction_without(model: LoadedModel, pixels: torch.Tensor, heads: Iterable[Head], k: int = 5, mode: str = "zero",
