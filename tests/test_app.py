@@ -428,7 +428,8 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     outputs = by_name(shared.run_analysis(models, upload, "hf:test-backbone", CLASS_MAPS, *CONTROLS), shared.FULL_OUTPUTS)
     session = outputs["state"]
     assert session.evidence is None and outputs["class_text"] == NO_CLASSIFIER
-    assert outputs["target"]["interactive"] is False and outputs["target"]["choices"] == []
+    assert outputs["target"]["interactive"] is True and outputs["target"]["value"] is None
+    assert [key for _, key in outputs["target"]["choices"]] == ["own", "patch"]  # similarities, no classes
     assert outputs["top5"]["visible"] is False  # no predictions: no empty box
     # the default method (relevance) needs a class: rollout shows instead, and the method control offers what exists
     rollout_view = by_name(shared.on_controls(session, CLASS_MAPS, *controls(method="rollout")), shared.TAB_OUTPUTS)["class_view"]
@@ -443,6 +444,21 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
         class_maps.on_scoreboard(models, session, "blur", *CONTROLS)
     with pytest.raises(gr.Error, match="needs a target class"):
         shared.on_controls(session, GRID, *controls(order_by="gradient importance"))
+
+    # a similarity target opens the class-specific maps and the head ablation, never a probability score
+    with pytest.raises(gr.Error, match="click a patch"):
+        shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)  # the query is the class token
+    targeted = by_name(shared.on_target(models, session, "own", CLASS_MAPS, *controls(method="attnlrp")), shared.TARGETED)
+    assert session.analysis.similarity and session.target == 0 and session.similarity is not None
+    assert "similarity to the image's own embedding" in targeted["class_text"] and "not a probability" in targeted["class_text"]
+    assert [key for _, key in targeted["method"]["choices"]] == list(maps.CLASS_METHODS)
+    assert targeted["score"]["interactive"] is False and targeted["scoreboard"]["interactive"] is False
+    assert targeted["class_view"].shape[-1] == 3
+    ran = by_name(ablation_tab.on_run(models, session, *CONTROLS), ablation_tab.OUTPUTS)
+    assert "Change of the score of **similarity to the image's own embedding**" in ran["ablation_text"]
+    session.query = session.analysis.layout.patch_token(1, 2)
+    shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)
+    assert session.analysis.label(0) == "similarity to patch (row 1, col 2)" and session.query == session.analysis.layout.patch_token(1, 2)
 
 
 def test_every_tab_is_wired_by_name():

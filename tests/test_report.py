@@ -40,9 +40,11 @@ def test_explain_gives_the_map_target_and_probability_of_the_analysis():
 def test_explain_refuses_a_class_for_a_backbone_and_an_unknown_method(tmp_path):
     backbone = load_model(str(write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)))
     image = SQUARE
-    assert explain(image, backbone, method="cls").probability is None
-    with pytest.raises(VitExplorerError, match="no classifier head.*method='rollout'"):
-        explain(image, backbone)
+    assert explain(image, backbone, method="cls").probability is None and explain(image, backbone, method="cls").target is None
+    # a backbone's default target: the similarity to its own embedding (tests/test_targets.py checks the score)
+    assert explain(image, backbone).target == "similarity to the image's own embedding"
+    with pytest.raises(VitExplorerError, match="no classifier head, so it has no class 3"):
+        explain(image, backbone, target=3)
     with pytest.raises(VitExplorerError, match="unknown method"):
         explain(image, backbone, method="lrp")
 

@@ -21,10 +21,12 @@ from vit_explorer.methods.scoreboard import Scoreboard
 from vit_explorer.web.session import Controls, Session
 
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
-BACKBONE_NOTE = "Backbone: no classifier head, so no predictions, class maps or faithfulness scores; attention, rollout and head statistics work."
-NO_CLASSIFIER = ("This model has no classifier head, so it has no class to explain: relevance and gradient-weighted rollout, "
-                 "and the faithfulness score, need class scores and are off. Rollout and last-layer class attention show; "
-                 "the sanity check runs on them.")
+BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions or faithfulness scores; attention, rollout and head statistics "
+                 "work, and the target menu offers similarities for the class maps to explain.")
+NO_CLASSIFIER = ("This model has no classifier head, so it has no class to explain: the class-specific maps (relevance, AttnLRP, "
+                 "LeGrad, gradient-weighted rollout) wait for a target. Choose one in the target menu above: the similarity of the "
+                 "image's embedding to its own, or to the query patch's. Rollout and last-layer class attention show meanwhile; "
+                 "the faithfulness score needs class probabilities and stays off.")
 
 
 def model_summary(analysis: Analysis) -> str:
@@ -161,6 +163,10 @@ def class_note(session: Session) -> str:
     """The class-maps tab's line before a score: the target, and what scoring costs."""
     if session.evidence is None:
         return NO_CLASSIFIER
+    if session.analysis.similarity:
+        return (f"Target: **{session.analysis.label(0)}** = {float(session.analysis.logits[0]):.3f}, the projection of the "
+                "image's embedding on that direction: a score, not a probability, so faithfulness (which reads probabilities) "
+                "does not apply.")
     return (f"Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and inserts patches in "
             f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward passes).")
 
@@ -239,7 +245,8 @@ def ablation_note(session: Session, mode: str) -> str:
     """The head ablation tab's words before a run: what it measures and what it costs."""
     if session.evidence is None:
         return NO_CLASS_SCORE
-    return (f"Which heads does the probability of **{session.analysis.label(session.target)}** need? *Run ablation* removes each "
+    measure = "score" if session.analysis.similarity else "probability"
+    return (f"Which heads does the {measure} of **{session.analysis.label(session.target)}** need? *Run ablation* removes each "
             f"head alone (**{ABLATION_MODES[mode]}**: {ABLATION_MEANS[mode]}) and runs the model again: {ablation_passes(session)}. "
             "Unlike attention weights and gradients, this is causal.")
 
@@ -247,13 +254,18 @@ def ablation_note(session: Session, mode: str) -> str:
 def ablation_text(session: Session, ablation: HeadAblation) -> str:
     """What the ablation heat map shows, the heads the target needs most, and how that agrees with gradient importance."""
     label = session.analysis.label(ablation.target)
-    needed = ", ".join(f"**L{layer} h{head}** {signed(-drop * 100, 1)} pp" for layer, head, drop in ablation.ranked(3))
-    return (f"Change of the probability of **{label}** ({ablation.original_probability:.1%} with every head) when each head alone "
+    if ablation.single_score:  # a similarity: its score, not a softmax over one "class"
+        needed = ", ".join(f"**L{layer} h{head}** {signed(-drop, 3)}" for layer, head, drop in ablation.ranked(3))
+        before, delta, tiles = f"{ablation.original_logit:.3f}", "|Δ score|", ""
+    else:
+        needed = ", ".join(f"**L{layer} h{head}** {signed(-drop * 100, 1)} pp" for layer, head, drop in ablation.ranked(3))
+        before, delta = f"{ablation.original_probability:.1%}", "|Δp|"
+        tiles = "Click a tile to see the top-5 predictions without that head."
+    return (f"Change of the {ablation.measure} of **{label}** ({before} with every head) when each head alone "
             f"is removed ({ABLATION_MODES[ablation.mode]}: {ABLATION_MEANS[ablation.mode]}); red: removing it lowers the "
-            f"probability, blue: raises it. Most needed: {needed}. {spearman_text(ablation, session)} "
-            f"(|Δp| against Σ|∇A ⊙ A|, {ablation.delta_probability.numel()} heads). "
-            f"Took {ablation_cost_text(*ablation.delta_logit.shape)}. "
-            "Click a tile to see the top-5 predictions without that head.")
+            f"{ablation.measure}, blue: raises it. Most needed: {needed}. {spearman_text(ablation, session)} "
+            f"({delta} against Σ|∇A ⊙ A|, {ablation.delta.numel()} heads). "
+            f"Took {ablation_cost_text(*ablation.delta_logit.shape)}. {tiles}")
 
 
 def norms_text(result: norms.TokenNorms) -> str:

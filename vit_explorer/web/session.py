@@ -163,11 +163,23 @@ class Session:
     head: int | None  # None: the mean of heads
     evidence: ClassEvidence | None = None
     screen: Screen = field(default_factory=Screen, compare=False)
+    # a backbone's similarity model (``core.targets``) once a similarity target is chosen: ``analysis`` is then its
+    # analysis, whose one "class" is the similarity score
+    similarity: LoadedModel | None = None
+    similarity_choice: str | None = None  # which one: a key of ``SIMILARITY_TARGETS``
 
     @property
     def target(self) -> int | None:
-        """The target class, None for a model without a classifier."""
+        """The target class, None for a model without a classifier (and a backbone before a similarity is chosen)."""
         return None if self.evidence is None else self.evidence.target
+
+    def model(self, models: ModelCache) -> LoadedModel:
+        """The model the session's target is scored with: the similarity model where one was chosen, else its spec's."""
+        return self.similarity if self.similarity is not None else models.get(self.model_spec)
+
+
+# a backbone's targets, by the target dropdown's value
+SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "similarity to the query patch"}
 
 
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None) -> Session:

@@ -38,6 +38,7 @@ class Tab:
         wire: wires its own events (``Wiring``); the view controls of ``CONTROL_NAMES`` are wired by the app.
         ranges: names of its controls whose range or choices follow the analysis.
         set_ranges: ``session -> {name of ranges: gr.update(...)}``, for a new analysis.
+        target_ranges: its ranges follow the target too (a backbone's similarity target opens the class-specific maps).
     """
 
     title: str
@@ -48,6 +49,7 @@ class Tab:
     wire: Callable[[Wiring], None] | None = None
     ranges: tuple[str, ...] = ()
     set_ranges: Callable[[Session], dict[str, Any]] | None = None
+    target_ranges: bool = False
 
     @property
     def slug(self) -> str:

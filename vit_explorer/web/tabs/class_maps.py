@@ -69,13 +69,14 @@ def render_class(session: Session, controls: Controls) -> np.ndarray:
 
 
 def set_ranges(session: Session) -> dict:
-    """A backbone: only the maps that need no class, rollout chosen, and no faithfulness score (it needs class scores)."""
+    """A backbone: only the maps that need no class, rollout chosen, until a similarity target opens the others; no
+    faithfulness score either way (it reads class probabilities)."""
+    probabilities = session.evidence is not None and not session.analysis.similarity
+    scoring = {"score": gr.update(interactive=probabilities), "scoreboard": gr.update(interactive=probabilities)}
     if session.evidence is None:
         agnostic = [(name, key) for key, name in maps.CLASS_METHODS.items() if key not in maps.CLASS_SPECIFIC]
-        return {"method": gr.update(choices=agnostic, value="rollout"), "score": gr.update(interactive=False),
-                "scoreboard": gr.update(interactive=False)}
-    return {"method": gr.update(choices=[(name, key) for key, name in maps.CLASS_METHODS.items()]),
-            "score": gr.update(interactive=True), "scoreboard": gr.update(interactive=True)}
+        return {"method": gr.update(choices=agnostic, value="rollout"), **scoring}
+    return {"method": gr.update(choices=[(name, key) for key, name in maps.CLASS_METHODS.items()]), **scoring}
 
 
 def scored(session: Session, controls: Controls) -> tuple:
@@ -140,7 +141,7 @@ def on_score(models: ModelCache, session: Session | None, baseline: str, *contro
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
     grid_map = maps.class_map(session.analysis, controls.method, session.evidence, controls.rollout)
-    curves = deletion_insertion(models.get(session.model_spec), session.analysis.image, grid_map, session.evidence.target,
+    curves = deletion_insertion(session.model(models), session.analysis.image, grid_map, session.evidence.target,
                                 baseline=baseline, step=counter(progress, batches(baseline=baseline), "faithfulness", "batch"))
     session.screen.score = (scored(session, controls), curves)
     values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
@@ -153,7 +154,7 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values, prog
     """Cascading randomisation of a copy of the model: layers + 1 forward and backward passes; the chart and its
     summary (``SANITY``), kept for this target and these rollout options."""
     session, controls = require(session), Controls.from_values(control_values)
-    curves = sanity_check(models.get(session.model_spec), session.analysis, session.target, options=controls.rollout,
+    curves = sanity_check(session.model(models), session.analysis, session.target, options=controls.rollout,
                           step=counter(progress, session.analysis.map_shape[0], "sanity check: randomising layers", "layer"))
     session.screen.sanity = (checked(session, controls), curves)
     return in_order(sanity_views(session, controls), SANITY)
@@ -166,7 +167,7 @@ def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *c
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
     total = board_batches(len(maps.CLASS_METHODS), baseline=baseline) + session.analysis.map_shape[0]
-    board = scoreboard(models.get(session.model_spec), session.analysis, session.evidence.target, baseline=baseline,
+    board = scoreboard(session.model(models), session.analysis, session.evidence.target, baseline=baseline,
                        options=controls.rollout, step=counter(progress, total, "scoring every method", "step"))
     session.screen.board = (checked(session, controls), board)
     return in_order(board_views(session, controls), BOARD)
@@ -191,4 +192,5 @@ def wire(app: Wiring) -> None:
     app["sanity"].click(check_sanity, [state, *app.controls], app.all(SANITY), api_name="sanity_check", concurrency_limit=2)
 
 
-TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score", "scoreboard"), set_ranges=set_ranges)
+TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score", "scoreboard"), set_ranges=set_ranges,
+          target_ranges=True)

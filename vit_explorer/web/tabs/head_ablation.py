@@ -94,7 +94,7 @@ def on_run(models: ModelCache, session: Session | None, *control_values, progres
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(NO_CLASS_SCORE)
-    ablation_of(models.get(session.model_spec), session.analysis, session.target, controls.ablation_mode,
+    ablation_of(session.model(models), session.analysis, session.target, controls.ablation_mode,
                 step=counter(progress, session.analysis.map_shape[0], "head ablation: layer by layer", "layer"))
     return in_order(refresh(TAB, session, controls), OUTPUTS)
 
@@ -105,9 +105,9 @@ def on_tile_click(models: ModelCache, evt: gr.SelectData, session: Session | Non
     session, controls = require(session), Controls.from_values(control_values)
     geometry = session.screen.ablation_geometry
     hit = geometry.hit(evt.index[0], evt.index[1]) if geometry is not None else None
-    if hit is None:  # a label, the colour bar, or no heat map yet
+    if hit is None or session.analysis.similarity:  # a label, the colour bar, no heat map yet, or a score with no top-5
         return in_order(unchanged(OUTPUTS), OUTPUTS)
-    model = models.get(session.model_spec)
+    model = session.model(models)
     top = prediction_without(model, pixels_of(model, session.analysis), [hit], k=5, mode=controls.ablation_mode)
     session.screen.ablated = (controls.ablation_mode, hit, top)
     return in_order(refresh(TAB, session, controls), OUTPUTS)

@@ -10,9 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
+from PIL import Image
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import analyze, class_evidence, recompute_query_rows
+from vit_explorer.core.analysis import analyze, class_evidence, pixels_of, recompute_query_rows
+from vit_explorer.core.targets import similarity_model
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.web.captions import (
@@ -24,7 +26,7 @@ from vit_explorer.web.captions import (
     target_choices,
     top_predictions,
 )
-from vit_explorer.web.session import Controls, ModelCache, Session, new_session
+from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, new_session
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import Tab, in_order, refresh, require, unchanged, user_errors
 
@@ -36,7 +38,9 @@ QUERY_OUTPUTS = ("query_image", "caption", "query")
 # (API clients read the summary, the query image and the predictions first)
 FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "target", "caption", "query", *TAB_OUTPUTS, *RANGES)
 QUERIED = ("state", *QUERY_OUTPUTS, *TAB_OUTPUTS)
-TARGETED = ("state", *TAB_OUTPUTS)
+# the tabs whose ranges follow the target, and those ranges
+TARGET_TABS = tuple(tab for tab in TABS if tab.target_ranges)
+TARGETED = ("state", *TAB_OUTPUTS, *(name for tab in TARGET_TABS for name in tab.ranges))
 
 
 def tab_views(session: Session, controls: Controls, visible: str, *, clear_hidden: bool = False) -> dict:
@@ -63,14 +67,19 @@ def query_views(session: Session) -> dict:
 
 
 def target_update(session: Session) -> dict:
-    """The target dropdown beside the model: every class, the target chosen; a backbone has none to choose."""
-    if session.target is None:
+    """The target dropdown beside the model: every class, the target chosen; for a backbone, its similarity targets."""
+    if session.evidence is None and session.analysis.num_classes:
         return gr.update(choices=[], value=None, interactive=False, info=NO_TARGET)
+    if session.analysis.num_classes == 0 or session.analysis.similarity:
+        choices = [(label, key) for key, label in SIMILARITY_TARGETS.items()]
+        return gr.update(choices=choices, value=session.similarity_choice, interactive=True, info=SIMILARITY_INFO)
     return gr.update(choices=target_choices(session.analysis), value=session.target, interactive=True, info=TARGET_INFO)
 
 
 TARGET_INFO = "what Class maps, Head ablation and Compare explain; type to search"
 NO_TARGET = "this model has no classifier head: there is no class to explain"
+SIMILARITY_INFO = ("a backbone has no classes: its class maps and head ablation can explain what makes the image's embedding "
+                   "like its own, or like the query patch's (click a patch first)")
 
 
 @user_errors
@@ -78,9 +87,31 @@ def on_target(models: ModelCache, session: Session | None, target: int | None, v
     """Another target class, chosen beside the model for every tab that explains one: one forward and backward
     pass (none for a target seen before on this image); the open tab redraws (``TARGETED``)."""
     session = require(session)
-    if session.evidence is not None and target is not None:
-        session.evidence = class_evidence(models.get(session.model_spec), session.analysis, int(target))
-    return in_order({"state": session, **tab_views(session, Controls.from_values(control_values), visible)}, TARGETED)
+    if target in SIMILARITY_TARGETS:
+        choose_similarity(models, session, target)
+    elif session.evidence is not None and target is not None:
+        session.evidence = class_evidence(session.model(models), session.analysis, int(target))
+    ranges = {name: value for tab in TARGET_TABS for name, value in tab.set_ranges(session).items()}
+    return in_order({"state": session, **tab_views(session, Controls.from_values(control_values), visible), **ranges}, TARGETED)
+
+
+def choose_similarity(models: ModelCache, session: Session, choice: str) -> None:
+    """A backbone's similarity target (``core.targets``): to its own embedding, or to the query patch's. The session's
+    analysis becomes the similarity model's (the same maps, one score as its "class"), with that score's evidence:
+    one forward and one backward pass."""
+    patch = None
+    if choice == "patch":
+        patch = None if session.query is None else session.analysis.layout.token_patch(session.query)
+        if patch is None:
+            raise VitExplorerError("click a patch of the image first: the similarity to the query patch needs a patch as the query")
+    base = models.get(session.model_spec)
+    scored = similarity_model(base, pixels_of(base, session.analysis), patch)
+    analysis = analyze(scored, Image.fromarray(session.analysis.image), memory_budget=models.memory_budget)
+    query, layer, head = session.query, session.layer, session.head
+    session.analysis, session.similarity, session.similarity_choice = analysis, scored, choice
+    session.evidence = class_evidence(scored, analysis, 0)
+    session.query, session.layer, session.head = query, layer, head
+    session.screen = type(session.screen)()  # every result on screen was for another target
 
 
 def empty_outputs() -> tuple:
@@ -166,7 +197,7 @@ def on_patch_click(models: ModelCache, evt: gr.SelectData, session: Session | No
     session = require(session)
     token = pictures.token_at(session.analysis, evt.index[0], evt.index[1], pictures.view_hw(session.analysis))
     if not session.analysis.store.keeps_rows_of(token):
-        recompute_query_rows(models.get(session.model_spec), session.analysis, token)
+        recompute_query_rows(session.model(models), session.analysis, token)
     session.query = token
     return follow_query(session, visible, control_values)
 
