@@ -23,15 +23,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from vit_explorer.core.analysis import analyze, pixels_of
-from vit_explorer.core.capture import AttentionRecorder, record_attention
+from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
+from vit_explorer.core.attnlrp import attnlrp
+from vit_explorer.core.capture import AttentionRecorder, capture, record_attention
+from vit_explorer.core.legrad import legrad
+from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
 from vit_explorer.core.rollout import attention_rollout, rollout_factors, rollout_rows
 from vit_explorer.draw import pictures, render
 from vit_explorer.methods.ablation import head_ablation
-from vit_explorer.methods.faithfulness import forward_passes
+from vit_explorer.methods.faithfulness import deletion_insertion, forward_passes
+from vit_explorer.methods.scoreboard import scoreboard
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel, Preprocess
 from vit_explorer.models.vit import ViT
@@ -145,12 +150,42 @@ def class_maps(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
         events = {
             "target class (forward + backward)": (new_target, repeats),
             "map method (cached)": (lambda: shared.on_controls(session, "Class maps", *next(methods)), repeats),
-            f"faithfulness score ({forward_passes()} images)": (lambda: class_tab.on_score(cache, session, *values_of()), max(1, repeats // 3)),
+            f"faithfulness score ({forward_passes()} images)": (lambda: class_tab.on_score(cache, session, "blur", *values_of()),
+                                                               max(1, repeats // 3)),
         }
         for event, (function, count) in events.items():
             timing = paired_ratio(function, forward, count)
             rows.append({"model": name, "event": event, "update_s": timing["numerator_s"], "ratio_to_forward": timing["ratio"]})
     return rows
+
+
+def method_costs(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
+    """The passes of their own that LeGrad and AttnLRP take for one image and class, as a multiple of one forward and
+    backward pass of the same model (``capture`` with the class's gradients: what an upload or a new target costs),
+    the two alternated pair by pair."""
+    rows = []
+    for name, model in models.items():
+        pixels = torch.randn(1, 3, *model.preprocess.input_hw)
+        target = int(model.logits(pixels).argmax())
+        for method, function in (("LeGrad", lambda: legrad(model, pixels, target)), ("AttnLRP", lambda: attnlrp(model, pixels, target))):
+            timing = paired_ratio(function, lambda: capture(model, pixels, target=target), repeats)
+            rows.append({"model": name, "method": method, "method_s": timing["numerator_s"], "forward_backward_s": timing["denominator_s"],
+                         "ratio": timing["ratio"], "ratio_q1": timing["ratio_q1"], "ratio_q3": timing["ratio_q3"],
+                         "pair_ratios": timing["pair_ratios"]})
+    return rows
+
+
+def scoreboard_time(model: LoadedModel, repeats: int) -> list[dict]:
+    """The scoreboard of every method on one image (blur), median seconds; and one ROAD faithfulness score against one
+    blur score of the same map, alternated pair by pair (ROAD's imputation is the cost)."""
+    analysis = analyze(model, Image.fromarray(photo(model.preprocess.input_hw[0])))
+    seconds = median_time(lambda: scoreboard(model, analysis), repeats)
+    evidence = class_evidence(model, analysis)
+    grid_map = class_map(analysis, "relevance", evidence, RolloutOptions())
+    road = paired_ratio(lambda: deletion_insertion(model, analysis.image, grid_map, evidence.target, baseline="road"),
+                        lambda: deletion_insertion(model, analysis.image, grid_map, evidence.target), max(1, repeats // 3))
+    return [{"model": model.name, "methods": len(CLASS_METHODS), "scoreboard_s": seconds, "road_score_s": road["numerator_s"],
+             "blur_score_s": road["denominator_s"], "road_over_blur": road["ratio"]}]
 
 
 def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
@@ -437,6 +472,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="small sizes and few repetitions (smoke run)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    parser.add_argument("--only", default=None, help="comma-separated sections to run, merged into the results already in --out")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.tiny:
@@ -454,22 +490,31 @@ def main() -> None:
         memory_models = {**capture_models, "24L×16H 518/14, 1370 tokens (random)": random_model(VIT_L_518, "24x16")}
         grid = (12, 12)
         rss_model, rss_size = "builtin:shapes", 256
-    results = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
-        "capture_overhead": capture_overhead(capture_models, [1, 8] if not args.tiny else [1, 2], repeats),
-        "interaction_latency": interaction_latency(interaction_models, repeats),
-        "class_maps": class_maps(interaction_models, repeats),
-        "rendering": [rendering(*grid, repeats)],
-        "rollout_scaling": rollout_scaling(tokens, 12 if not args.tiny else 2, repeats),
-        "memory": memory(memory_models),
-        "ablation_cost": ablation_cost(interaction_models, max(1, repeats // 3)),
-        "dataset_throughput": dataset_throughput(interaction_models, 16 if args.tiny else 128, 8 if args.tiny else 32, 2 if args.tiny else 3),
+    sections = {
+        "capture_overhead": lambda: capture_overhead(capture_models, [1, 8] if not args.tiny else [1, 2], repeats),
+        "interaction_latency": lambda: interaction_latency(interaction_models, repeats),
+        "class_maps": lambda: class_maps(interaction_models, repeats),
+        "method_costs": lambda: method_costs(interaction_models, repeats),
+        "scoreboard": lambda: scoreboard_time(default, max(1, repeats // 3)),
+        "rendering": lambda: [rendering(*grid, repeats)],
+        "rollout_scaling": lambda: rollout_scaling(tokens, 12 if not args.tiny else 2, repeats),
+        "memory": lambda: memory(memory_models),
+        "ablation_cost": lambda: ablation_cost(interaction_models, max(1, repeats // 3)),
+        "dataset_throughput": lambda: dataset_throughput(interaction_models, 16 if args.tiny else 128, 8 if args.tiny else 32,
+                                                         2 if args.tiny else 3),
     }
     if rss_model is not None:
-        results["peak_rss"] = [peak_rss_of_analyze(rss_model, rss_size)]
-        results["start_up"] = [start_up(rss_model, 3)]
-        results["stats_peak_rss"] = peak_rss_of_stats(rss_model, rss_size)
+        sections.update({"peak_rss": lambda: [peak_rss_of_analyze(rss_model, rss_size)], "start_up": lambda: [start_up(rss_model, 3)],
+                         "stats_peak_rss": lambda: peak_rss_of_stats(rss_model, rss_size)})
+    chosen = list(sections) if args.only is None else [name.strip() for name in args.only.split(",")]
+    unknown = [name for name in chosen if name not in sections]
+    if unknown:
+        parser.error(f"unknown sections {', '.join(unknown)}; choose from {', '.join(sections)}")
+    results = json.loads(Path(args.out).read_text()) if args.only is not None and Path(args.out).exists() else {}
+    results["machine"] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                          "cpus": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
+    for name in chosen:
+        results[name] = sections[name]()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"machine: {results['machine']}")

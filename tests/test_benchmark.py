@@ -20,7 +20,7 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(out.read_text())
     assert {"machine", "capture_overhead", "interaction_latency", "class_maps", "rendering", "rollout_scaling", "memory",
-            "dataset_throughput", "ablation_cost"} <= set(results)
+            "dataset_throughput", "ablation_cost", "method_costs", "scoreboard"} <= set(results)
     events = [row["event"] for row in results["interaction_latency"]]  # five controls, the upload, opening each tab
     assert len(events) == 6 + len(TABS) and sum(event.startswith("open tab: ") for event in events) == len(TABS)
     assert len(results["class_maps"]) == 3
@@ -32,6 +32,10 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
     rendering = results["rendering"]
     for row in rendering if isinstance(rendering, list) else [rendering]:
         assert row["ratio"] == pytest.approx(row["numpy_s"] / row["matplotlib_s"]), row
+    for row in results["method_costs"]:  # LeGrad and AttnLRP against one forward and backward pass
+        pairs = row["pair_ratios"]
+        assert row["method"] in ("LeGrad", "AttnLRP") and row["ratio"] == statistics.median(pairs), row
+    assert results["scoreboard"][0]["methods"] == 6
     for row in results["rollout_scaling"]:
         assert row["ratio"] == pytest.approx(row["row_s"] / row["full_s"]), row
         assert row["ratio_with_factors"] == pytest.approx((row["row_s"] + row["factors_s"]) / row["full_s"]), row
