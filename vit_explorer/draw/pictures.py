@@ -20,7 +20,7 @@ GRID_PX = 500  # about the width of the layers × heads grid
 ATTENTION = "attention weight"
 ROLLOUT = "rollout weight"
 # what the colour of each class-maps method measures, for its colour bar
-UNITS = {"relevance": "relevance", "attnlrp": "relevance (logit share)", "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
+UNITS = {"relevance": "relevance", "attnlrp": "relevance (share of the target score)", "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
 
 
 def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
@@ -135,12 +135,12 @@ def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence |
 
 def method_picture(analysis: Analysis, grid_map: torch.Tensor, method: str, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
     """A class map's large view. A signed map (AttnLRP's relevance also speaks against the class) goes on a diverging
-    scale symmetric about 0, red for the class and blue against it, since a sequential scale would paint the strongest
+    scale symmetric about 0, red for the target and blue against it, since a sequential scale would paint the strongest
     evidence against as the least important; any other map on ``cmap``."""
     if float(grid_map.min()) < 0:
         bound = float(grid_map.abs().max())
         return map_picture(analysis, grid_map, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),
-                           unit=f"{UNITS[method]}: red for the class, blue against")
+                           unit=f"{UNITS[method]}: red for the target, blue against")
     return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale)
 
 

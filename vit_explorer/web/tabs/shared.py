@@ -72,8 +72,10 @@ def target_update(session: Session) -> dict:
         return gr.update(choices=[], value=None, interactive=False, info=NO_TARGET)
     if session.analysis.num_classes == 0 or session.analysis.similarity:
         choices = [(label, key) for key, label in SIMILARITY_TARGETS.items()]
-        return gr.update(choices=choices, value=session.similarity_choice, interactive=True, info=SIMILARITY_INFO)
-    return gr.update(choices=target_choices(session.analysis), value=session.target, interactive=True, info=TARGET_INFO)
+        return gr.update(choices=choices, value=session.similarity_choice, interactive=True, info=SIMILARITY_INFO,
+                         label="Target (a similarity)")
+    return gr.update(choices=target_choices(session.analysis), value=session.target, interactive=True, info=TARGET_INFO,
+                     label="Target class")
 
 
 TARGET_INFO = "what Class maps, Head ablation and Compare explain; type to search"
