@@ -11,6 +11,7 @@ from vit_explorer.methods.faithfulness import (
     area_under,
     baseline_view,
     deletion_insertion,
+    forward_passes,
     importance_order,
     pixel_masks,
     step_masks,
@@ -78,10 +79,22 @@ def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
         row, col = divmod(int(patch), 4)
         by_hand[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16] = blank[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16]
     assert curves.deletion[1] == pytest.approx(probs(by_hand), abs=1e-5)
+    inserted_by_hand = blank + (view - by_hand)  # the top patches of the image on the baseline
+    assert curves.insertion[1] == pytest.approx(probs(inserted_by_hand), abs=1e-5)
     top_class = int(tiny_model.logits(to_pixels(by_hand, tiny_model.preprocess)).argmax())
     assert curves.deletion_top1[1] == float(top_class == 2)
     assert curves.deletion_top1[0] == float(int(tiny_model.logits(to_pixels(view, tiny_model.preprocess)).argmax()) == 2)
-    again = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, baseline="mean")
+    seen = []
+    logits = tiny_model.logits
+    tiny_model.logits = lambda pixels: seen.append(len(pixels)) or logits(pixels)
+    try:
+        again = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, baseline="mean", batch_size=5)
+        ends_only = deletion_insertion(tiny_model, view, grid_map, target=2, steps=1, random_orders=2, baseline="mean")
+    finally:
+        del tiny_model.logits
+    # every curve's ends are the same two images, which go through the model once: 6 curves × 3 steps between + 2
+    assert sum(seen[:-1]) == forward_passes(4, 2, "mean") == 20 and max(seen[:-1]) == 5 and seen[-1] == 2
+    assert ends_only.deletion.tolist() == pytest.approx([image_prob, baseline_prob], abs=1e-5)
     np.testing.assert_array_equal(again.random_deletion, curves.random_deletion)  # seeded
     assert set(curves.as_dict()["auc"]) == {"deletion", "insertion", "random_deletion", "random_insertion"}
 

@@ -89,15 +89,15 @@ def combined(deletion: float, insertion: float, baseline: str) -> float:
 
 
 def batches(methods: int, steps: int = STEPS, random_orders: int = RANDOM_ORDERS, baseline: str = "blur",
-            batch_size: int = 64) -> int:
+            batch_size: int = faithfulness.BATCH_SIZE) -> int:
     """Batches one ``scoreboard`` runs (its progress bar's length, before the sanity check's layers)."""
-    images = (2 * methods + random_orders * (1 if baseline == "road" else 2)) * (steps + 1)
-    return math.ceil(images / batch_size)
+    runs = 2 * methods + random_orders * (1 if baseline == "road" else 2)
+    return math.ceil(faithfulness.run_images(runs, steps, baseline) / batch_size)
 
 
 def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None = None, *, methods: tuple[str, ...] | None = None,
                baseline: str = "blur", steps: int = STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
-               options: RolloutOptions = RolloutOptions(), batch_size: int = 64,
+               options: RolloutOptions = RolloutOptions(), batch_size: int = faithfulness.BATCH_SIZE,
                step: Callable[[], None] | None = None) -> Scoreboard:
     """Rank ``methods`` (default: all of ``CLASS_METHODS``) for the image of ``analysis`` and ``target`` (default: the
     top class). ``step`` is called after each batch of perturbed images and after each layer the sanity check
