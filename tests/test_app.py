@@ -445,14 +445,19 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     with pytest.raises(gr.Error, match="needs a target class"):
         shared.on_controls(session, GRID, *controls(order_by="gradient importance"))
 
-    # a similarity target opens the class-specific maps and the head ablation, never a probability score
+    # a similarity target opens the class-specific maps, the head ablation and scoring (of the score, as a share)
     with pytest.raises(gr.Error, match="click a patch"):
         shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)  # the query is the class token
     targeted = by_name(shared.on_target(models, session, "own", CLASS_MAPS, *controls(method="attnlrp")), shared.TARGETED)
     assert session.analysis.similarity and session.target == 0 and session.similarity is not None
     assert "similarity to the image's own embedding" in targeted["class_text"] and "not a probability" in targeted["class_text"]
     assert [key for _, key in targeted["method"]["choices"]] == list(maps.CLASS_METHODS)
-    assert targeted["score"]["interactive"] is False and targeted["scoreboard"]["interactive"] is False
+    assert targeted["score"]["interactive"] is True and targeted["scoreboard"]["interactive"] is True
+    scored = by_name(class_maps.on_score(models, session, "blur", *controls(method="attnlrp")), class_maps.SCORED)
+    assert "(curves of the share of the image's score)" in scored["class_text"]
+    assert scored["faithfulness_plot"]["y_title"] == "share of the image's score"
+    board = by_name(class_maps.on_scoreboard(models, session, "blur", *controls(method="attnlrp")), class_maps.BOARD)
+    assert "similarity to the image's own embedding** (curves of the share of the image's score)" in board["board_text"]
     assert targeted["class_view"].shape[-1] == 3
     ran = by_name(ablation_tab.on_run(models, session, *CONTROLS), ablation_tab.OUTPUTS)
     assert "Change of the score of **similarity to the image's own embedding**" in ran["ablation_text"]

@@ -38,4 +38,15 @@ def test_the_real_backbone_in_the_app(dinov2_weights, tmp_path, size):
             page.wait_for_selector("#rollout-view img", timeout=300_000)
             page.wait_for_timeout(500)
             page.screenshot(path=str(OUTPUT / f"{size}-rollout.png"), full_page=True)
+            if size == 224:  # a similarity target opens the class-specific maps and their faithfulness score
+                page.get_by_label("Target (a similarity)").first.click()
+                page.get_by_role("option", name="similarity to its own embedding").click()
+                page.get_by_role("tab", name="Class maps").click()
+                page.get_by_label("AttnLRP").first.check()
+                page.get_by_text("Target: similarity to the image's own embedding").first.wait_for(timeout=300_000)
+                page.locator("#score").click()
+                page.wait_for_selector("#faithfulness g.mark-line.role-mark path", timeout=300_000)
+                page.get_by_text("(curves of the share of the image's score)").first.wait_for(timeout=30_000)
+                page.wait_for_timeout(500)
+                page.screenshot(path=str(OUTPUT / f"{size}-similarity-score.png"), full_page=True)
             assert errors == []

@@ -134,14 +134,19 @@ def test_a_backbone_refuses_class_options_before_any_pass(tmp_path, capsys, imag
     error = capsys.readouterr().err
     assert "--target 'cat'" in error and "patch:ROW,COL" in error
     assert "analysing" not in error and "sanity check" not in error and not out.exists()  # before any pass
-    assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--scoreboard"]) == 1
-    assert "--scoreboard scores maps by a class's probability" in capsys.readouterr().err and not out.exists()
-    # a backbone's class-specific map, ablation and sanity explain a similarity: to a patch's embedding here
+    # a backbone's class-specific map, ablation, sanity, faithfulness and scoreboard explain a similarity: to a patch's here
     assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms", "--ablation",
-                 "--method", "attnlrp", "--target", "patch:2,3"]) == 0
-    assert {"sanity.json", "norms.json", "attention.npz", "attnlrp.png", "ablation.json"} <= {path.name for path in out.iterdir()}
+                 "--scoreboard", "--method", "attnlrp", "--target", "patch:2,3"]) == 0
+    assert {"sanity.json", "norms.json", "attention.npz", "attnlrp.png", "ablation.json", "faithfulness.json",
+            "scoreboard.json"} <= {path.name for path in out.iterdir()}
     assert json.loads((out / "sanity.json").read_text())["target_label"] == "similarity to patch (row 2, col 3)"
-    assert "target: similarity to patch (row 2, col 3)" in capsys.readouterr().err
+    faithfulness = json.loads((out / "faithfulness.json").read_text())
+    board = json.loads((out / "scoreboard.json").read_text())
+    assert faithfulness["measure"] == board["measure"] == "share of the image's score"
+    assert abs(faithfulness["deletion"][0]) == pytest.approx(1.0)  # the unchanged image, over its own score's magnitude
+    captured = capsys.readouterr()
+    assert "target: similarity to patch (row 2, col 3)" in captured.err
+    assert "(curves of the share of the image's score)" in captured.out and "scoreboard for 'similarity to patch" in captured.out
 
 
 def test_full_maps_on_request_equal_a_fresh_capture(tmp_path, capsys, cli_checkpoint, image_file):

@@ -118,3 +118,41 @@ def test_beating_chance_needs_a_margin_at_both_curves():
     assert good.margins == pytest.approx({"deletion": 0.2, "insertion": 0.2}) and good.beats_chance()
     assert not curves([1.0, 0.1, 0.0], [0.0, 0.52, 1.0]).beats_chance()  # insertion only 0.01 above chance
     assert not curves([1.0, 0.5, 0.0], [0.0, 0.5, 1.0]).beats_chance()
+
+
+def test_a_similarity_is_followed_as_a_share_of_the_images_score(tmp_path):
+    """A one-output model's curves: its score over the unchanged image's, checked on images perturbed by hand."""
+    from conftest import photo, write_backbone_checkpoint
+
+    from vit_explorer import analyze
+    from vit_explorer.core.analysis import pixels_of
+    from vit_explorer.core.targets import similarity_model
+
+    backbone = load_model(str(write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)))
+    analysis = analyze(backbone, photo((64, 64), seed=3))
+    similarity = similarity_model(backbone, pixels_of(backbone, analysis))
+    view = analysis.image
+    grid_map = torch.from_numpy(np.random.default_rng(1).random((4, 4)))
+    curves = deletion_insertion(similarity, view, grid_map, target=0, steps=4, random_orders=2, baseline="mean")
+
+    def score(image):
+        with torch.no_grad():
+            return float(similarity.logits(to_pixels(image, similarity.preprocess))[0, 0])
+
+    whole, blank = score(view), score(baseline_view(view, similarity.layout, "mean"))
+    assert curves.measure == "share of the image's score" and curves.as_dict()["measure"] == curves.measure
+    assert curves.deletion[0] == pytest.approx(1.0) and curves.deletion[-1] == pytest.approx(blank / whole, rel=1e-4)
+    by_hand = view.copy()
+    mean = baseline_view(view, similarity.layout, "mean")
+    for patch in importance_order(grid_map)[:4]:
+        row, col = divmod(int(patch), 4)
+        by_hand[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16] = mean[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16]
+    assert curves.deletion[1] == pytest.approx(score(by_hand) / whole, rel=1e-4)
+    # a negative score is divided by its magnitude: the curves start at −1 and still fall where the score falls
+    negative = similarity_model(backbone, pixels_of(backbone, analysis))
+    negative.adapter.reference = -negative.adapter.reference
+    flipped = deletion_insertion(negative, view, grid_map, target=0, steps=4, random_orders=2, baseline="mean")
+    np.testing.assert_allclose(flipped.deletion, -curves.deletion, rtol=1e-4)
+    negative.adapter.reference = negative.adapter.reference * 0
+    with pytest.raises(VitExplorerError, match="score is 0"):
+        deletion_insertion(negative, view, grid_map, target=0, steps=2, random_orders=1)

@@ -52,7 +52,21 @@ def test_the_badge_is_the_sanity_checks_end_point(tiny):
         assert entry.depends_on_weights == (not final[entry.method] >= 0.5)
 
 
-def test_a_backbone_has_no_scoreboard(tmp_path):
-    model = load_model(str(write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)))
+def test_a_backbone_is_scored_by_its_similarity_target(tmp_path):
+    from vit_explorer.core.analysis import pixels_of
+    from vit_explorer.core.targets import similarity_model
+
+    backbone = load_model(str(write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)))
+    analysis = analyze(backbone, photo((64, 64)))
     with pytest.raises(VitExplorerError, match="no classifier head"):
-        scoreboard(model, analyze(model, photo((64, 64))))
+        scoreboard(backbone, analysis)
+    similarity = similarity_model(backbone, pixels_of(backbone, analysis))
+    scored = analyze(similarity, photo((64, 64)))
+    board = scoreboard(similarity, scored, steps=4, seed=5)
+    assert board.measure == "share of the image's score" and board.target_label == "similarity to the image's own embedding"
+    evidence = class_evidence(similarity, scored, 0)
+    for entry in board.entries:  # each entry is that map's own score, as a share of the image's
+        curves = deletion_insertion(similarity, scored.image, class_map(scored, entry.method, evidence, RolloutOptions()), 0,
+                                    steps=4, random_orders=3, seed=5)
+        assert curves.measure == board.measure and curves.deletion[0] == pytest.approx(1.0)
+        assert entry.deletion == pytest.approx(curves.aucs["deletion"], abs=1e-5)

@@ -41,7 +41,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.core.analysis import analyze, class_evidence
     from vit_explorer.core.images import load_image
     from vit_explorer.draw import files, pictures, render
-    from vit_explorer.methods.faithfulness import deletion_insertion, forward_passes
+    from vit_explorer.methods.faithfulness import PROBABILITY, deletion_insertion, forward_passes
     from vit_explorer.models import load_model
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
@@ -59,7 +59,8 @@ def run_analyze(args: argparse.Namespace) -> None:
     if analysis.ood is not None and analysis.ood.flagged:
         progress(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
     options = maps.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
-    if model.num_classes == 0 and (args.method in maps.CLASS_SPECIFIC or args.target is not None or args.ablation):
+    if model.num_classes == 0 and (args.method in maps.CLASS_SPECIFIC or args.target is not None or args.ablation or args.sanity
+                                   or args.scoreboard):
         from vit_explorer.core.analysis import pixels_of
         from vit_explorer.core.targets import similarity_model
 
@@ -68,9 +69,8 @@ def run_analyze(args: argparse.Namespace) -> None:
         progress(f"target: {model.labels[0]} (a backbone has no classes)")
         analysis = analyze(model, image, name=str(args.image), memory_budget=memory_budget(args), fit=args.fit)
         args.target = 0
-    # the target class is needed for class-specific maps and for scoring any map; a backbone has none, and a similarity
-    # score no probability
-    scored = analysis.num_classes > 0 and not analysis.similarity and not args.no_faithfulness
+    # the target is needed for class-specific maps and for scoring any map; a backbone has one only as a similarity
+    scored = analysis.num_classes > 0 and not args.no_faithfulness
     if args.method in maps.CLASS_SPECIFIC or scored or args.target is not None:
         evidence = class_evidence(model, analysis, args.target)
     else:
@@ -149,14 +149,16 @@ def run_analyze(args: argparse.Namespace) -> None:
     if curves is not None:
         aucs = curves.aucs
         first, second = curves.curve_names
-        print(f"{args.method} map for {analysis.label(curves.target)!r}: {first} AUC {aucs['deletion']:.3f} "
+        measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
+        print(f"{args.method} map for {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
               f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
               f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}", flush=True)
     if board is not None:
         for line in scoreboard_lines(board):
             print(line, flush=True)
-    elif analysis.num_classes == 0 or analysis.similarity:
-        progress("no classifier head: no class probabilities, so the map was not scored")
+    elif analysis.num_classes == 0:
+        progress("no classifier head, so the map was not scored: a class-specific --method or --target patch:ROW,COL "
+                 "scores a similarity instead")
     if sanity is not None:
         print(sanity.summary(), flush=True)
     if args.norms:
@@ -176,7 +178,7 @@ def run_analyze(args: argparse.Namespace) -> None:
 def scoreboard_lines(board) -> list[str]:
     """The scoreboard as printed lines: one per method, best first, then chance."""
     first, second = board.curve_names
-    lines = [f"scoreboard for {board.target_label!r}, best first (score: {second} AUC − {first} AUC"
+    lines = [f"scoreboard for {board.target_label!r} (curves of the {board.measure}), best first (score: {second} AUC − {first} AUC"
              + (", halved" if board.baseline == "road" else "") + "; randomised ρ ≥ 0.5: the map barely depends on the weights):"]
     for rank, entry in enumerate(board.entries, start=1):
         badge = "" if entry.depends_on_weights else "  [does not depend on the weights]"
@@ -200,15 +202,7 @@ def check_analyze_options(args: argparse.Namespace, model) -> None:
         if args.target is not None and args.target.startswith("patch:"):
             raise VitExplorerError(f"--target {args.target}: a patch target is for a backbone; {model.name} has classes: name one")
         return
-    refused = []
-    if args.target is not None:
-        patch_target(args.target)  # a backbone's target is a patch, or none
-    if args.scoreboard:
-        refused.append("--scoreboard scores maps by a class's probability")
-    if refused:
-        raise VitExplorerError(f"{model.name} has no classifier head, so it has no classes: {'; '.join(refused)}. "
-                               "Drop these options; its class-specific maps, --ablation and --sanity explain the similarity of "
-                               "its embedding to its own (or with --target patch:ROW,COL to that patch's)")
+    patch_target(args.target)  # a backbone's target is a patch, or none (its own embedding)
 
 
 def patch_target(target: str | None) -> tuple[int, int] | None:

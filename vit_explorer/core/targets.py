@@ -10,8 +10,8 @@ against the same direction.
 
 The score is served through an adapter that wraps the model's own (``SimilarityAdapter``) and reports it as a
 model with one "class", so every method reaches it through the same interface as a class logit. It is a score,
-not a probability: a softmax over one class is 1 whatever the image, so faithfulness, which reads probabilities,
-refuses it.
+not a probability (a softmax over one class is 1 whatever the image), so faithfulness follows it as a share of the
+unchanged image's score (``methods.faithfulness``).
 """
 
 from __future__ import annotations

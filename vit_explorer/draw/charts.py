@@ -37,6 +37,12 @@ def _figure(width: float = 5.0, height: float = 3.4):
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
+def curve_limits(curves: FaithfulnessCurves) -> tuple[float, float]:
+    """The y range of faithfulness curves: 0 to just above 1, widened to hold a share of a score that leaves it."""
+    values = np.concatenate([curves.deletion, curves.insertion, curves.random_deletion, curves.random_insertion])
+    return min(0.0, float(values.min()) - 0.02), max(1.02, float(values.max()) + 0.02)
+
+
 def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
     """Deletion and insertion curves of a map (solid) against random orders (dashed), AUCs in the legend."""
     figure = _figure(5.0, 3.2)
@@ -47,9 +53,9 @@ def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
         axes.plot(curves.fractions, getattr(curves, f"random_{name}"), color=colour, linewidth=1, linestyle="--",
                   label=f"random {name} ({aucs[f'random_{name}']:.3f})")
     axes.set_xlim(0, 1)
-    axes.set_ylim(0, 1.02)
+    axes.set_ylim(*curve_limits(curves))
     axes.set_xlabel("share of patches deleted / inserted, most important first")
-    axes.set_ylabel("target probability")
+    axes.set_ylabel(curves.measure)
     axes.set_title(title, fontsize=9)
     axes.legend(fontsize=CHART_TEXT_PT, loc="center right")
     return _figure_to_array(figure)

@@ -11,6 +11,11 @@ With the ``road`` baseline (Rong et al., ICML 2022), a removed patch is filled b
 (``road``) instead, so that the removal itself leaves no shape for the model to react to, and the two curves are
 ROAD's: MoRF (most relevant removed first, in place of deletion) and LeRF (least relevant removed first, in place of
 insertion: a faithful map keeps the probability high). Their combined score is (AUC_LeRF − AUC_MoRF) / 2.
+
+A model with one output (a backbone's similarity target, ``core.targets``) has no probability: a softmax over one
+score is 1 whatever the image. Its curves follow the score itself as a share of the unchanged image's score (divided
+by its magnitude: 1 on the unchanged image, −1 where that score is negative), so that the areas, margins and verdict
+read as they do for a probability, and lower still means less of the score.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ DEFAULT_RANDOM_ORDERS = 3
 # scored twice as fast as 64 on the shipped model and a quarter faster than 32 on a ViT-B/16
 BATCH_SIZE = 8
 CLEAR_MARGIN = 0.05  # AUC difference from chance below which a map is not called better than random
+PROBABILITY = "target probability"
+SHARE_OF_SCORE = "share of the image's score"  # the measure of a one-output model (module doc)
 
 
 def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, baseline: str = "blur") -> int:
@@ -76,6 +83,7 @@ class FaithfulnessCurves:
     deletion_top1: np.ndarray
     random_deletion_top1: np.ndarray
     baseline: str = "blur"
+    measure: str = PROBABILITY  # what the curves follow: the target's probability, or ``SHARE_OF_SCORE``
 
     @property
     def curve_names(self) -> tuple[str, str]:
@@ -124,7 +132,7 @@ class FaithfulnessCurves:
 
     def as_dict(self) -> dict:
         first, second = self.curve_names
-        return {"target": self.target, "baseline": self.baseline, "curves": {"deletion": first, "insertion": second},
+        return {"target": self.target, "baseline": self.baseline, "measure": self.measure, "curves": {"deletion": first, "insertion": second},
                 **({"road_combined": self.road_combined} if self.baseline == "road" else {}), "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
                 "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
                 **{name: getattr(self, name).round(6).tolist()
@@ -166,13 +174,20 @@ def baseline_view(view: np.ndarray, layout: TokenLayout, kind: str = "blur") -> 
     raise VitExplorerError(f"baseline must be one of {BASELINES}, got {kind!r}")
 
 
+def measure_of(model: LoadedModel) -> str:
+    """What faithfulness curves of ``model`` follow (module doc)."""
+    if model.num_classes == 0:
+        raise VitExplorerError(f"{model.name} has no classifier head, so there is no class score to score maps by; "
+                               "choose a similarity target for a backbone")
+    return SHARE_OF_SCORE if model.num_classes == 1 else PROBABILITY
+
+
 def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]``, and whether
-    ``target`` is the top class ``[b]``."""
+    """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]`` (a one-output
+    model: its score as it is), and whether ``target`` is the top class ``[b]``."""
     logits = model.logits(pixels).float()
-    if logits.shape[-1] == 0:
-        raise VitExplorerError(f"{model.name} has no classifier head, so there is no class probability to score maps by")
-    return torch.softmax(logits, dim=-1)[:, target].cpu().numpy(), (logits.argmax(-1) == target).cpu().numpy()
+    values = logits[:, target] if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)[:, target]
+    return values.cpu().numpy(), (logits.argmax(-1) == target).cpu().numpy()
 
 
 def deletion_insertion(
@@ -200,7 +215,7 @@ def deletion_insertion(
     order = importance_order(grid_map)
     probs, tops = perturbed_probabilities(model, view, map_runs(order, baseline) + random_runs(randoms, baseline), target, steps,
                                           baseline, seed, batch_size, step)
-    return curves_of(target, steps, baseline, probs[:2], tops[:2], probs[2:], tops[2:])
+    return curves_of(target, steps, baseline, probs[:2], tops[:2], probs[2:], tops[2:], measure_of(model))
 
 
 def check_map(layout: TokenLayout, grid_map: torch.Tensor) -> None:
@@ -234,8 +249,10 @@ def random_runs(orders: list[torch.Tensor], baseline: str) -> list[Run]:
 
 def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run], target: int, steps: int, baseline: str,
                             seed: int, batch_size: int, step: Callable[[], None] | None) -> tuple[np.ndarray, np.ndarray]:
-    """The target's probability ``[runs, steps + 1]`` and whether it is the top class (1.0 or 0.0) along each run, all
-    the perturbed images through the model in batches of ``batch_size`` (``step`` after each)."""
+    """The target's probability (a one-output model: its score over the whole image's) ``[runs, steps + 1]`` and
+    whether it is the top class (1.0 or 0.0) along each run, all the perturbed images through the model in batches of
+    ``batch_size`` (``step`` after each)."""
+    measure = measure_of(model)
     if steps < 1:
         raise VitExplorerError("faithfulness needs at least one step")
     if baseline not in BASELINES:
@@ -271,6 +288,11 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
         if step is not None:
             step()
     probs, tops = np.concatenate(probs), np.concatenate(tops).astype(np.float64)
+    if measure == SHARE_OF_SCORE:  # the first image is the unchanged one: the shared image, or ROAD's first run at step 0
+        whole = abs(float(probs[0]))
+        if whole == 0:
+            raise VitExplorerError("the unchanged image's score is 0, so a map's effect on it has no scale; choose another target")
+        probs = probs / whole
     if baseline == "road":
         return probs.reshape(len(runs), steps + 1), tops.reshape(len(runs), steps + 1)
     # each curve: its start, its steps between, its end; deletion starts on the image (shared[0]), insertion on the baseline
@@ -280,7 +302,7 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
 
 
 def curves_of(target: int, steps: int, baseline: str, map_probs: np.ndarray, map_tops: np.ndarray, random_probs: np.ndarray,
-              random_tops: np.ndarray) -> FaithfulnessCurves:
+              random_tops: np.ndarray, measure: str = PROBABILITY) -> FaithfulnessCurves:
     """One map's curves from its two runs ``[2, steps + 1]`` and chance's runs (``random_runs``)."""
     if baseline == "road":
         random_deletion = random_insertion = random_probs.mean(axis=0)
@@ -299,4 +321,5 @@ def curves_of(target: int, steps: int, baseline: str, map_probs: np.ndarray, map
         deletion_top1=map_tops[0],
         random_deletion_top1=random_deletion_top1,
         baseline=baseline,
+        measure=measure,
     )

@@ -57,7 +57,8 @@ class Entry:
 
 @dataclass(frozen=True)
 class Scoreboard:
-    """The methods of one image and target, best first, and chance's score (mean and spread over random orders)."""
+    """The methods of one image and target, best first, and chance's score (mean and spread over random orders); the
+    curves follow ``measure``, the target's probability or (a backbone's similarity) the share of the image's score."""
 
     target: int
     target_label: str
@@ -67,6 +68,7 @@ class Scoreboard:
     entries: tuple[Entry, ...]
     chance_mean: float
     chance_sd: float
+    measure: str = faithfulness.PROBABILITY  # what the curves follow (``faithfulness.measure_of``)
 
     @property
     def curve_names(self) -> tuple[str, str]:
@@ -75,7 +77,7 @@ class Scoreboard:
     def as_dict(self) -> dict:
         first, second = self.curve_names
         return {"target": self.target, "target_label": self.target_label, "baseline": self.baseline, "steps": self.steps,
-                "random_orders": self.random_orders, "curves": {"deletion": first, "insertion": second},
+                "measure": self.measure, "random_orders": self.random_orders, "curves": {"deletion": first, "insertion": second},
                 "score": "(LeRF − MoRF) / 2" if self.baseline == "road" else "insertion − deletion",
                 "chance": {"mean": self.chance_mean, "sd": self.chance_sd}, "sanity_threshold": FALLEN,
                 "ranking": [{"method": entry.method, "deletion": entry.deletion, "insertion": entry.insertion, "score": entry.score,
@@ -103,8 +105,7 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     top class). ``step`` is called after each batch of perturbed images and after each layer the sanity check
     randomises (``batches`` + layers calls)."""
     check_model(model, analysis)
-    if analysis.num_classes == 0:
-        raise VitExplorerError(f"{model.name} has no classifier head: the scoreboard scores maps by a class's probability")
+    measure = faithfulness.measure_of(model)
     methods = tuple(CLASS_METHODS) if methods is None else tuple(methods)
     unknown = [method for method in methods if method not in CLASS_METHODS]
     if unknown:
@@ -136,5 +137,6 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
                              over_chance=(score - chance_mean) / spread, randomised_rho=float(sanity.final[method])))
     entries.sort(key=lambda entry: -entry.score)
     return Scoreboard(target=evidence.target, target_label=analysis.label(evidence.target), baseline=baseline, steps=steps,
-                      random_orders=random_orders, entries=tuple(entries), chance_mean=chance_mean, chance_sd=chance_sd)
+                      random_orders=random_orders, entries=tuple(entries), chance_mean=chance_mean, chance_sd=chance_sd,
+                      measure=measure)
 

@@ -15,18 +15,18 @@ from vit_explorer.methods.ablation import HeadAblation
 from vit_explorer.methods.ablation import cost_text as ablation_cost_text
 from vit_explorer.methods.comparison import Comparison, Side, same_classes
 from vit_explorer.methods.dataset import DatasetStatistics
-from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, FaithfulnessCurves, forward_passes
+from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, PROBABILITY, FaithfulnessCurves, forward_passes
 from vit_explorer.methods.sanity import SanityCurves
 from vit_explorer.methods.scoreboard import Scoreboard
 from vit_explorer.web.session import Controls, Session
 
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
-BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions or faithfulness scores; attention, rollout and head statistics "
-                 "work, and the target menu offers similarities for the class maps to explain.")
+BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions; attention, rollout and head statistics work, and the target "
+                 "menu offers similarities for the class maps, their faithfulness score and the head ablation to explain.")
 NO_CLASSIFIER = ("This model has no classifier head, so it has no class to explain: the class-specific maps (relevance, AttnLRP, "
                  "LeGrad, gradient-weighted rollout) wait for a target. Choose one in the target menu above: the similarity of the "
                  "image's embedding to its own, or to the query patch's. Rollout and last-layer class attention show meanwhile; "
-                 "the faithfulness score needs class probabilities and stays off.")
+                 "scoring waits for the target too.")
 
 
 def model_summary(analysis: Analysis) -> str:
@@ -165,8 +165,10 @@ def class_note(session: Session) -> str:
         return NO_CLASSIFIER
     if session.analysis.similarity:
         return (f"Target: **{session.analysis.label(0)}** = {float(session.analysis.logits[0]):.3f}, the projection of the "
-                "image's embedding on that direction: a score, not a probability, so faithfulness (which reads probabilities) "
-                "does not apply.")
+                "image's embedding on that direction: a score, not a probability. *Score faithfulness* follows it as a share "
+                "of the whole image's score (1 on the unchanged image, −1 if that score is negative) while patches are "
+                f"deleted and inserted in the map's order and in {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} "
+                "forward passes).")
     return (f"Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and inserts patches in "
             f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward passes).")
 
@@ -176,7 +178,8 @@ def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> s
     aucs, margins = curves.aucs, curves.margins
     first, second = curves.curve_names
     road = f" ROAD's combined score (LeRF − MoRF) / 2: **{curves.road_combined:.3f}**." if curves.baseline == "road" else ""
-    return (f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}** {curves.verdict}: "
+    measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
+    return (f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}**{measure} {curves.verdict}: "
             f"{first} AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
             f"{second} AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f})."
             + road)
@@ -189,7 +192,8 @@ def board_text(analysis: Analysis, board: Scoreboard) -> str:
     unweighted = [maps.CLASS_METHODS[entry.method] for entry in board.entries if not entry.depends_on_weights]
     badge = (f" ⚠️ {', '.join(unweighted)}: the map barely changes when the whole model is randomised (ρ ≥ 0.5), so it shows the "
              "image more than the model." if unweighted else "")
-    return (f"**Scoreboard** for **{analysis.label(board.target)}**, by {protocol}, best first: score = {second} AUC − {first} AUC"
+    measure = "" if board.measure == PROBABILITY else f" (curves of the {board.measure})"
+    return (f"**Scoreboard** for **{analysis.label(board.target)}**{measure}, by {protocol}, best first: score = {second} AUC − {first} AUC"
             f"{' halved' if board.baseline == 'road' else ''} (*del.* and *ins.* are the {first} and {second} AUCs); chance (random "
             f"orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}, and *vs chance* counts its standard deviations; "
             f"*random-model ρ* is the map's rank correlation with the same map from the fully randomised model.{badge}")

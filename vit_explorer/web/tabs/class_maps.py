@@ -69,10 +69,10 @@ def render_class(session: Session, controls: Controls) -> np.ndarray:
 
 
 def set_ranges(session: Session) -> dict:
-    """A backbone: only the maps that need no class, rollout chosen, until a similarity target opens the others; no
-    faithfulness score either way (it reads class probabilities)."""
-    probabilities = session.evidence is not None and not session.analysis.similarity
-    scoring = {"score": gr.update(interactive=probabilities), "scoreboard": gr.update(interactive=probabilities)}
+    """A backbone: only the maps that need no class, rollout chosen, and nothing to score, until a similarity target
+    opens the others and scoring."""
+    targeted = session.evidence is not None
+    scoring = {"score": gr.update(interactive=targeted), "scoreboard": gr.update(interactive=targeted)}
     if session.evidence is None:
         agnostic = [(name, key) for key, name in maps.CLASS_METHODS.items() if key not in maps.CLASS_SPECIFIC]
         return {"method": gr.update(choices=agnostic, value="rollout"), **scoring}
@@ -87,7 +87,8 @@ def scored(session: Session, controls: Controls) -> tuple:
 def faithfulness_plot(session: Session, method: str, curves) -> dict:
     """The interactive deletion and insertion curves of a score: values on hover, AUCs in the legend."""
     title = f"Deletion and insertion: {maps.CLASS_METHODS[method]} · target {session.analysis.label(curves.target)}"
-    return gr.update(value=plots.faithfulness_table(curves), title=title, color_map=plots.curve_colours(curves), visible=True)
+    return gr.update(value=plots.faithfulness_table(curves), title=title, color_map=plots.curve_colours(curves), visible=True,
+                     y_title=curves.measure, y_lim=list(charts.curve_limits(curves)))
 
 
 def render(session: Session, controls: Controls) -> dict:
