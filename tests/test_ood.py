@@ -16,7 +16,9 @@ from vit_explorer.web.captions import model_summary
 
 def test_energy_is_minus_logsumexp_of_the_logits():
     logits = np.random.default_rng(0).normal(0, 4, (5, 7))
-    np.testing.assert_allclose(energy(torch.from_numpy(logits).float()), -logsumexp(logits, axis=1), rtol=1e-6)
+    energies = energy(torch.from_numpy(logits).float())
+    assert isinstance(energies, torch.Tensor)
+    np.testing.assert_allclose(energies.numpy(), -logsumexp(logits, axis=1), rtol=1e-6)
 
 
 def test_calibration_passes_most_held_out_images_and_flags_unsure_logits():

@@ -65,10 +65,13 @@ def test_one_row_path_equals_the_full_product_row():
     torch.testing.assert_close(rollout_rows(factors, mean_query)[0], attention_rollout(attentions).mean(0))
 
 
-def test_rollout_accepts_numpy_and_float16():
-    attentions = random_attention().numpy().astype(np.float16)
-    result = attention_rollout(attentions)
+def test_rollout_widens_float16_and_refuses_numpy_with_the_conversion():
+    attentions = random_attention()
+    result = attention_rollout(attentions.half())
     assert result.dtype == torch.float32 and result.shape == (7, 7)
+    torch.testing.assert_close(result, attention_rollout(attentions), atol=2e-3, rtol=0)
+    with pytest.raises(VitExplorerError, match=r"torch.from_numpy\(array\)"):
+        attention_rollout(attentions.numpy().astype(np.float16))
 
 
 def test_attention_row_of_one_head_and_mean_of_heads():

@@ -14,14 +14,13 @@ Each chain is a product of per-layer factors, so one query row costs O(layers·n
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from vit_explorer.core.rollout import as_attention_stack, rollout_factors
 from vit_explorer.errors import VitExplorerError
 
 
-def weighted_attention(attentions: torch.Tensor | np.ndarray, gradients: torch.Tensor | np.ndarray) -> torch.Tensor:
+def weighted_attention(attentions: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
     """Ē = mean over heads of (∇A ⊙ A)⁺ ``[layers, n, n]``: attention where raising it raises the class score."""
     stack, grads = as_attention_stack(attentions), as_attention_stack(gradients)
     if stack.shape != grads.shape:
@@ -34,7 +33,7 @@ def relevance_factors(weighted: torch.Tensor) -> torch.Tensor:
     return weighted + torch.eye(weighted.shape[-1], dtype=weighted.dtype)
 
 
-def relevance(attentions: torch.Tensor | np.ndarray, gradients: torch.Tensor | np.ndarray) -> torch.Tensor:
+def relevance(attentions: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
     """The full relevance matrix R ``[n, n]`` (row i: what token i's output owes to each input token)."""
     factors = relevance_factors(weighted_attention(attentions, gradients))
     result = torch.eye(factors.shape[-1], dtype=factors.dtype)
@@ -53,7 +52,7 @@ def grad_rollout_factors(
     return rollout_factors(weighted[:, None], "mean", discard_ratio, residual_weight, num_protected)
 
 
-def gradient_importance(attentions: torch.Tensor | np.ndarray, gradients: torch.Tensor | np.ndarray) -> torch.Tensor:
+def gradient_importance(attentions: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
     """Σ |∇A ⊙ A| over queries and keys, per head ``[layers, heads]``: the first-order change of the
     class score if that head's attention were removed, whatever its sign."""
     return (as_attention_stack(gradients) * as_attention_stack(attentions)).abs().sum(dim=(-2, -1))

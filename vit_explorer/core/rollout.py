@@ -1,12 +1,11 @@
 """Attention rollout (Abnar & Zuidema, 2020) and the maps views read off attention rows.
 
-Pure tensor math: inputs are ``[layers, heads, n, n]`` attention stacks (torch or numpy),
-outputs are torch tensors.
+Pure tensor math: inputs are ``[layers, heads, n, n]`` attention stacks, outputs torch tensors. A numpy array is
+refused with the one call that converts it, so that no function here has to ask which library it was given.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from vit_explorer.errors import VitExplorerError
@@ -14,15 +13,18 @@ from vit_explorer.errors import VitExplorerError
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def as_attention_stack(attentions: torch.Tensor | np.ndarray) -> torch.Tensor:
+def as_attention_stack(attentions: torch.Tensor) -> torch.Tensor:
     """``[layers, heads, n, n]`` as a float32 tensor (float16 maps are widened here)."""
-    stack = torch.as_tensor(attentions)
+    if not isinstance(attentions, torch.Tensor):
+        raise VitExplorerError(f"expected attentions as a torch tensor [layers, heads, n, n], got {type(attentions).__name__}; "
+                               "convert a numpy array with torch.from_numpy(array)")
+    stack = attentions
     if stack.ndim != 4 or stack.shape[-1] != stack.shape[-2]:
         raise VitExplorerError(f"expected attentions [layers, heads, n, n], got shape {tuple(stack.shape)}")
     return stack.float()
 
 
-def fuse_heads(attentions: torch.Tensor | np.ndarray, head_fusion: str = "mean") -> torch.Tensor:
+def fuse_heads(attentions: torch.Tensor, head_fusion: str = "mean") -> torch.Tensor:
     """``[layers, heads, n, n]`` → ``[layers, n, n]`` by mean, max or min over heads."""
     stack = as_attention_stack(attentions)
     if head_fusion == "mean":
@@ -52,7 +54,7 @@ def discard_lowest(fused: torch.Tensor, discard_ratio: float, num_protected: int
 
 
 def rollout_factors(
-    attentions: torch.Tensor | np.ndarray,
+    attentions: torch.Tensor,
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
     residual_weight: float = 0.5,
@@ -74,7 +76,7 @@ def check_start_layer(start_layer: int, num_layers: int) -> None:
 
 
 def attention_rollout(
-    attentions: torch.Tensor | np.ndarray,
+    attentions: torch.Tensor,
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
     start_layer: int = 0,
@@ -103,7 +105,7 @@ def rollout_rows(factors: torch.Tensor, queries: torch.Tensor, start_layer: int 
 
 
 def rollout_row(
-    attentions: torch.Tensor | np.ndarray,
+    attentions: torch.Tensor,
     query: int,
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
@@ -118,7 +120,7 @@ def rollout_row(
     return rollout_rows(factors, one_hot, start_layer)[0]
 
 
-def attention_row(attentions: torch.Tensor | np.ndarray, layer: int, query: int, head: int | None = None) -> torch.Tensor:
+def attention_row(attentions: torch.Tensor, layer: int, query: int, head: int | None = None) -> torch.Tensor:
     """Where token ``query`` looks in ``layer``: one head's row, or the mean over heads ``[n]``."""
     stack = as_attention_stack(attentions)
     rows = stack[layer, :, query, :]  # [heads, n]

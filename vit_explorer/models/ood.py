@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from vit_explorer.errors import VitExplorerError
@@ -24,9 +23,9 @@ THRESHOLD_QUANTILE = 0.99  # of held-out in-distribution energies: about 1 in 10
 SCORE = "energy"  # the config's "score": a calibration of another kind is not read (``from_config``)
 
 
-def energy(logits: torch.Tensor) -> np.ndarray:
-    """The energy ``[b]`` of logits ``[b, classes]``: −logsumexp over the classes (higher: less familiar)."""
-    return (-torch.logsumexp(logits.detach().double(), dim=-1)).cpu().numpy()
+def energy(logits: torch.Tensor) -> torch.Tensor:
+    """The energy ``[b]`` float64 of logits ``[b, classes]``: −logsumexp over the classes (higher: less familiar)."""
+    return -torch.logsumexp(logits.detach().double(), dim=-1).cpu()
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def calibrate(heldout_logits: torch.Tensor, known: str) -> dict:
     """The config entry (``"ood"``) from the logits ``[b, classes]`` of held-out in-distribution images."""
     heldout = energy(heldout_logits)
     return {"score": SCORE, "method": "energy score (Liu et al. 2020), temperature 1",
-            "threshold": float(np.quantile(heldout, THRESHOLD_QUANTILE)), "threshold_quantile": THRESHOLD_QUANTILE,
+            "threshold": float(torch.quantile(heldout, THRESHOLD_QUANTILE)), "threshold_quantile": THRESHOLD_QUANTILE,
             "calibrated_on": len(heldout), "known": known}
 
 
