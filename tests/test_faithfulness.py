@@ -40,8 +40,8 @@ def test_pixel_masks_cover_exactly_their_patches():
 
 
 def test_area_and_baselines():
-    fractions = np.linspace(0, 1, 5)
-    assert area_under(fractions, np.ones(5)) == pytest.approx(1.0)
+    fractions = torch.linspace(0, 1, 5)
+    assert area_under(fractions, torch.ones(5)) == pytest.approx(1.0)
     assert area_under(fractions, fractions) == pytest.approx(0.5)
     view = np.zeros((8, 12, 3), dtype=np.uint8)
     view[:, :6] = 200
@@ -95,24 +95,24 @@ def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
     # every curve's ends are the same two images, which go through the model once: 6 curves × 3 steps between + 2
     assert sum(seen[:-1]) == forward_passes(4, 2, "mean") == 20 and max(seen[:-1]) == 5 and seen[-1] == 2
     assert ends_only.deletion.tolist() == pytest.approx([image_prob, baseline_prob], abs=1e-5)
-    np.testing.assert_array_equal(again.random_deletion, curves.random_deletion)  # seeded
+    torch.testing.assert_close(again.random_deletion, curves.random_deletion, rtol=0, atol=1e-7)  # seeded
     assert set(curves.as_dict()["auc"]) == {"deletion", "insertion", "random_deletion", "random_insertion"}
 
 
 def test_a_map_of_the_wrong_shape_is_refused(tiny_model):
     with pytest.raises(VitExplorerError, match="patch grid"):
-        deletion_insertion(tiny_model, np.zeros((64, 64, 3), np.uint8), np.zeros((3, 3)), target=0)
+        deletion_insertion(tiny_model, np.zeros((64, 64, 3), np.uint8), torch.zeros(3, 3), target=0)
 
 
 def test_beating_chance_needs_a_margin_at_both_curves():
     from vit_explorer.methods.faithfulness import FaithfulnessCurves
 
-    fractions = np.linspace(0, 1, 3)
+    fractions = torch.linspace(0, 1, 3, dtype=torch.float64)
 
     def curves(deletion, insertion):
-        return FaithfulnessCurves(target=0, fractions=fractions, deletion=np.array(deletion), insertion=np.array(insertion),
-                                  random_deletion=np.array([1.0, 0.5, 0.0]), random_insertion=np.array([0.0, 0.5, 1.0]),
-                                  deletion_top1=np.ones(3), random_deletion_top1=np.ones(3))
+        return FaithfulnessCurves(target=0, fractions=fractions, deletion=torch.tensor(deletion), insertion=torch.tensor(insertion),
+                                  random_deletion=torch.tensor([1.0, 0.5, 0.0]), random_insertion=torch.tensor([0.0, 0.5, 1.0]),
+                                  deletion_top1=torch.ones(3), random_deletion_top1=torch.ones(3))
 
     good = curves([1.0, 0.1, 0.0], [0.0, 0.9, 1.0])
     assert good.margins == pytest.approx({"deletion": 0.2, "insertion": 0.2}) and good.beats_chance()
@@ -152,7 +152,7 @@ def test_a_similarity_is_followed_as_a_share_of_the_images_score(tmp_path):
     negative = similarity_model(backbone, pixels_of(backbone, analysis))
     negative.adapter.reference = -negative.adapter.reference
     flipped = deletion_insertion(negative, view, grid_map, target=0, steps=4, random_orders=2, baseline="mean")
-    np.testing.assert_allclose(flipped.deletion, -curves.deletion, rtol=1e-4)
+    torch.testing.assert_close(flipped.deletion, -curves.deletion, rtol=1e-4, atol=1e-6)
     negative.adapter.reference = negative.adapter.reference * 0
     with pytest.raises(VitExplorerError, match="score is 0"):
         deletion_insertion(negative, view, grid_map, target=0, steps=2, random_orders=1)

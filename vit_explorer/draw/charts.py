@@ -39,8 +39,9 @@ def _figure(width: float = 5.0, height: float = 3.4):
 
 def curve_limits(curves: FaithfulnessCurves) -> tuple[float, float]:
     """The y range of faithfulness curves: 0 to just above 1, widened to hold a share of a score that leaves it."""
-    values = np.concatenate([curves.deletion, curves.insertion, curves.random_deletion, curves.random_insertion])
-    return min(0.0, float(values.min()) - 0.02), max(1.02, float(values.max()) + 0.02)
+    values = [float(value) for curve in (curves.deletion, curves.insertion, curves.random_deletion, curves.random_insertion)
+              for value in curve]
+    return min(0.0, min(values) - 0.02), max(1.02, max(values) + 0.02)
 
 
 def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
@@ -49,8 +50,9 @@ def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
     axes = figure.add_subplot()
     aucs = curves.aucs
     for name, colour in (("deletion", "tab:red"), ("insertion", "tab:blue")):
-        axes.plot(curves.fractions, getattr(curves, name), color=colour, linewidth=2, label=f"{name} (AUC {aucs[name]:.3f})")
-        axes.plot(curves.fractions, getattr(curves, f"random_{name}"), color=colour, linewidth=1, linestyle="--",
+        fractions = curves.fractions.numpy()
+        axes.plot(fractions, getattr(curves, name).numpy(), color=colour, linewidth=2, label=f"{name} (AUC {aucs[name]:.3f})")
+        axes.plot(fractions, getattr(curves, f"random_{name}").numpy(), color=colour, linewidth=1, linestyle="--",
                   label=f"random {name} ({aucs[f'random_{name}']:.3f})")
     axes.set_xlim(0, 1)
     axes.set_ylim(*curve_limits(curves))

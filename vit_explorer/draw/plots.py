@@ -62,7 +62,7 @@ def faithfulness_table(curves: FaithfulnessCurves) -> pd.DataFrame:
     frames = []
     for curve in CURVE_COLOURS:
         key = curve.replace(" ", "_")
-        frames.append(pd.DataFrame({"share": curves.fractions.astype(np.float64), "probability": getattr(curves, key).astype(np.float64),
+        frames.append(pd.DataFrame({"share": curves.fractions.double().numpy(), "probability": getattr(curves, key).double().numpy(),
                                     "curve": curve_name(curve, aucs[key])}))
     return pd.concat(frames, ignore_index=True)
 

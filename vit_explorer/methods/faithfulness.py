@@ -63,9 +63,14 @@ def batches(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDE
     return math.ceil(forward_passes(steps, random_orders, baseline) / batch_size)
 
 
-def area_under(fractions: np.ndarray, values: np.ndarray) -> float:
-    """Trapezoidal area under ``values`` over ``fractions`` (0…1)."""
-    return float(((values[1:] + values[:-1]) * np.diff(fractions)).sum() / 2)
+def fractions_of(steps: int) -> torch.Tensor:
+    """The share of patches changed at each step ``[steps + 1]`` float64, 0…1."""
+    return torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
+
+
+def area_under(fractions: torch.Tensor, values: torch.Tensor) -> float:
+    """Trapezoidal area under ``values`` ``[steps + 1]`` over ``fractions`` (0…1), in float64."""
+    return float(torch.trapezoid(values.double(), fractions.double()))
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,13 @@ class FaithfulnessCurves:
     the share of them): over a labelled set, the mean is the accuracy of Chefer et al.'s positive perturbation."""
 
     target: int
-    fractions: np.ndarray  # share of patches deleted / inserted at each step, 0…1
-    deletion: np.ndarray
-    insertion: np.ndarray
-    random_deletion: np.ndarray
-    random_insertion: np.ndarray
-    deletion_top1: np.ndarray
-    random_deletion_top1: np.ndarray
+    fractions: torch.Tensor  # [steps + 1] float64: share of patches deleted / inserted at each step, 0…1
+    deletion: torch.Tensor  # [steps + 1], and so the other curves
+    insertion: torch.Tensor
+    random_deletion: torch.Tensor
+    random_insertion: torch.Tensor
+    deletion_top1: torch.Tensor
+    random_deletion_top1: torch.Tensor
     baseline: str = "blur"
     measure: str = PROBABILITY  # what the curves follow: the target's probability, or ``SHARE_OF_SCORE``
 
@@ -112,7 +117,7 @@ class FaithfulnessCurves:
     @property
     def relative_aucs(self) -> dict[str, float]:
         """``aucs`` over the unperturbed probability: 1 is as sure as on the whole image, on any model."""
-        scale = max(self.unperturbed, np.finfo(np.float64).tiny)
+        scale = max(self.unperturbed, torch.finfo(torch.float64).tiny)
         return {name: value / scale for name, value in self.aucs.items()}
 
     @property
@@ -135,7 +140,7 @@ class FaithfulnessCurves:
         return {"target": self.target, "baseline": self.baseline, "measure": self.measure, "curves": {"deletion": first, "insertion": second},
                 **({"road_combined": self.road_combined} if self.baseline == "road" else {}), "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
                 "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
-                **{name: getattr(self, name).round(6).tolist()
+                **{name: getattr(self, name).round(decimals=6).tolist()
                    for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
 
 
@@ -182,12 +187,12 @@ def measure_of(model: LoadedModel) -> str:
     return SHARE_OF_SCORE if model.num_classes == 1 else PROBABILITY
 
 
-def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) -> tuple[np.ndarray, np.ndarray]:
+def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]`` (a one-output
     model: its score as it is), and whether ``target`` is the top class ``[b]``."""
     logits = model.logits(pixels).float()
     values = logits[:, target] if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)[:, target]
-    return values.cpu().numpy(), (logits.argmax(-1) == target).cpu().numpy()
+    return values.cpu(), (logits.argmax(-1) == target).cpu()
 
 
 def deletion_insertion(
@@ -224,8 +229,8 @@ def check_map(layout: TokenLayout, grid_map: torch.Tensor) -> None:
 
 
 def random_patch_orders(layout: TokenLayout, count: int, seed: int) -> list[torch.Tensor]:
-    """``count`` random patch orders, drawn by numpy's generator from ``seed`` (the orders the published figures were
-    scored with)."""
+    """``count`` random patch orders ``[patches]``, drawn by numpy's generator from ``seed``: the orders every published
+    figure was scored with (torch's generator would draw others), turned into tensors at once."""
     if count < 1:
         raise VitExplorerError("faithfulness needs at least one random order")
     rng = np.random.default_rng(seed)
@@ -248,7 +253,7 @@ def random_runs(orders: list[torch.Tensor], baseline: str) -> list[Run]:
 
 
 def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run], target: int, steps: int, baseline: str,
-                            seed: int, batch_size: int, step: Callable[[], None] | None) -> tuple[np.ndarray, np.ndarray]:
+                            seed: int, batch_size: int, step: Callable[[], None] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's probability (a one-output model: its score over the whole image's) ``[runs, steps + 1]`` and
     whether it is the top class (1.0 or 0.0) along each run, all the perturbed images through the model in batches of
     ``batch_size`` (``step`` after each)."""
@@ -287,7 +292,7 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
         tops.append(batch_tops)
         if step is not None:
             step()
-    probs, tops = np.concatenate(probs), np.concatenate(tops).astype(np.float64)
+    probs, tops = torch.cat(probs).double(), torch.cat(tops).double()
     if measure == SHARE_OF_SCORE:  # the first image is the unchanged one: the shared image, or ROAD's first run at step 0
         whole = abs(float(probs[0]))
         if whole == 0:
@@ -296,24 +301,24 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
     if baseline == "road":
         return probs.reshape(len(runs), steps + 1), tops.reshape(len(runs), steps + 1)
     # each curve: its start, its steps between, its end; deletion starts on the image (shared[0]), insertion on the baseline
-    starts = inserting.long().numpy()
-    return tuple(np.concatenate([values[starts][:, None], values[2:].reshape(len(runs), steps - 1), values[1 - starts][:, None]], axis=1)
+    starts = inserting.long()
+    return tuple(torch.cat([values[starts][:, None], values[2:].reshape(len(runs), steps - 1), values[1 - starts][:, None]], dim=1)
                  for values in (probs, tops))
 
 
-def curves_of(target: int, steps: int, baseline: str, map_probs: np.ndarray, map_tops: np.ndarray, random_probs: np.ndarray,
-              random_tops: np.ndarray, measure: str = PROBABILITY) -> FaithfulnessCurves:
+def curves_of(target: int, steps: int, baseline: str, map_probs: torch.Tensor, map_tops: torch.Tensor, random_probs: torch.Tensor,
+              random_tops: torch.Tensor, measure: str = PROBABILITY) -> FaithfulnessCurves:
     """One map's curves from its two runs ``[2, steps + 1]`` and chance's runs (``random_runs``)."""
     if baseline == "road":
-        random_deletion = random_insertion = random_probs.mean(axis=0)
-        random_deletion_top1 = random_tops.mean(axis=0)
+        random_deletion = random_insertion = random_probs.mean(dim=0)
+        random_deletion_top1 = random_tops.mean(dim=0)
     else:
         orders = len(random_probs) // 2
-        random_deletion, random_insertion = random_probs[:orders].mean(axis=0), random_probs[orders:].mean(axis=0)
-        random_deletion_top1 = random_tops[:orders].mean(axis=0)
+        random_deletion, random_insertion = random_probs[:orders].mean(dim=0), random_probs[orders:].mean(dim=0)
+        random_deletion_top1 = random_tops[:orders].mean(dim=0)
     return FaithfulnessCurves(
         target=target,
-        fractions=np.linspace(0.0, 1.0, steps + 1),
+        fractions=fractions_of(steps),
         deletion=map_probs[0],
         insertion=map_probs[1],
         random_deletion=random_deletion,

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
+import torch
 
 from vit_explorer.core.analysis import Analysis, check_model, class_evidence
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
@@ -85,7 +85,7 @@ class Scoreboard:
                              "depends_on_weights": entry.depends_on_weights} for entry in self.entries]}
 
 
-def combined(deletion: float, insertion: float, baseline: str) -> float:
+def combined(deletion: float | torch.Tensor, insertion: float | torch.Tensor, baseline: str) -> float | torch.Tensor:
     """The ranking number: insertion − deletion, halved for ROAD as its combined score is."""
     return (insertion - deletion) / (2 if baseline == "road" else 1)
 
@@ -116,17 +116,17 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     runs = [run for method in methods for run in faithfulness.map_runs(importance_order(maps[method]), baseline)]
     runs += faithfulness.random_runs(randoms, baseline)
     probs, _ = faithfulness.perturbed_probabilities(model, analysis.image, runs, evidence.target, steps, baseline, seed, batch_size, step)
-    fractions = np.linspace(0.0, 1.0, steps + 1)
-    aucs = np.array([area_under(fractions, curve) for curve in probs])  # [runs]
+    fractions = faithfulness.fractions_of(steps)
+    aucs = torch.tensor([area_under(fractions, curve) for curve in probs], dtype=torch.float64)  # [runs]
     chance = aucs[2 * len(methods) :]
     if baseline == "road":
         # ROAD's random orders stand for both curves: chance's score pairs one order's LeRF with another's MoRF
         pairs = [(a, b) for a in range(random_orders) for b in range(random_orders) if a != b] or [(0, 0)]
-        chance_scores = np.array([combined(chance[a], chance[b], baseline) for a, b in pairs])
+        chance_scores = torch.tensor([combined(float(chance[a]), float(chance[b]), baseline) for a, b in pairs], dtype=torch.float64)
     else:  # each order's insertion − its deletion
         chance_scores = combined(chance[:random_orders], chance[random_orders:], baseline)
-    chance_mean = float(np.mean(chance_scores))
-    chance_sd = float(np.std(chance_scores, ddof=1)) if len(chance_scores) > 1 else float("nan")
+    chance_mean = float(chance_scores.mean())
+    chance_sd = float(chance_scores.std(correction=1)) if len(chance_scores) > 1 else float("nan")
     sanity = sanity_check(model, analysis, evidence.target, methods=methods, options=options, seed=seed, cascade=False, step=step)
     entries = []
     for index, method in enumerate(methods):
