@@ -88,8 +88,9 @@ def test_streamed_totals_equal_the_per_image_oracle(tmp_path, tiny_model):
 def test_histogram_quantiles_are_within_one_bin_of_the_exact_ones():
     values = np.random.default_rng(0).beta(2, 5, size=20_000)
     histogram = np.histogram(values, bins=HISTOGRAM_BINS, range=(0, 1))[0]
-    found = histogram_quantiles(histogram, 0.0, 1.0, (0.05, 0.5, 0.95))
-    np.testing.assert_allclose(found, np.quantile(values, [0.05, 0.5, 0.95]), atol=1 / HISTOGRAM_BINS)
+    found = histogram_quantiles(torch.from_numpy(histogram), 0.0, 1.0, (0.05, 0.5, 0.95))
+    assert found.dtype == torch.float64
+    np.testing.assert_allclose(found.numpy(), np.quantile(values, [0.05, 0.5, 0.95]), atol=1 / HISTOGRAM_BINS)
 
 
 def test_unreadable_files_are_skipped_and_listed_with_their_reason(tmp_path, tiny_model):

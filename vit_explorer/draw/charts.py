@@ -97,7 +97,7 @@ def against_dataset_chart(values: dict[str, torch.Tensor], dataset: DatasetStati
         layers, heads = values[name].shape
         offsets = (np.arange(heads) - (heads - 1) / 2) * min(0.7 / max(heads, 1), 0.1)
         x = np.arange(layers)[:, None] + offsets[None, :]  # [layers, heads]
-        low, high, mean, value = dataset.low[name], dataset.high[name], dataset.mean[name], to_numpy(values[name])
+        low, high, mean, value = (to_numpy(array) for array in (dataset.low[name], dataset.high[name], dataset.mean[name], values[name]))
         axes.vlines(x.ravel(), low.ravel(), high.ravel(), color="#b0b0b0", linewidth=3, label="dataset 5–95%")
         axes.plot(x.ravel(), mean.ravel(), "_", color="#606060", markersize=7, label="dataset mean")
         outside = (value < low) | (value > high)

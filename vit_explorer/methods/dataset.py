@@ -176,8 +176,8 @@ class HeadTotals:
             tensors[f"class_squares/{name}"] = torch.zeros(classes, layers, heads, dtype=torch.float64)
         return cls(tensors)
 
-    def add(self, values: dict[str, torch.Tensor], ranges: dict[str, tuple[float, float]], labels: np.ndarray,
-            predictions: np.ndarray | None) -> None:
+    def add(self, values: dict[str, torch.Tensor], ranges: dict[str, tuple[float, float]], labels: torch.Tensor,
+            predictions: torch.Tensor | None) -> None:
         """Add a batch: ``values`` ``{name: [b, layers, heads]}``, class-folder ``labels`` ``[b]`` (-1: none),
         and the predictions as class-folder indices ``[b]`` (-1: a class with no folder) when the folders
         name the model's classes."""
@@ -188,7 +188,7 @@ class HeadTotals:
             self.tensors["correct"] += int((predictions[labelled] == labels[labelled]).sum())
         classes = len(self.tensors["class_count"])
         if classes:
-            self.tensors["class_count"] += torch.from_numpy(np.bincount(labels[labelled], minlength=classes).astype(np.float64))
+            self.tensors["class_count"] += torch.bincount(labels[labelled], minlength=classes).double()
         for name, batch in values.items():
             batch = batch.double()  # [b, layers, heads]
             self.tensors[f"sums/{name}"] += batch.sum(0)
@@ -197,9 +197,9 @@ class HeadTotals:
             bins = ((batch - low) / (high - low) * HISTOGRAM_BINS).floor().clamp(0, HISTOGRAM_BINS - 1).long()  # [b, layers, heads]
             self.tensors[f"histograms/{name}"] += torch.nn.functional.one_hot(bins, HISTOGRAM_BINS).sum(0).double()
             if classes and labelled.any():
-                index = torch.from_numpy(labels[labelled])
-                self.tensors[f"class_sums/{name}"].index_add_(0, index, batch[torch.from_numpy(labelled)])
-                self.tensors[f"class_squares/{name}"].index_add_(0, index, batch[torch.from_numpy(labelled)] ** 2)
+                index = labels[labelled]
+                self.tensors[f"class_sums/{name}"].index_add_(0, index, batch[labelled])
+                self.tensors[f"class_squares/{name}"].index_add_(0, index, batch[labelled] ** 2)
 
     def merge(self, other: HeadTotals) -> None:
         for name, tensor in other.tensors.items():
@@ -217,22 +217,22 @@ class HeadTotals:
         return cls(saved["tensors"], saved["skipped"])
 
 
-def histogram_quantiles(histogram: np.ndarray, low: float, high: float, quantiles: tuple[float, ...] = QUANTILES) -> np.ndarray:
-    """Quantiles ``[..., len(quantiles)]`` of values counted in ``histogram`` ``[..., bins]`` of equal bins
+def histogram_quantiles(histogram: torch.Tensor, low: float, high: float, quantiles: tuple[float, ...] = QUANTILES) -> torch.Tensor:
+    """Quantiles ``[..., len(quantiles)]`` float64 of values counted in ``histogram`` ``[..., bins]`` of equal bins
     over [low, high], interpolated linearly within the bin where each falls."""
-    counts = np.asarray(histogram, dtype=np.float64)
-    cumulative = np.cumsum(counts, axis=-1)  # [..., bins]
+    counts = histogram.double()
+    cumulative = counts.cumsum(dim=-1)  # [..., bins]
     total = cumulative[..., -1:]
     width = (high - low) / counts.shape[-1]
     result = []
     for quantile in quantiles:
         wanted = quantile * total  # [..., 1]
-        bin_index = np.minimum((cumulative < wanted).sum(axis=-1, keepdims=True), counts.shape[-1] - 1)
-        before = np.where(bin_index > 0, np.take_along_axis(cumulative, np.maximum(bin_index - 1, 0), axis=-1), 0.0)
-        inside = np.take_along_axis(counts, bin_index, axis=-1)
-        fraction = np.where(inside > 0, (wanted - before) / np.where(inside > 0, inside, 1.0), 0.0)
+        bin_index = (cumulative < wanted).sum(dim=-1, keepdim=True).clamp_max(counts.shape[-1] - 1)
+        before = torch.where(bin_index > 0, cumulative.gather(-1, (bin_index - 1).clamp_min(0)), 0.0)
+        inside = counts.gather(-1, bin_index)
+        fraction = torch.where(inside > 0, (wanted - before) / torch.where(inside > 0, inside, 1.0), 0.0)
         result.append((low + (bin_index + fraction) * width)[..., 0])
-    return np.stack(result, axis=-1)
+    return torch.stack(result, dim=-1)
 
 
 def _shard_batches(count: int, shards: list[int], shard_size: int, batch_size: int) -> Iterator[list[int]]:
@@ -302,7 +302,7 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
     # accuracy needs the folders to name the model's classes: each model class's folder index (-1: none)
     folder_of_class = None
     if images.classes and model.labels and all(name in model.labels for name in images.classes):
-        folder_of_class = np.array([images.classes.index(name) if name in images.classes else -1 for name in model.labels])
+        folder_of_class = torch.tensor([images.classes.index(name) if name in images.classes else -1 for name in model.labels])
     shard_folder.mkdir(parents=True, exist_ok=True)
     count = len(images.paths)
     manifest = {"model": model.name, "images": count, "shard_size": shard_size, "first": str(images.paths[0]), "last": str(images.paths[-1])}
@@ -332,12 +332,12 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
         shard = int(indices[0]) // shard_size
         if shard_totals is None:
             shard_totals = HeadTotals.zeros(layers, heads, classes)
-        good = np.array([error == "" for error in errors])
+        good = torch.tensor([error == "" for error in errors])
         shard_totals.skipped += [{"path": str(images.paths[int(index)]), "reason": error} for index, error in zip(indices, errors) if error]
         if good.any():
-            captured = capture(model, pixels[torch.from_numpy(good)].to(model.device), StatisticsSink(model.layout, head_statistics))
-            predictions = None if folder_of_class is None else folder_of_class[captured.logits.argmax(-1).cpu().numpy()]
-            shard_totals.add(captured.kept, ranges, labels.numpy()[good], predictions)
+            captured = capture(model, pixels[good].to(model.device), StatisticsSink(model.layout, head_statistics))
+            predictions = None if folder_of_class is None else folder_of_class[captured.logits.argmax(-1).cpu()]
+            shard_totals.add(captured.kept, ranges, labels[good], predictions)
         bar.update(len(indices))
         shard_done += len(indices)
         if shard_done == min(count, (shard + 1) * shard_size) - shard * shard_size:
@@ -356,27 +356,38 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
     return totals, run
 
 
+def mean_and_std(sums: torch.Tensor, squares: torch.Tensor, count: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and (population) standard deviation ``[layers, heads]`` from sums and sums of squares over ``count`` images."""
+    mean = sums / max(count, 1.0)
+    return mean, (squares / max(count, 1.0) - mean**2).clamp_min(0.0).sqrt()
+
+
+def cells(mean: torch.Tensor, std: torch.Tensor) -> Iterator[tuple[tuple[int, int], float, float]]:
+    """((layer, head), mean, std) for every head, as Python numbers for a table row."""
+    for layer, (means, stds) in enumerate(zip(mean.tolist(), std.tolist())):
+        for head, (value, spread) in enumerate(zip(means, stds)):
+            yield (layer, head), value, spread
+
+
 def head_table(totals: HeadTotals, ranges: dict[str, tuple[float, float]], classes: list[str] | None) -> list[dict]:
     """One row per (group, statistic, layer, head): group ``all`` with count, mean, std and quantiles,
     then one group per class with count, mean and std."""
     rows = []
     count = float(totals.tensors["count"])
     for name in HEAD_STATISTICS:
-        sums, squares = totals.tensors[f"sums/{name}"].numpy(), totals.tensors[f"squares/{name}"].numpy()
-        mean = sums / max(count, 1.0)
-        std = np.sqrt(np.maximum(squares / max(count, 1.0) - mean**2, 0.0))
-        quantiles = histogram_quantiles(totals.tensors[f"histograms/{name}"].numpy(), *ranges[name])
-        for (layer, head), value in np.ndenumerate(mean):
-            row = {"group": "all", "statistic": name, "layer": layer, "head": head, "count": int(count), "mean": value, "std": std[layer, head]}
-            row.update({f"q{round(q * 100):02d}": quantiles[layer, head, i] for i, q in enumerate(QUANTILES)})
+        mean, std = mean_and_std(totals.tensors[f"sums/{name}"], totals.tensors[f"squares/{name}"], count)  # [layers, heads]
+        quantiles = histogram_quantiles(totals.tensors[f"histograms/{name}"], *ranges[name]).tolist()  # [layers][heads][quantiles]
+        for (layer, head), value, spread in cells(mean, std):
+            row = {"group": "all", "statistic": name, "layer": layer, "head": head, "count": int(count), "mean": value, "std": spread}
+            row.update({f"q{round(q * 100):02d}": quantiles[layer][head][i] for i, q in enumerate(QUANTILES)})
             rows.append(row)
         for index, class_name in enumerate(classes or []):
             class_count = float(totals.tensors["class_count"][index])
-            class_mean = totals.tensors[f"class_sums/{name}"][index].numpy() / max(class_count, 1.0)
-            class_std = np.sqrt(np.maximum(totals.tensors[f"class_squares/{name}"][index].numpy() / max(class_count, 1.0) - class_mean**2, 0.0))
-            for (layer, head), value in np.ndenumerate(class_mean):
+            class_mean, class_std = mean_and_std(totals.tensors[f"class_sums/{name}"][index], totals.tensors[f"class_squares/{name}"][index],
+                                                 class_count)
+            for (layer, head), value, spread in cells(class_mean, class_std):
                 rows.append({"group": class_name, "statistic": name, "layer": layer, "head": head, "count": int(class_count),
-                             "mean": value, "std": class_std[layer, head]})
+                             "mean": value, "std": spread})
     return rows
 
 
@@ -407,20 +418,19 @@ class DatasetStatistics:
     model: str
     source: str
     images: int
-    mean: dict[str, np.ndarray]
-    low: dict[str, np.ndarray]
-    high: dict[str, np.ndarray]
+    mean: dict[str, torch.Tensor]  # [layers, heads] float64, and so low and high
+    low: dict[str, torch.Tensor]
+    high: dict[str, torch.Tensor]
 
     @property
     def shape(self) -> tuple[int, int]:
-        return next(iter(self.mean.values())).shape
+        return tuple(next(iter(self.mean.values())).shape)
 
     def outside(self, name: str, values: torch.Tensor) -> list[tuple[int, int, float, float, float]]:
         """The heads whose ``values`` ``[layers, heads]`` (an analysis's, ``maps.ranking_values``) of statistic ``name``
         lie outside the dataset's 5–95% range: (layer, head, value, low, high), furthest outside first (in units of
         the range)."""
-        # the dataset's figures come from its files as numpy; the comparison is in the analysis's torch
-        low, high = torch.from_numpy(self.low[name]), torch.from_numpy(self.high[name])
+        low, high = self.low[name], self.high[name]
         values = values.double()
         beyond = torch.maximum(low - values, values - high) / (high - low).clamp_min(1e-12)  # [layers, heads], > 0 outside
         heads = [(layer, head) for layer, head in (beyond > 0).nonzero().tolist()]
@@ -451,7 +461,8 @@ def read_statistics(folder: str | Path) -> DatasetStatistics:
         layers, heads = summary["layers_heads"]
         with open(folder / "heads.csv", newline="") as handle:
             rows = [row for row in csv.DictReader(handle) if row["group"] == "all"]
-        mean, low, high = ({name: np.full((layers, heads), np.nan) for name in HEAD_STATISTICS} for _ in range(3))
+        mean, low, high = ({name: torch.full((layers, heads), math.nan, dtype=torch.float64) for name in HEAD_STATISTICS}
+                           for _ in range(3))
         for row in rows:
             if row["statistic"] in HEAD_STATISTICS:
                 where = (row["statistic"], int(row["layer"]), int(row["head"]))
@@ -460,7 +471,7 @@ def read_statistics(folder: str | Path) -> DatasetStatistics:
     except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
         raise VitExplorerError(f"{folder} is not a folder written by `vit-explorer stats` (it needs summary.json and heads.csv): "
                                f"{type(error).__name__}") from None
-    if any(np.isnan(values).any() for values in mean.values()):
+    if any(values.isnan().any() for values in mean.values()):
         raise VitExplorerError(f"{folder}/heads.csv lacks some heads of the {layers}×{heads} the summary names; run `vit-explorer stats` again")
     return DatasetStatistics(str(folder), str(summary.get("model", "?")), str(summary.get("source", "?")), int(summary.get("analysed", 0)),
                              mean, low, high)
