@@ -18,10 +18,9 @@ def as_attention_stack(attentions: torch.Tensor) -> torch.Tensor:
     if not isinstance(attentions, torch.Tensor):
         raise VitExplorerError(f"expected attentions as a torch tensor [layers, heads, n, n], got {type(attentions).__name__}; "
                                "convert a numpy array with torch.from_numpy(array)")
-    stack = attentions
-    if stack.ndim != 4 or stack.shape[-1] != stack.shape[-2]:
-        raise VitExplorerError(f"expected attentions [layers, heads, n, n], got shape {tuple(stack.shape)}")
-    return stack.float()
+    if attentions.ndim != 4 or attentions.shape[-1] != attentions.shape[-2]:
+        raise VitExplorerError(f"expected attentions [layers, heads, n, n], got shape {tuple(attentions.shape)}")
+    return attentions.float()
 
 
 def fuse_heads(attentions: torch.Tensor, head_fusion: str = "mean") -> torch.Tensor:

@@ -187,11 +187,11 @@ def measure_of(model: LoadedModel) -> str:
     return SHARE_OF_SCORE if model.num_classes == 1 else PROBABILITY
 
 
-def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]`` (a one-output
-    model: its score as it is), and whether ``target`` is the top class ``[b]``."""
+def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int, measure: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]`` (``measure``
+    ``SHARE_OF_SCORE``: the score as it is, scaled later), and whether ``target`` is the top class ``[b]``."""
     logits = model.logits(pixels).float()
-    values = logits[:, target] if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)[:, target]
+    values = logits[:, target] if measure == SHARE_OF_SCORE else torch.softmax(logits, dim=-1)[:, target]
     return values.cpu(), (logits.argmax(-1) == target).cpu()
 
 
@@ -287,7 +287,7 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
     for start in range(0, len(shared) + len(changing), batch_size):
         stop = start + batch_size
         rows = slice(max(start - len(shared), 0), max(stop - len(shared), 0))
-        batch_probs, batch_tops = target_probabilities(model, torch.cat([shared[start:stop], perturbed(rows)]), target)
+        batch_probs, batch_tops = target_probabilities(model, torch.cat([shared[start:stop], perturbed(rows)]), target, measure)
         probs.append(batch_probs)
         tops.append(batch_tops)
         if step is not None:
