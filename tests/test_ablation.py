@@ -115,7 +115,7 @@ FAMILIES = {"seed ViT": (seed_model, seed_vit_logits), "timm ViT": (timm_model, 
 
 def random_reference(model: LoadedModel, seed: int = 1) -> torch.Tensor:
     """Row-stochastic stand-ins for mean maps ``[layers, heads, n, n]``, unlike any map the image produces."""
-    layers, heads = model.adapter.map_shape(model.module)
+    layers, heads = model.map_shape
     n = model.layout.num_tokens
     generator = torch.Generator().manual_seed(seed)
     return torch.rand(layers, heads, n, n, generator=generator).softmax(dim=-1)
@@ -138,7 +138,7 @@ def test_each_delta_equals_a_hand_written_forward_without_that_head(family, mode
     model = make()
     pixels = torch.randn(1, 3, *model.preprocess.input_hw, generator=torch.Generator().manual_seed(3))
     reference = random_reference(model) if mode == "mean" else None
-    layers, heads = model.adapter.map_shape(model.module)
+    layers, heads = model.map_shape
     with torch.no_grad():
         original = reference_forward(model.module, pixels, None, mode, reference)[0].double()
         np.testing.assert_allclose(original.float().numpy(), model.logits(pixels)[0].numpy(), atol=1e-5)  # the hand forward is the model
@@ -163,7 +163,7 @@ def test_each_delta_equals_a_hand_written_forward_without_that_head(family, mode
 def test_mean_mode_without_a_reference_is_uniform_attention(family):
     model = FAMILIES[family][0]()
     pixels = torch.randn(1, 3, *model.preprocess.input_hw, generator=torch.Generator().manual_seed(4))
-    layers, heads = model.adapter.map_shape(model.module)
+    layers, heads = model.map_shape
     n = model.layout.num_tokens
     uniform = torch.full((layers, heads, n, n), 1.0 / n)
     default = head_ablation(model, pixels, mode="mean")
@@ -193,7 +193,7 @@ BRANCHING = {
 def test_one_branched_pass_equals_a_pass_per_head_set(family):
     model = BRANCHING[family]()
     pixels = torch.randn(1, 3, *model.preprocess.input_hw, generator=torch.Generator().manual_seed(5))
-    layers, heads = model.adapter.map_shape(model.module)
+    layers, heads = model.map_shape
     head_sets = [[(1, 0)], [], [(1, heads - 1), (layers - 1, 0)], [(layers - 1, h) for h in range(heads)]]
     together = ablated_logits(model, pixels, head_sets)
     apart = torch.cat([ablated_logits(model, pixels, [heads_removed]) for heads_removed in head_sets])

@@ -256,7 +256,7 @@ def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout
     for path in paths:
         mask = np.asarray(Image.open(tmp_path / "set" / "masks" / path.relative_to(tmp_path / "set" / "images"))) > 127
         pixels = to_pixels(load_image(path), model.preprocess)
-        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]))
+        captured = capture(model, pixels, StackingSink(model.map_shape[0]))
         correct.append(float(model.labels[int(captured.logits[0].argmax())] == path.parent.name))
         rows, cols = model.layout.grid_hw
         cell_h, cell_w = mask.shape[0] // rows, mask.shape[1] // cols

@@ -46,7 +46,7 @@ def oracle(model, paths: list[Path]) -> dict[str, np.ndarray]:
     per_image = {name: [] for name in HEAD_STATISTICS}
     for path in paths:
         pixels = to_pixels(model_view(load_image(path), model.preprocess), model.preprocess)
-        maps = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0])).kept[0]  # [layers, heads, n, n]
+        maps = capture(model, pixels, StackingSink(model.map_shape[0])).kept[0]  # [layers, heads, n, n]
         for name, compute in HEAD_STATISTICS.items():
             per_image[name].append(compute(maps, model.layout).numpy())
     return {name: np.stack(values) for name, values in per_image.items()}

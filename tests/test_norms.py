@@ -171,7 +171,7 @@ def test_captured_norms_equal_the_norms_of_independently_computed_hidden_states(
     with torch.no_grad():
         expected = hidden_states(model.module, pixels).norm(dim=-1)  # [b, layers, n]
     captured = capture(model, pixels, LayerSink(), norms=True)
-    layers, _ = model.adapter.map_shape(model.module)
+    layers, _ = model.map_shape
     assert captured.token_norms.shape == (2, layers, model.layout.num_tokens)
     torch.testing.assert_close(captured.token_norms, expected, rtol=1e-5, atol=1e-5)
     with torch.no_grad():

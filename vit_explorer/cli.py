@@ -40,7 +40,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.core import maps
     from vit_explorer.core.analysis import analyze, class_evidence
     from vit_explorer.core.images import load_image
-    from vit_explorer.draw import files, pictures, render
+    from vit_explorer.draw import files
     from vit_explorer.methods.faithfulness import PROBABILITY, deletion_insertion, forward_passes
     from vit_explorer.models import load_model
 
@@ -111,8 +111,7 @@ def run_analyze(args: argparse.Namespace) -> None:
         written, npz_note = files.write_views(analysis, staging, options=options, cmap=args.cmap, scale=args.scale,
                                                full_maps=args.full_maps)
         if args.method != "rollout":
-            written.append(staging / f"{args.method}.png")
-            render.save_png(pictures.class_map_picture(analysis, args.method, evidence, options, args.cmap, args.scale), str(written[-1]))
+            written.append(files.write_class_map(analysis, args.method, evidence, options, staging, args.cmap, args.scale))
         if curves is not None:
             written += files.write_faithfulness(analysis, curves, args.method, staging, image=str(args.image),
                                                  steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
@@ -193,7 +192,7 @@ def check_analyze_options(args: argparse.Namespace, model) -> None:
     nothing is computed only to be thrown away when a later option fails."""
     from vit_explorer.core.analysis import choose_storage, map_bytes
 
-    full_bytes = map_bytes(model.layout, *model.adapter.map_shape(model.module))
+    full_bytes = map_bytes(model.layout, *model.map_shape)
     if args.full_maps and choose_storage(full_bytes, memory_budget(args)) == "compact":
         raise VitExplorerError(f"--full-maps: every head's full map takes {full_bytes / 2**20:.0f} MiB in float32, above twice "
                                f"the memory budget of {args.memory_budget_mb:g} MB, so only the compact form is kept; raise "

@@ -3,10 +3,9 @@
 One upload costs one forward and one backward pass: the maps of every layer, and the gradient
 evidence of the top class for the class-specific maps, come from the same pass (``capture``). Maps are
 kept in float32 while they fit the memory budget, in float16 while half of that fits, and beyond
-that compactly (``capture.CompactSink``). The ``Analysis`` holds CPU torch tensors (and the image as a
-numpy picture), never the model: the analysis layer (``maps``, ``rollout``, ``relevance``, ``stats``,
-``norms``) computes in torch, and pictures and files convert to numpy once, at the render boundary
-(``render.to_numpy``). What needs the model again (another target class, a compact analysis's patch
+that compactly (``map_store.compact_layer``, as each layer arrives). The ``Analysis`` holds CPU torch tensors (and the image as a
+numpy picture), never the model: ``maps``, ``rollout``, ``relevance`` and the methods compute in torch, and
+pictures, charts and files (``draw``) convert to numpy once, where they are made. What needs the model again (another target class, a compact analysis's patch
 query) is an explicit call that takes it (``class_evidence``, ``recompute_query_rows``).
 """
 
@@ -15,15 +14,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
 
-from vit_explorer.core import attnlrp, legrad, relevance, statistics
-from vit_explorer.core.capture import TOP, CompactSink, RowSink, StackingSink, capture
+from vit_explorer.core import attnlrp, legrad, relevance
+from vit_explorer.core.capture import TOP, ReducingSink, RowSink, StackingSink, capture
 from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
-from vit_explorer.core.map_store import MapStore
+from vit_explorer.core.map_store import MapStore, compact_layer, stack_compact
 from vit_explorer.core.targets import SimilarityAdapter
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
@@ -89,7 +89,13 @@ class Analysis:
     # class evidence by target class: each holds a [layers, n, n] stack, so fewer are kept
     evidence: OrderedDict[int, ClassEvidence] = field(default_factory=OrderedDict, repr=False, compare=False)
     evidence_limit: ClassVar[int] = 4
-    kept: MapStore | None = field(default=None, repr=False, compare=False)  # ``store``, made on first use
+    # the maps, full or compact, behind one interface (``map_store``): what every view reads them through
+    store: MapStore = field(init=False, repr=False, compare=False)
+    map_shape: tuple[int, int] = field(init=False)  # (layers, heads)
+
+    def __post_init__(self) -> None:
+        self.store = MapStore(self.layout, self.attentions, self.compact)
+        self.map_shape = self.store.shape
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -98,18 +104,6 @@ class Analysis:
     @property
     def num_prefix_tokens(self) -> int:
         return self.layout.num_prefix_tokens
-
-    @property
-    def store(self) -> MapStore:
-        """The maps, full or compact, behind one interface (``map_store``): what every view reads them through."""
-        if self.kept is None:
-            self.kept = MapStore(self.layout, self.attentions, self.compact)
-        return self.kept
-
-    @property
-    def map_shape(self) -> tuple[int, int]:
-        """(layers, heads)."""
-        return self.store.shape
 
     @property
     def storage(self) -> str:
@@ -269,25 +263,21 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
     decoded = load_image(image, name)
     view = model_view(decoded, model.preprocess, fit)
     pixels = to_pixels(view, model.preprocess).to(model.device)
-    layers, _ = model.adapter.map_shape(model.module)
-    storage = choose_storage(map_bytes(model.layout, *model.adapter.map_shape(model.module)), memory_budget)
-    sink = (CompactSink(model.layout, statistics.head_statistics) if storage == "compact"
+    layers, _ = model.map_shape
+    storage = choose_storage(map_bytes(model.layout, *model.map_shape), memory_budget)
+    sink = (ReducingSink(partial(compact_layer, layout=model.layout), stack_compact) if storage == "compact"
             else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
     # a backbone has no class to differentiate: no graph is built for it (one forward under inference mode)
     captured = capture(model, pixels, sink, target=TOP if explain and model.num_classes else None,
                        reduce_gradients=relevance.layer_evidence, norms=True)
-    result = Analysis(image=view, attentions=None, logits=captured.logits[0].float().cpu(), layout=model.layout,
+    compact = captured.kept if storage == "compact" else None
+    result = Analysis(image=view, attentions=captured.kept[0].cpu() if compact is None else None,  # one transfer from the device
+                      compact=compact, logits=captured.logits[0].float().cpu(), layout=model.layout,
                       labels=model.labels, model_name=model.name,
                       ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,
                       view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), model_notes=tuple(model.notes),
                       random_weights=model.random_weights,
                       token_norms=captured.token_norms[0], similarity=isinstance(model.adapter, SimilarityAdapter))
-    if storage == "compact":
-        result.compact = captured.kept
-        model.layout.validate(result.compact["head_mean"].shape[-1])
-    else:
-        result.attentions = captured.kept[0].cpu()  # [layers, heads, n, n], one transfer from the device
-        model.layout.validate(result.attentions.shape[-1])
     if captured.targets is not None:
         target = int(captured.targets[0])
         result.evidence[target] = ClassEvidence.from_layers(target, captured.gradients, model_map=model_maps(model, pixels, target))

@@ -75,7 +75,7 @@ def lrp_rules(module: nn.Module, adapter: CaptureAdapter) -> Iterator[None]:
 def input_relevance(model: LoadedModel, pixels: torch.Tensor, target: int) -> torch.Tensor:
     """AttnLRP relevance of class ``target``'s logit at every input value ``[b, 3, H, W]`` (gradient × input)."""
     module, adapter = resolve(model)
-    num_layers = adapter.map_shape(module)[0]
+    num_layers = model.map_shape[0]
     constant = dict.fromkeys(range(num_layers), torch.Tensor.detach)
     with (capture_lock(module), torch.enable_grad(), lrp_rules(module, adapter),
           adapter.edited(module, constant) as forward):

@@ -2,7 +2,7 @@
 
 ``capture`` is the one call: it runs the model once with hooks on every attention softmax and hands
 each layer's map ``[b, heads, n, n]`` to a *sink* that decides, as the map arrives, what of it to
-keep — the full stack in float32 or float16 (``StackingSink``), a compact reduction (``CompactSink``),
+keep — the full stack in float32 or float16 (``StackingSink``), a reduction made as each layer arrives (``ReducingSink``),
 one query's rows (``RowSink``) — so that a large model's full stack need never be held. Asked for a
 target class, it also takes ∂ logit[target] / ∂ A on the per-layer maps the forward used and reduces
 them layer by layer. ``record_attention``, ``record_attention_gradients`` and ``AttentionRecorder``
@@ -126,46 +126,20 @@ class StackingSink(LayerSink):
         return self.stacked
 
 
-def compact_layer(maps: torch.Tensor, layout: TokenLayout,
-                  statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> dict[str, Any]:
-    """One layer's maps ``[heads, n, n]`` reduced to what the views need (``CompactSink``), on the CPU."""
-    maps = maps.to(torch.float32).cpu()
-    prefix = layout.num_prefix_tokens
-    return {
-        "head_mean": maps.mean(dim=0).half(),  # [n, n]
-        "prefix_rows": maps[:, :prefix, :].half(),  # [heads, prefix, n]
-        "patch_mean_rows": maps[:, prefix:, :].mean(dim=1).half(),  # [heads, n]
-        "statistics": {name: values[0] for name, values in statistics(maps[None], layout).items()},  # {name: [heads]}
-    }
+class ReducingSink(LayerSink):
+    """Reduces image 0's map of each layer ``[heads, n, n]`` with ``reduce_layer`` as it arrives, then drops the map;
+    ``result`` is ``combine`` of the reductions in layer order. How the compact form is kept (``map_store``)."""
 
-
-def stack_compact(layers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-layer ``compact_layer`` results stacked along a leading layer axis."""
-    return {
-        "head_mean": torch.stack([layer["head_mean"] for layer in layers]),
-        "prefix_rows": torch.stack([layer["prefix_rows"] for layer in layers]),
-        "patch_mean_rows": torch.stack([layer["patch_mean_rows"] for layer in layers]),
-        "statistics": {name: torch.stack([layer["statistics"][name] for layer in layers]) for name in layers[0]["statistics"]},
-    }
-
-
-class CompactSink(LayerSink):
-    """Reduces image 0's map of each layer to what the views need, then drops it: the head-mean matrix
-    (for rollout), every head's rows of the prefix tokens and of the mean patch query, and per-head
-    ``statistics`` (a function of ``[1, heads, n, n]`` and the layout giving ``{name: [1, heads]}``)."""
-
-    def __init__(self, layout: TokenLayout, statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> None:
+    def __init__(self, reduce_layer: Callable[[torch.Tensor], Any], combine: Callable[[list[Any]], Any]) -> None:
         super().__init__()
-        self.layout = layout
-        self.statistics = statistics
+        self.reduce_layer = reduce_layer
+        self.combine = combine
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        self.layers[layer] = compact_layer(attention[0], self.layout, self.statistics)
+        self.layers[layer] = self.reduce_layer(attention[0])
 
-    def result(self) -> dict[str, Any]:
-        """CPU tensors: ``head_mean`` ``[layers, n, n]``, ``prefix_rows`` ``[layers, heads, prefix, n]``, ``patch_mean_rows``
-        ``[layers, heads, n]`` (float16) and ``statistics`` ``{name: [layers, heads]}`` (float32)."""
-        return stack_compact(self.in_layer_order())
+    def result(self) -> Any:
+        return self.combine(self.in_layer_order())
 
 
 class StatisticsSink(LayerSink):

@@ -25,7 +25,7 @@ def legrad(model: LoadedModel, pixels: torch.Tensor, target: int, last_layers: i
     """The LeGrad map of class ``target`` for one image ``pixels`` ``[1, 3, H, W]`` over the patch grid ``[grid_h, grid_w]``
     (float32, CPU, non-negative), aggregated over the model's ``last_layers`` layers."""
     module, adapter = resolve(model)
-    num_layers = adapter.map_shape(module)[0]
+    num_layers = model.map_shape[0]
     if not 1 <= last_layers <= num_layers:
         raise VitExplorerError(f"LeGrad aggregates 1…{num_layers} layers of this model, not {last_layers}")
     streams: dict[int, torch.Tensor] = {}

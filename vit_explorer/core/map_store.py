@@ -3,7 +3,7 @@
 Full: every head's map ``[layers, heads, n, n]`` (float32, or float16 above the memory budget). Compact (above
 twice the budget): per layer the head-mean matrix ``[layers, n, n]``, every head's rows of the prefix tokens
 ``[layers, heads, prefix, n]`` and of the mean patch query ``[layers, heads, n]`` (float16), and the head
-statistics ``{name: [layers, heads]}``, reduced as each layer arrived (``capture.CompactSink``). A compact store
+statistics ``{name: [layers, heads]}``, reduced by ``compact_layer`` as each layer arrived. A compact store
 keeps no patch query's rows; those are recomputed with the model (``analysis.recompute_query_rows``) and handed
 to the store, which then answers them like any other. Readers ask the store for what they need (query rows, a
 head statistic, the head-mean maps, the compact form); none asks which kind it is.
@@ -16,9 +16,31 @@ from typing import Any
 import torch
 
 from vit_explorer.core import statistics
-from vit_explorer.core.capture import compact_layer, stack_compact
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.layout import TokenLayout
+
+
+def compact_layer(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any]:
+    """One layer's maps ``[heads, n, n]`` reduced to the compact form (module doc), on the CPU: ``head_mean`` ``[n, n]``,
+    ``prefix_rows`` ``[heads, prefix, n]``, ``patch_mean_rows`` ``[heads, n]`` (float16), ``statistics`` ``{name: [heads]}``."""
+    maps = maps.to(torch.float32).cpu()
+    prefix = layout.num_prefix_tokens
+    return {
+        "head_mean": maps.mean(dim=0).half(),  # [n, n]
+        "prefix_rows": maps[:, :prefix, :].half(),  # [heads, prefix, n]
+        "patch_mean_rows": maps[:, prefix:, :].mean(dim=1).half(),  # [heads, n]
+        "statistics": {name: values[0] for name, values in statistics.head_statistics(maps[None], layout).items()},  # {name: [heads]}
+    }
+
+
+def stack_compact(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-layer ``compact_layer`` results stacked along a leading layer axis: the compact form of every layer."""
+    return {
+        "head_mean": torch.stack([layer["head_mean"] for layer in layers]),
+        "prefix_rows": torch.stack([layer["prefix_rows"] for layer in layers]),
+        "patch_mean_rows": torch.stack([layer["patch_mean_rows"] for layer in layers]),
+        "statistics": {name: torch.stack([layer["statistics"][name] for layer in layers]) for name in layers[0]["statistics"]},
+    }
 
 
 class MapStore:
@@ -27,16 +49,16 @@ class MapStore:
     def __init__(self, layout: TokenLayout, full: torch.Tensor | None = None, compact: dict[str, Any] | None = None) -> None:
         if (full is None) == (compact is None):
             raise ValueError("a map store keeps either the full maps or the compact form")
+        kept_tokens = (full if full is not None else compact["head_mean"]).shape[-1]
+        # maps that do not fit the layout are a bug in a model family's adapter: fail before any view reads them
+        assert kept_tokens == layout.num_tokens, (f"captured {kept_tokens} tokens but the layout has {layout.num_tokens} "
+                                                  f"({layout.prefix_names}, grid {layout.grid_hw})")
         self.layout = layout
+        self.shape: tuple[int, int] = tuple((full if full is not None else compact["patch_mean_rows"]).shape[:2])  # (layers, heads)
         self.full = full
         self.compact = compact
         self.patch_rows: dict[int, torch.Tensor] = {}  # recomputed patch queries' rows ``[layers, heads, n]``, compact only
         self.reduced: dict[str, Any] | None = None  # the compact form of full maps, once asked for
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(layers, heads)."""
-        return tuple((self.full if self.full is not None else self.compact["patch_mean_rows"]).shape[:2])
 
     @property
     def storage(self) -> str:
@@ -106,5 +128,5 @@ class MapStore:
         if self.compact is not None:
             return self.compact
         if self.reduced is None:
-            self.reduced = stack_compact([compact_layer(layer, self.layout, statistics.head_statistics) for layer in self.full])
+            self.reduced = stack_compact([compact_layer(layer, self.layout) for layer in self.full])
         return self.reduced

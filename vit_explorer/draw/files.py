@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import Analysis, ClassEvidence
-from vit_explorer.draw import charts, pictures, render
+from vit_explorer.draw import charts, pictures
 from vit_explorer.draw.report import ReportParts, report_html
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import norms
@@ -23,6 +24,16 @@ from vit_explorer.methods.dataset import HEAD_STATISTICS, UNITS, HeadTotals, Ima
 from vit_explorer.methods.faithfulness import FaithfulnessCurves
 from vit_explorer.methods.sanity import SanityCurves
 from vit_explorer.models.base import LoadedModel
+
+
+def save_png(picture: np.ndarray, path: str) -> None:
+    """A picture ``[H, W, 3]`` uint8 as a PNG file."""
+    Image.fromarray(picture).save(path)
+
+
+def numpy_of(values: torch.Tensor) -> np.ndarray:
+    """A CPU tensor of an analysis as the numpy array a file stores."""
+    return values.detach().numpy()
 
 
 def write_npz(analysis: Analysis, path: Path, full_maps: bool = False) -> int:
@@ -47,21 +58,21 @@ def write_npz(analysis: Analysis, path: Path, full_maps: bool = False) -> int:
         "num_prefix_tokens": np.array(analysis.num_prefix_tokens),
         "prefix_names": np.array(analysis.layout.prefix_names, dtype=str),
         "image": analysis.image,
-        "logits": render.to_numpy(analysis.logits),
-        "probs": render.to_numpy(analysis.probs),
+        "logits": numpy_of(analysis.logits),
+        "probs": numpy_of(analysis.probs),
         "model": np.array(analysis.model_name),
         "weights": np.array("random" if analysis.random_weights else "trained"),
-        **{key: render.to_numpy(value) for key, value in compact.items() if isinstance(value, torch.Tensor)},
-        **{f"statistic_{name.replace(' ', '_')}": render.to_numpy(value) for name, value in compact["statistics"].items()},
+        **{key: numpy_of(value) for key, value in compact.items() if isinstance(value, torch.Tensor)},
+        **{f"statistic_{name.replace(' ', '_')}": numpy_of(value) for name, value in compact["statistics"].items()},
     }
     if analysis.ood is not None:
         arrays.update(ood_score=np.array(analysis.ood.score), ood_threshold=np.array(analysis.ood.threshold))
     if full_maps:
-        arrays["attentions"] = render.to_numpy(analysis.attentions)
+        arrays["attentions"] = numpy_of(analysis.attentions)
     if analysis.labels is not None:
         arrays["labels"] = np.array(analysis.labels, dtype=str)
     if analysis.token_norms is not None:
-        arrays["token_norms"] = render.to_numpy(analysis.token_norms)
+        arrays["token_norms"] = numpy_of(analysis.token_norms)
     np.savez(path, **arrays)
     return path.stat().st_size
 
@@ -102,12 +113,20 @@ def write_views(
     query = maps.default_query(analysis) if query is None else query
     rollout = maps.rollout_map(analysis, query, options)
     written = [out_dir / "rollout.png", out_dir / "heads.png", out_dir / "attention.npz"]
-    render.save_png(pictures.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, unit=pictures.ROLLOUT,
+    save_png(pictures.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, unit=pictures.ROLLOUT,
                                          scale=scale), str(written[0]))
     grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence,
                                        scale=scale)
-    render.save_png(grid, str(written[1]))
+    save_png(grid, str(written[1]))
     return written, npz_note(analysis, write_npz(analysis, written[2], full_maps), full_maps)
+
+
+def write_class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: maps.RolloutOptions, out_dir: Path,
+                    cmap: str = "inferno", scale: str = "linear") -> Path:
+    """``METHOD.png`` in ``out_dir``: the map of ``method`` (``maps.CLASS_METHODS``) for ``evidence``'s target on the image."""
+    path = out_dir / f"{method}.png"
+    save_png(pictures.class_map_picture(analysis, method, evidence, options, cmap, scale), str(path))
+    return path
 
 
 def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: str, out_dir: Path, **settings) -> list[Path]:
@@ -117,7 +136,7 @@ def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: s
     written = [out_dir / "faithfulness.json", out_dir / "faithfulness.png"]
     written[0].write_text(json.dumps(record, indent=2) + "\n")
     title = f"{maps.CLASS_METHODS[method]} · target {analysis.label(curves.target)}"
-    render.save_png(charts.faithfulness_chart(curves, title), str(written[1]))
+    save_png(charts.faithfulness_chart(curves, title), str(written[1]))
     return written
 
 
@@ -125,7 +144,7 @@ def write_sanity(curves: SanityCurves, out_dir: Path) -> list[Path]:
     """``sanity.json`` (``SanityCurves.as_dict``) and ``sanity.png`` (the chart) in ``out_dir``."""
     written = [out_dir / "sanity.json", out_dir / "sanity.png"]
     written[0].write_text(curves.to_json())
-    render.save_png(charts.sanity_chart(curves), str(written[1]))
+    save_png(charts.sanity_chart(curves), str(written[1]))
     return written
 
 
@@ -136,9 +155,9 @@ def write_norms(analysis: Analysis, out_dir: Path, k: float = norms.K, cmap: str
     result = norms.for_analysis(analysis, k)
     written = [out_dir / "norms.json", out_dir / "norms.png", out_dir / "norms_chart.png", out_dir / "norm_outliers.png"]
     written[0].write_text(result.to_json(), encoding="utf-8")
-    render.save_png(pictures.norm_map_picture(result, cmap), str(written[1]))
-    render.save_png(charts.token_norm_chart(result), str(written[2]))
-    render.save_png(pictures.outlier_picture(analysis, result, result.peak_layer, cmap), str(written[3]))
+    save_png(pictures.norm_map_picture(result, cmap), str(written[1]))
+    save_png(charts.token_norm_chart(result), str(written[2]))
+    save_png(pictures.outlier_picture(analysis, result, result.peak_layer, cmap), str(written[3]))
     return written
 
 
@@ -148,7 +167,7 @@ def write_ablation(analysis: Analysis, ablation: HeadAblation, importance: torch
     record = {"model": analysis.model_name, "target_label": analysis.label(ablation.target), **ablation.as_dict(importance)}
     written = [out_dir / "ablation.json", out_dir / "ablation.png"]
     written[0].write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    render.save_png(pictures.ablation_picture(ablation)[0], str(written[1]))
+    save_png(pictures.ablation_picture(ablation)[0], str(written[1]))
     return written
 
 
@@ -169,7 +188,7 @@ def write_dataset_outputs(out: Path, totals: HeadTotals, run: dict, model: Loade
             mean = np.asarray(summary["statistics"][name]["mean"])
             std = [row["std"] for row in rows if row["group"] == "all" and row["statistic"] == name]
             chart = charts.dataset_statistic_chart(mean, np.asarray(std).reshape(mean.shape), name, UNITS[name], summary["analysed"])
-            render.save_png(chart, str(staging / f"{name.replace(' ', '_')}.png"))
+            save_png(chart, str(staging / f"{name.replace(' ', '_')}.png"))
         for path in sorted(staging.iterdir()):
             os.replace(path, out / path.name)
             written.append(out / path.name)

@@ -384,10 +384,6 @@ def row_map(values: torch.Tensor | np.ndarray, width: int, row_px: int, cmap: st
 LEAD_PX, LEAD_GAP = 8, 3  # pixels of each lead column of a row map, and of the gap after them
 
 
-def save_png(picture: np.ndarray, path: str) -> None:
-    Image.fromarray(picture).save(path)
-
-
 def label_tiles(picture: np.ndarray, geometry: GridGeometry, texts: list[list[str]], colours: np.ndarray) -> np.ndarray:
     """A copy of a grid ``picture`` with ``texts[row][col]`` centred on each tile, black on light tile
     ``colours`` ``[rows, cols, 3]`` and white on dark ones, at the largest of ``LABEL_PX`` and ``NOTE_PX`` at

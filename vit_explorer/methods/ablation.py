@@ -164,7 +164,7 @@ def ablated_logits(model: LoadedModel, pixels: torch.Tensor, head_sets: Sequence
     check_mode(mode)
     check_pixels(pixels)
     module, adapter = model.module, model.adapter
-    layers, heads = adapter.map_shape(module)
+    layers, heads = model.map_shape
     removed = torch.zeros(len(head_sets), layers, heads, dtype=torch.bool)  # [sets, layers, heads]
     for index, heads_removed in enumerate(head_sets):
         for layer, head in heads_removed:
@@ -190,7 +190,7 @@ def head_ablation(model: LoadedModel, pixels: torch.Tensor, target: int | None =
     """Remove each head of each layer in turn from one image ``[1, 3, H, W]`` and measure the target class
     (default: the top prediction): 1 + layers forward passes, each layer's heads in one branched pass; ``step`` is
     called after each layer's pass (a progress bar's advance)."""
-    layers, heads = model.adapter.map_shape(model.module)
+    layers, heads = model.map_shape
     original = ablated_logits(model, pixels, [()], mode, reference)[0].double()  # [classes]
     if original.numel() == 0:
         raise VitExplorerError(f"{model.name} has no classifier head, so there is no class score to ablate heads against")

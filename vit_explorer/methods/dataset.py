@@ -296,7 +296,7 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
     from tqdm import tqdm
 
     rank, world = _world()
-    layers, heads = model.adapter.map_shape(model.module)
+    layers, heads = model.map_shape
     classes = len(images.classes or [])
     ranges = statistic_ranges(model.layout)
     # accuracy needs the folders to name the model's classes: each model class's folder index (-1: none)
@@ -401,7 +401,7 @@ def dataset_tables(totals: HeadTotals, run: dict, model: LoadedModel, source: st
     summary = {
         "model": model.name, "source": source, "images": len(images.paths), "analysed": int(count), "skipped": totals.skipped,
         "accuracy": float(totals.tensors["correct"]) / labelled if labelled else None, "accuracy_reason": run["accuracy_reason"],
-        "classes": images.classes, "layers_heads": list(model.adapter.map_shape(model.module)),
+        "classes": images.classes, "layers_heads": list(model.map_shape),
         "statistics": {name: {"unit": UNITS[name], "range": list(ranges[name]), "mean": means[name]} for name in HEAD_STATISTICS},
         "quantiles": f"from {HISTOGRAM_BINS}-bin histograms over each statistic's range, linear within a bin",
         "run": run,

@@ -92,7 +92,7 @@ def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size:
         batch = samples[start : start + batch_size]
         pixels = torch.cat([to_pixels(sample.image, model.preprocess) for sample in batch]).to(model.device)
         labels = torch.tensor([sample.label for sample in batch])
-        captured = capture(model, pixels, StackingSink(model.adapter.map_shape(model.module)[0]), target=TOP if (labels < 0).all() else labels,
+        captured = capture(model, pixels, StackingSink(model.map_shape[0]), target=TOP if (labels < 0).all() else labels,
                            reduce_gradients=relevance.layer_evidence)
         targets = captured.targets
         for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):

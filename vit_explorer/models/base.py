@@ -225,15 +225,18 @@ class LoadedModel:
     # statistics that tell when an image is outside what the model knows (``ood``); None: never flagged
     ood: OodCalibration | None = None
     random_weights: bool = False  # built with freshly initialised weights (``@random``): nothing learned
+    # facts of the module's structure, read from it once through the adapter (a different adapter or module is a
+    # different LoadedModel: ``dataclasses.replace`` reads them again)
+    num_classes: int = field(init=False)  # class scores per image; 0 for a backbone, which has no class to explain
+    map_shape: tuple[int, int] = field(init=False)  # (layers, heads) of the attention maps capture records
+
+    def __post_init__(self) -> None:
+        self.num_classes = self.adapter.num_classes(self.module)
+        self.map_shape = self.adapter.map_shape(self.module)
 
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
-
-    @property
-    def num_classes(self) -> int:
-        """Class scores per image; 0 for a backbone, which has no class to explain."""
-        return self.adapter.num_classes(self.module)
 
     def logits(self, pixels: torch.Tensor) -> torch.Tensor:
         """The normal forward without capture, under ``torch.inference_mode`` ``[b, classes]``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,22 +21,18 @@ class TokenLayout:
     prefix_names: tuple[str, ...]
     grid_hw: tuple[int, int]
     patch_hw: tuple[int, int]
+    # counts every capture, map and picture reads, fixed with the layout: plain values, not recomputed on each read
+    num_prefix_tokens: int = field(init=False)
+    num_patches: int = field(init=False)
+    num_tokens: int = field(init=False)
+    has_class_token: bool = field(init=False)
 
-    @property
-    def num_prefix_tokens(self) -> int:
-        return len(self.prefix_names)
-
-    @property
-    def num_patches(self) -> int:
-        return self.grid_hw[0] * self.grid_hw[1]
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefix_tokens + self.num_patches
-
-    @property
-    def has_class_token(self) -> bool:
-        return "cls" in self.prefix_names
+    def __post_init__(self) -> None:
+        counts = {"num_prefix_tokens": len(self.prefix_names), "num_patches": self.grid_hw[0] * self.grid_hw[1],
+                  "has_class_token": "cls" in self.prefix_names}
+        counts["num_tokens"] = counts["num_prefix_tokens"] + counts["num_patches"]
+        for name, value in counts.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
     @property
     def input_hw(self) -> tuple[int, int]:
@@ -71,10 +67,3 @@ class TokenLayout:
             )
         patches = row[..., self.num_prefix_tokens :]
         return patches.reshape(*row.shape[:-1], *self.grid_hw)
-
-    def validate(self, num_tokens: int) -> None:
-        """Fail loudly when captured maps do not fit this layout (a bug in an adapter)."""
-        assert num_tokens == self.num_tokens, (
-            f"captured {num_tokens} tokens but the layout has {self.num_tokens} "
-            f"({self.prefix_names}, grid {self.grid_hw})"
-        )

@@ -11,7 +11,6 @@ from pathlib import Path
 import gradio as gr
 
 from vit_explorer.draw import files
-from vit_explorer.draw.render import save_png
 from vit_explorer.draw.report import ReportParts
 from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import kept_ablation
@@ -71,7 +70,7 @@ def on_export(session: Session | None, full_maps: bool, *control_values, ttl_s: 
         for name, picture in extra.items():
             if picture is not None:
                 written.append(folder / name)
-                save_png(picture, str(written[-1]))
+                files.save_png(picture, str(written[-1]))
         archive = export_dir(ttl_s) / f"vit-explorer-{uuid.uuid4().hex[:12]}.zip"
         with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
             for path in written:
