@@ -6,7 +6,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +40,8 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.core.analysis import analyze, class_evidence
     from vit_explorer.core.images import load_image
     from vit_explorer.draw import files
+    from vit_explorer.draw.report import ReportParts
+    from vit_explorer.methods import norms
     from vit_explorer.methods.faithfulness import PROBABILITY, deletion_insertion, forward_passes
     from vit_explorer.models import load_model
 
@@ -104,40 +105,14 @@ def run_analyze(args: argparse.Namespace) -> None:
         with progress_bar("scoreboard", batches(len(CLASS_METHODS), baseline=args.baseline) + analysis.map_shape[0], unit="step") as step:
             board = scoreboard(model, analysis, args.target, baseline=args.baseline, options=options, step=step)
     out = Path(args.out)
-    # write into a sibling temporary folder and move it in place, so a failure leaves no partial output
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".vit-explorer-", dir=out.parent))
-    try:
-        written, npz_note = files.write_views(analysis, staging, options=options, cmap=args.cmap, scale=args.scale,
-                                               full_maps=args.full_maps)
-        if args.method != "rollout":
-            written.append(files.write_class_map(analysis, args.method, evidence, options, staging, args.cmap, args.scale))
-        if curves is not None:
-            written += files.write_faithfulness(analysis, curves, args.method, staging, image=str(args.image),
-                                                 steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
-        if sanity is not None:
-            written += files.write_sanity(sanity, staging)
-        if board is not None:
-            written.append(staging / "scoreboard.json")
-            written[-1].write_text(json.dumps(board.as_dict(), indent=2, default=float) + "\n")
-        if args.norms:
-            written += files.write_norms(analysis, staging, cmap=args.cmap)
-        if ablation is not None:
-            written += files.write_ablation(analysis, ablation, class_evidence(model, analysis, ablation.target).importance, staging)
-        if args.html:
-            from vit_explorer.draw.report import ReportParts
-            from vit_explorer.methods.norms import for_analysis
-
-            parts = ReportParts(evidence=evidence if evidence is not None else (class_evidence(model, analysis) if analysis.num_classes
-                                                                                 else None),
-                                options=options, scored_method=args.method, curves=curves, sanity=sanity,
-                                norms=for_analysis(analysis) if args.norms else None, ablation=ablation, cmap=args.cmap)
-            written.append(files.write_report(analysis, parts, staging))
-        out.mkdir(exist_ok=True)
-        for path in staging.iterdir():
-            path.replace(out / path.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    if evidence is None and args.html and analysis.num_classes:
+        evidence = class_evidence(model, analysis)  # the report shows the top class's maps
+    parts = ReportParts(evidence=evidence, options=options, scored_method=args.method, curves=curves, sanity=sanity,
+                        norms=norms.for_analysis(analysis) if args.norms else None, ablation=ablation, cmap=args.cmap)
+    written, npz_note = files.write_analysis(
+        analysis, parts, out, method=args.method, scale=args.scale, full_maps=args.full_maps, html=args.html, scoreboard=board,
+        ablation_importance=None if ablation is None else class_evidence(model, analysis, ablation.target).importance,
+        settings={"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline})
     if analysis.similarity:
         progress(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
     elif analysis.num_classes:
@@ -160,10 +135,8 @@ def run_analyze(args: argparse.Namespace) -> None:
                  "scores a similarity instead")
     if sanity is not None:
         print(sanity.summary(), flush=True)
-    if args.norms:
-        from vit_explorer.methods.norms import for_analysis
-
-        print(for_analysis(analysis).summary(), flush=True)
+    if parts.norms is not None:
+        print(parts.norms.summary(), flush=True)
     if ablation is not None:
         layer, head, drop = ablation.ranked(1)[0]
         before = ablation.original_logit if ablation.single_score else ablation.original_probability

@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from vit_explorer.methods.ablation import HeadAblation
 from vit_explorer.methods.dataset import HEAD_STATISTICS, UNITS, HeadTotals, ImageList, dataset_tables
 from vit_explorer.methods.faithfulness import FaithfulnessCurves
 from vit_explorer.methods.sanity import SanityCurves
+from vit_explorer.methods.scoreboard import Scoreboard
 from vit_explorer.models.base import LoadedModel
 
 
@@ -171,30 +174,66 @@ def write_ablation(analysis: Analysis, ablation: HeadAblation, importance: torch
     return written
 
 
-def write_dataset_outputs(out: Path, totals: HeadTotals, run: dict, model: LoadedModel, source: str, images: ImageList) -> list[Path]:
-    """``heads.csv``, ``summary.json`` (``dataset.dataset_tables``) and one chart per statistic, written into a sibling
-    folder and then moved into ``out``, file by file, so that no reader sees half a file."""
-    rows, summary = dataset_tables(totals, run, model, source, images)
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".stats-", dir=out))
-    written = []
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A temporary folder beside ``out`` to write into. When the block ends without an error, its files move into ``out``
+    one by one (an atomic rename each), so a failure leaves no partial output and no reader sees half a file; the
+    folder goes either way."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".vit-explorer-", dir=out.parent))
     try:
-        with open(staging / "heads.csv", "w", newline="") as handle:
+        yield staging
+        out.mkdir(exist_ok=True)
+        for path in sorted(staging.iterdir()):
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_analysis(analysis: Analysis, parts: ReportParts, out: Path, *, method: str = "rollout", scale: str = "linear",
+                   full_maps: bool = False, html: bool = False, scoreboard: Scoreboard | None = None,
+                   ablation_importance: torch.Tensor | None = None, settings: dict | None = None) -> tuple[list[Path], str]:
+    """Every file of one ``analyze`` run, in ``out`` (``staged``): the views and ``attention.npz`` (``write_views``); the map
+    of ``method`` unless it is the rollout; and the parts that ran: faithfulness (with ``settings``, e.g. image, steps,
+    random orders, baseline), sanity, ``scoreboard.json``, norms, ablation (beside the gradient ``ablation_importance``
+    ``[layers, heads]``) and, with ``html``, the report. Returns the paths in ``out``, in that order, and ``npz_note``'s
+    words."""
+    with staged(out) as staging:
+        written, note = write_views(analysis, staging, options=parts.options, cmap=parts.cmap, scale=scale, full_maps=full_maps)
+        if method != "rollout":
+            written.append(write_class_map(analysis, method, parts.evidence, parts.options, staging, parts.cmap, scale))
+        if parts.curves is not None:
+            written += write_faithfulness(analysis, parts.curves, method, staging, **(settings or {}))
+        if parts.sanity is not None:
+            written += write_sanity(parts.sanity, staging)
+        if scoreboard is not None:
+            written.append(staging / "scoreboard.json")
+            written[-1].write_text(json.dumps(scoreboard.as_dict(), indent=2, default=float) + "\n")
+        if parts.norms is not None:
+            written += write_norms(analysis, staging, cmap=parts.cmap)
+        if parts.ablation is not None:
+            written += write_ablation(analysis, parts.ablation, ablation_importance, staging)
+        if html:
+            written.append(write_report(analysis, parts, staging))
+    return [out / path.name for path in written], note
+
+
+def write_dataset_outputs(out: Path, totals: HeadTotals, run: dict, model: LoadedModel, source: str, images: ImageList) -> list[Path]:
+    """``heads.csv``, ``summary.json`` (``dataset.dataset_tables``) and one chart per statistic, in ``out`` (``staged``)."""
+    rows, summary = dataset_tables(totals, run, model, source, images)
+    names = ["heads.csv", "summary.json"] + [f"{name.replace(' ', '_')}.png" for name in HEAD_STATISTICS]
+    with staged(out) as staging:
+        with open(staging / names[0], "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["group"], extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
-        (staging / "summary.json").write_text(json.dumps(summary, indent=2))
-        for name in HEAD_STATISTICS:
+        (staging / names[1]).write_text(json.dumps(summary, indent=2))
+        for name, file_name in zip(HEAD_STATISTICS, names[2:]):
             mean = np.asarray(summary["statistics"][name]["mean"])
             std = [row["std"] for row in rows if row["group"] == "all" and row["statistic"] == name]
             chart = charts.dataset_statistic_chart(mean, np.asarray(std).reshape(mean.shape), name, UNITS[name], summary["analysed"])
-            save_png(chart, str(staging / f"{name.replace(' ', '_')}.png"))
-        for path in sorted(staging.iterdir()):
-            os.replace(path, out / path.name)
-            written.append(out / path.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return written
+            save_png(chart, str(staging / file_name))
+    return sorted(out / name for name in names)
 
 
 def write_report(analysis: Analysis, parts: ReportParts, out_dir: Path) -> Path:
