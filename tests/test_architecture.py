@@ -4,6 +4,9 @@ models), and no module imports itself back through others, counting imports insi
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vit_explorer"
@@ -93,3 +96,16 @@ def test_the_checker_sees_a_function_level_import(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text("def late():\n    from vit_explorer.draw import charts\n")
     assert imports(source) == {"vit_explorer.draw.charts"}
+
+
+def test_following_analyze_climbs_back_less_than_on_the_flat_layout():
+    # benchmarks/trace_analyze.py traced on the flat tree the regrouping replaced (e2b5a63), without the faithfulness
+    # score: 19 files, 39 file-to-file hops, 28 calls back into a file already left (35 with the score, issue 29's figure)
+    script = PACKAGE.parent / "benchmarks" / "trace_analyze.py"
+    result = subprocess.run([sys.executable, str(script), "--no-faithfulness"], capture_output=True, text=True, timeout=300,
+                            cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = re.search(r"files (\d+), edges (\d+), climbs (\d+)", result.stderr)
+    files, edges, climbs = (int(value) for value in figures.groups())
+    assert files >= 15 and edges >= files - 1  # the trace followed the whole path: a tracer that saw nothing would pass below
+    assert climbs < 28, result.stderr

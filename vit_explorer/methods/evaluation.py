@@ -6,8 +6,10 @@ maps the app shows (``maps.class_map``) against each object's mask and by deleti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from statistics import fmean
 
 import numpy as np
 import torch
@@ -125,8 +127,8 @@ def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_si
         images=count,
         accuracy=correct / count,
         pointing={name: hit / count for name, hit in hits.items()},
-        energy={name: float(np.mean(values)) for name, values in energies.items()},
-        target_share=float(np.mean(shares)),
+        energy={name: fmean(values) for name, values in energies.items()},
+        target_share=fmean(shares),
     )
 
 
@@ -141,9 +143,9 @@ def faithfulness_on_shapes(
                                         steps=steps, random_orders=random_orders, seed=index)
             aucs[method].append([curves.aucs["deletion"], curves.aucs["insertion"]])
         aucs["random"].append([curves.aucs["random_deletion"], curves.aucs["random_insertion"]])
-    means = {name: np.mean(values, axis=0) for name, values in aucs.items()}
     return FaithfulnessFigures(images=len(samples), steps=steps,
-                               auc={name: {"deletion": float(mean[0]), "insertion": float(mean[1])} for name, mean in means.items()})
+                               auc={name: {"deletion": fmean(pair[0] for pair in values), "insertion": fmean(pair[1] for pair in values)}
+                                    for name, values in aucs.items()})
 
 
 SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "perturbation", "pointing", "energy", "class_pointing")
@@ -178,7 +180,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
     def flush() -> None:
         nonlocal index
         for sample, analysis, evidence in sample_analyses(model, batch, batch_size):
-            scores["correct"].append(np.nan if sample.label < 0 else float(int(analysis.logits.argmax()) == sample.label))
+            scores["correct"].append(math.nan if sample.label < 0 else float(int(analysis.logits.argmax()) == sample.label))
             target = None if sample.mask is None else patch_mask(sample.mask, model.layout.grid_hw)
             for method in methods:
                 grid_map = class_map(analysis, method, evidence, RolloutOptions())
@@ -191,24 +193,24 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
                 scores[f"{method}/deletion_relative"].append(relative["deletion"])
                 scores[f"{method}/insertion_relative"].append(relative["insertion"])
                 scores[f"{method}/perturbation"].append(area_under(curves.fractions, curves.deletion_top1))
-                scores[f"{method}/pointing"].append(np.nan if target is None else float(pointing_hit(grid_map, target)))
-                scores[f"{method}/energy"].append(np.nan if target is None else energy(grid_map, target))
+                scores[f"{method}/pointing"].append(math.nan if target is None else float(pointing_hit(grid_map, target)))
+                scores[f"{method}/energy"].append(math.nan if target is None else energy(grid_map, target))
                 if len(sample.objects) > 1:
                     by_class = [class_map(analysis, method, class_evidence(model, analysis, label), RolloutOptions()) for label, _ in sample.objects]
                     scores[f"{method}/class_pointing"].append(float(class_sensitive_hit(by_class, sample.objects, model.layout.grid_hw)))
                 else:
-                    scores[f"{method}/class_pointing"].append(np.nan)
+                    scores[f"{method}/class_pointing"].append(math.nan)
             scores["random/deletion"].append(aucs["random_deletion"])
             scores["random/insertion"].append(aucs["random_insertion"])
             scores["random/deletion_relative"].append(relative["random_deletion"])
             scores["random/insertion_relative"].append(relative["random_insertion"])
             scores["random/perturbation"].append(area_under(curves.fractions, curves.random_deletion_top1))
             random_map = torch.from_numpy(np.random.default_rng(seed + index).random(model.layout.grid_hw))
-            scores["random/pointing"].append(np.nan if target is None else float(pointing_hit(random_map, target)))
-            scores["random/energy"].append(np.nan if target is None else energy(random_map, target))
+            scores["random/pointing"].append(math.nan if target is None else float(pointing_hit(random_map, target)))
+            scores["random/energy"].append(math.nan if target is None else energy(random_map, target))
             random_maps = [torch.from_numpy(np.random.default_rng((seed + index, order)).random(model.layout.grid_hw)) for order in range(len(sample.objects))]
             scores["random/class_pointing"].append(float(class_sensitive_hit(random_maps, sample.objects, model.layout.grid_hw))
-                                                   if len(sample.objects) > 1 else np.nan)
+                                                   if len(sample.objects) > 1 else math.nan)
             index += 1
             if step is not None:
                 step()
@@ -223,12 +225,13 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
     return scores
 
 
-def bootstrap_interval(values: np.ndarray, resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values`` (NaNs dropped): (low, high), NaN when empty."""
+def bootstrap_interval(values: Sequence[float], resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (NaNs dropped): (low, high), NaN when empty. Resampled by
+    numpy's generator from ``seed``: the intervals of every published figure."""
     values = np.asarray(values, dtype=np.float64)
     values = values[~np.isnan(values)]
     if values.size == 0:
-        return (np.nan, np.nan)
+        return (math.nan, math.nan)
     means = np.random.default_rng(seed).choice(values, size=(resamples, values.size), replace=True).mean(axis=1)
     return (float(np.quantile(means, (1 - level) / 2)), float(np.quantile(means, (1 + level) / 2)))
 
@@ -239,8 +242,7 @@ def score_table(scores: dict[str, list[float]], methods: tuple[str, ...]) -> lis
     for method in (*methods, "random"):
         row: dict = {"method": method}
         for score in SCORES:
-            values = np.asarray(scores[f"{method}/{score}"], dtype=np.float64)
-            present = values[~np.isnan(values)]
-            row[score] = None if present.size == 0 else {"mean": float(present.mean()), "ci95": bootstrap_interval(present), "images": int(present.size)}
+            present = [value for value in scores[f"{method}/{score}"] if not math.isnan(value)]
+            row[score] = None if not present else {"mean": fmean(present), "ci95": bootstrap_interval(present), "images": len(present)}
         rows.append(row)
     return rows
