@@ -122,8 +122,59 @@ def test_version_and_every_option_says_its_default(capsys):
                 continue
             assert action.help, (name, action.dest)
             text = " ".join(command.format_help().split())
-            if action.default not in (None, False):
+            if action.default is not None and action.default is not False:  # 0 and 0.0 are defaults a user needs too
                 assert f"(default: {action.default})" in text or "(default" in action.help, (name, action.dest)
+    for name in ("analyze", "serve", "train-default"):
+        assert commands[name].description, name  # `vit-explorer NAME --help` says what the command does
+    assert "(default: 0.0)" in " ".join(commands["analyze"].format_help().split())  # --discard-ratio
+    assert "(default: 0)" in " ".join(commands["train-default"].format_help().split())  # --seed
+
+
+@pytest.mark.parametrize("port", ["99999", "-5", "0", "http"])
+def test_a_port_out_of_range_is_one_line(capsys, port):
+    with pytest.raises(SystemExit) as exit_code:
+        main(["serve", "--port", port, "--no-browser"])
+    error = capsys.readouterr().err
+    assert exit_code.value.code == 2 and "a port is a whole number from 1 to 65535" in error and "Traceback" not in error
+
+
+def test_an_out_that_cannot_be_a_folder_is_refused_before_any_pass(tmp_path, capsys, image_file, monkeypatch):
+    import vit_explorer.models as models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before --out was checked")
+
+    monkeypatch.setattr(models, "load_model", never)
+    existing = tmp_path / "a-file"
+    existing.write_text("keep me")
+    for out, words in ((existing, "is a file, not a folder"), (Path("/proc/nope"), "cannot write to /proc/nope")):
+        with pytest.raises(SystemExit) as exit_code:
+            main(["analyze", str(image_file), "--out", str(out)])
+        error = capsys.readouterr().err
+        assert exit_code.value.code == 2 and words in error and "Traceback" not in error, error
+    assert existing.read_text() == "keep me"
+
+
+def test_train_default_never_writes_over_the_shipped_model_unless_asked(tmp_path, capsys, monkeypatch):
+    from vit_explorer.cli import parser
+    from vit_explorer.models.builtin import ASSETS
+
+    assert parser().parse_args(["train-default"]).out == "shapes.safetensors"  # beside the user, not in the package
+    import vit_explorer.shapes.train as train
+
+    monkeypatch.setattr(train, "train_default", lambda *args, **kwargs: pytest.fail("trained over the shipped model"))
+    assert main(["train-default", "--out", str(ASSETS / "shapes.safetensors")]) == 1
+    assert "--replace-shipped" in capsys.readouterr().err
+
+
+@pytest.mark.timm
+@pytest.mark.parametrize("size", ["7", "20", "27x28"])
+def test_an_input_size_off_the_patch_grid_says_the_patch_size(capsys, image_file, tmp_path, size):
+    pytest.importorskip("timm")
+    code = main(["analyze", str(image_file), "--model", "timm:vit_small_patch14_dinov2@random", "--input-size", size,
+                 "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "must be a positive multiple of the patch size (14)" in error[-1], error
 
 
 def test_a_backbone_refuses_class_options_before_any_pass(tmp_path, capsys, image_file):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -204,10 +206,15 @@ def run_serve(args: argparse.Namespace) -> None:
 
 
 def run_train_default(args: argparse.Namespace) -> None:
+    from vit_explorer.models.builtin import ASSETS
     from vit_explorer.shapes.train import train_default
 
-    figures = train_default(Path(args.out), seed=args.seed, scale=args.scale, resume=args.resume)
-    progress(f"wrote {args.out}: held-out accuracy {figures['heldout_accuracy']:.1%}")
+    shipped = ASSETS / "shapes.safetensors"
+    out = shipped if args.replace_shipped else Path(args.out).expanduser()
+    if out.resolve() == shipped.resolve() and not args.replace_shipped:
+        raise VitExplorerError(f"--out {args.out} is the shipped model; add --replace-shipped to write over it, or choose another path")
+    figures = train_default(out, seed=args.seed, scale=args.scale, resume=args.resume)
+    progress(f"wrote {out}: held-out accuracy {figures['heldout_accuracy']:.1%}")
 
 
 def run_stats(args: argparse.Namespace) -> None:
@@ -332,6 +339,33 @@ def input_size(text: str) -> tuple[int, int]:
     return (parts[0], parts[-1])
 
 
+def port(text: str) -> int:
+    """A TCP port, 1…65535."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a whole number from 1 to 65535, not {text!r}") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a whole number from 1 to 65535, not {number}")
+    return number
+
+
+def output_folder(text: str) -> Path:
+    """``--out`` of ``analyze``: a folder that exists, or one that can be made; checked before any pass runs, so that a
+    long analysis is never thrown away at the end for a path it could not write."""
+    out = Path(text).expanduser()
+    if out.exists() and not out.is_dir():
+        raise argparse.ArgumentTypeError(f"{out} is a file, not a folder: give a folder to write into")
+    parent = out if out.is_dir() else next((folder for folder in out.parents if folder.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write to {out}: {parent} is not a folder this user can write into")
+    try:  # the checks above cannot see every file system (/proc, read-only mounts): try what the writer will do
+        tempfile.TemporaryDirectory(dir=parent, prefix=".vit-explorer-check-").cleanup()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot write to {out}: {error.strerror or error}") from None
+    return out
+
+
 MEMORY_BUDGET_MB = 1024
 
 
@@ -339,7 +373,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default; options that default to nothing say nothing."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False, argparse.SUPPRESS) or "(default" in (action.help or ""):
+        # ``is``: 0 and 0.0 equal False, yet they are defaults a user needs to see
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS or "(default" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action)
 
@@ -366,11 +401,14 @@ def parser() -> argparse.ArgumentParser:
 
     analyze = commands.add_parser(
         "analyze", formatter_class=HelpFormatter,
-        help="write rollout.png, heads.png, attention.npz (compact maps), the --method map and its faithfulness.json for one image"
-    )
+        help="write rollout.png, heads.png, attention.npz (compact maps), the --method map and its faithfulness.json for one image",
+        description="Runs IMAGE through the model once and writes to --out: the class token's rollout (rollout.png), every layer's "
+                    "and head's attention (heads.png), the maps themselves (attention.npz), the --method map with its faithfulness "
+                    "score, and whatever --scoreboard, --sanity, --norms, --ablation and --html add. Example: vit-explorer analyze "
+                    "cat.png --model timm:vit_small_patch16_224 --method attnlrp --html --out cat-maps")
     analyze.add_argument("image", help="image file")
     analyze.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
-    analyze.add_argument("--out", required=True, help="output folder (required)")
+    analyze.add_argument("--out", required=True, type=output_folder, help="output folder (required; made if it does not exist)")
     analyze.add_argument("--method", default="rollout", choices=list(CLASS_METHODS),
                          help="the map to write as METHOD.png and score: " + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
     analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction); for a "
@@ -413,10 +451,12 @@ def parser() -> argparse.ArgumentParser:
                          "attention.npz (by default it holds the compact form: head means, prefix rows, statistics)")
     analyze.set_defaults(run=run_analyze)
 
-    serve = commands.add_parser("serve", formatter_class=HelpFormatter, help="start the web app on this machine")
+    serve = commands.add_parser("serve", formatter_class=HelpFormatter, help="start the web app on this machine",
+                                description="Starts the app on http://HOST:PORT (this machine only, by default) and opens it in a "
+                                            "browser tab: upload an image and click through layers, heads and patches.")
     serve.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; 127.0.0.1 is this machine only")
-    serve.add_argument("--port", type=int, default=7860, help="port to listen on")
+    serve.add_argument("--port", type=port, default=7860, help="port to listen on, 1…65535")
     serve.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
     serve.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     serve.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB, help="above this, maps are kept in float16 or compactly")
@@ -426,8 +466,13 @@ def parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=run_serve)
 
     train = commands.add_parser("train-default", formatter_class=HelpFormatter,
-                                help="train the embedded shapes model (about an hour on 2 CPU cores)")
-    train.add_argument("--out", default=str(ASSETS / "shapes.safetensors"), help="where to write the weights")
+                                help="train the embedded shapes model (about an hour on 2 CPU cores)",
+                                description="Trains the shapes ViT on images the generator draws and writes it with its "
+                                            "out-of-distribution calibration; the shipped copy stays unless --replace-shipped.")
+    train.add_argument("--out", default="shapes.safetensors",
+                       help="where to write the weights; the shipped model is never overwritten unless --replace-shipped is given")
+    train.add_argument("--replace-shipped", action="store_true",
+                       help=f"write over the shipped model, {ASSETS / 'shapes.safetensors'} (for maintainers who retrain it)")
     train.add_argument("--seed", type=int, default=0, help="seed of the training images and initial weights")
     train.add_argument("--scale", type=float, default=1.0, help="share of the documented steps and pool sizes, for trials")
     train.add_argument("--resume", action="store_true", help="continue from the checkpoint beside --out")
@@ -469,7 +514,8 @@ def parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(run=run_evaluate)
 
     make_shapes = commands.add_parser("make-shapes", formatter_class=HelpFormatter,
-                                      help="write generated shapes with their masks: DIR/images/CLASS/*.png, DIR/masks/CLASS/*.png")
+                                      help="write generated shapes with their masks: DIR/images/CLASS/*.png, DIR/masks/CLASS/*.png",
+                                      description="Draws a labelled set of shapes with a mask per image, for `evaluate`.")
     make_shapes.add_argument("folder", help="where to write")
     make_shapes.add_argument("--count", type=int, default=600, help="how many images")
     make_shapes.add_argument("--seed", type=int, default=1, help="seed of the images")

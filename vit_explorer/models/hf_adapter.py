@@ -27,7 +27,7 @@ from vit_explorer.models.base import (
     listed,
 )
 from vit_explorer.models.hub import load_cached_or_fetch
-from vit_explorer.models.layout import TokenLayout
+from vit_explorer.models.layout import TokenLayout, check_input_hw
 
 MODEL_TYPES = {"vit", "deit", "dinov2", "dinov2_with_registers"}
 RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's numbers, as image processors store them
@@ -99,8 +99,7 @@ class HFAdapter(CaptureAdapter):
             names.append("dist")
         names += [f"reg{i + 1}" for i in range(getattr(config, "num_register_tokens", 0) or 0)]
         patch = config.patch_size
-        if input_hw[0] % patch or input_hw[1] % patch:
-            raise VitExplorerError(f"input {input_hw[0]}×{input_hw[1]} is not a multiple of the {patch}-pixel patch")
+        check_input_hw(input_hw, (patch, patch))
         return TokenLayout(prefix_names=tuple(names), grid_hw=(input_hw[0] // patch, input_hw[1] // patch), patch_hw=(patch, patch))
 
     @contextmanager

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vit_explorer.errors import VitExplorerError
+
 
 @dataclass(frozen=True)
 class TokenLayout:
@@ -67,3 +69,16 @@ class TokenLayout:
             )
         patches = row[..., self.num_prefix_tokens :]
         return patches.reshape(*row.shape[:-1], *self.grid_hw)
+
+
+def check_input_hw(input_hw: tuple[int, int], patch_hw: tuple[int, int] | None) -> None:
+    """Refuse an input size that is not a positive multiple of the patch size (both height × width): the patch grid
+    would be empty or cut, and the model's own error would say so in its own words."""
+    if patch_hw is None:
+        return
+    height, width = input_hw
+    patch_h, patch_w = patch_hw
+    if height < patch_h or width < patch_w or height % patch_h or width % patch_w:
+        size = str(patch_h) if patch_h == patch_w else f"{patch_h}×{patch_w}"
+        raise VitExplorerError(f"input size {height}×{width}: it must be a positive multiple of the patch size ({size}), "
+                               f"e.g. {patch_h * max(1, round(height / patch_h))}×{patch_w * max(1, round(width / patch_w))}")

@@ -21,7 +21,7 @@ from torch import nn
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import ELEMENTWISE, HEAD_TOO, HookAdapter, LoadedModel, Preprocess, listed
 from vit_explorer.models.hub import load_cached_or_fetch
-from vit_explorer.models.layout import TokenLayout
+from vit_explorer.models.layout import TokenLayout, check_input_hw
 
 
 def require_timm():
@@ -109,9 +109,23 @@ class TimmAdapter(HookAdapter):
         else:
             grid = tuple(patch_embed.grid_size)
             expected = tuple(g * p for g, p in zip(grid, patch_embed.patch_size))
+            check_input_hw(input_hw, tuple(patch_embed.patch_size))
             if tuple(input_hw) != expected:
                 raise VitExplorerError(f"this timm model takes {expected[0]}×{expected[1]} inputs, not {input_hw[0]}×{input_hw[1]}")
         return TokenLayout(prefix_names=tuple(names), grid_hw=grid, patch_hw=tuple(patch_embed.patch_size))
+
+
+def built_patch_hw(name: str) -> tuple[int, int] | None:
+    """The patch size of timm model ``name``, read off the architecture built on the meta device (no memory, no weights);
+    None for a name timm does not know (its own error then follows)."""
+    timm = require_timm()
+    try:
+        with torch.device("meta"):
+            module = timm.create_model(name, pretrained=False)
+    except Exception:  # noqa: BLE001 - an unknown name fails in the real build, with timm's own message
+        return None
+    patch_embed = getattr(module, "patch_embed", None)
+    return tuple(patch_embed.patch_size) if patch_embed is not None else None
 
 
 def imagenet_labels(module: nn.Module) -> list[str] | None:
@@ -245,6 +259,8 @@ def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
         default = cfg_input_hw(name)
         if default is not None and default != tuple(input_hw):
             notes.append(resampled_note(default, input_hw))
+    if input_hw is not None:
+        check_input_hw(input_hw, built_patch_hw(name))
     try:
         if random_weights:
             module = timm.create_model(name, pretrained=False, **kwargs)
