@@ -1,6 +1,7 @@
 """The app's callbacks, called directly (no server): what each event shows, that only uploads run the model, and
 that only the open tab draws (the others draw when opened, once per change of what they show)."""
 
+import html
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -453,6 +454,7 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     assert "similarity to the image's own embedding" in targeted["class_text"] and "not a probability" in targeted["class_text"]
     assert [key for _, key in targeted["method"]["choices"]] == list(maps.CLASS_METHODS)
     assert targeted["score"]["interactive"] is True and targeted["scoreboard"]["interactive"] is True
+    assert targeted["run_ablation"]["interactive"] is True  # the ablation button follows the target, not only the upload
     scored = by_name(class_maps.on_score(models, session, "blur", *controls(method="attnlrp")), class_maps.SCORED)
     assert "(curves of the share of the image's score)" in scored["class_text"]
     assert scored["faithfulness_plot"]["y_title"] == "share of the image's score"
@@ -888,9 +890,31 @@ def test_gradio_hands_its_progress_bar_to_the_long_actions(checkpoint):
 def test_the_export_tab_writes_the_sessions_report_with_what_ran(models, upload, checkpoint):
     session, _ = analysed(models, upload, checkpoint)
     before = Path(export.on_report(session, *CONTROLS)).read_text()
-    assert "<h2>Faithfulness</h2>" not in before and "data:image/png;base64," in before
+    assert "<h2>Faithfulness" not in before and "data:image/png;base64," in before
     class_maps.on_score(models, session, "blur", *CONTROLS)  # a score on this session's map joins the report
     after = Path(export.on_report(session, *CONTROLS)).read_text()
-    assert "<h2>Faithfulness</h2>" in after, after[-3000:]
+    assert f"<h2>Faithfulness for {session.analysis.label(session.target)}</h2>" in after, after[-3000:]
     assert "relevance (Chefer et al.)" in after and Path(checkpoint).name in after
     assert "<script" not in after
+
+
+def test_a_report_never_shows_one_targets_results_under_anothers_name(models, upload, checkpoint):
+    """Score, sanity check and scoreboard for the top class, then another target and its ablation: the report holds the
+    ablation of the new target, and none of the old target's results, which the page no longer shows either."""
+    session, _ = analysed(models, upload, checkpoint)
+    first = session.target
+    class_maps.on_score(models, session, "blur", *CONTROLS)
+    class_maps.on_sanity(models, session, *CONTROLS)
+    class_maps.on_scoreboard(models, session, "blur", *CONTROLS)
+    both = Path(export.on_report(session, *CONTROLS)).read_text()
+    name = html.escape(session.analysis.label(first))
+    for heading in (f"<h2>Faithfulness for {name}</h2>", f"<h2>Sanity check for {name}</h2>", f"<h2>Scoreboard for {name}</h2>"):
+        assert heading in both, heading
+    other = next(index for index in range(session.analysis.num_classes) if index != first)
+    shared.on_target(models, session, other, CLASS_MAPS, *CONTROLS)
+    ablation_tab.on_run(models, session, *CONTROLS)
+    report = Path(export.on_report(session, *CONTROLS)).read_text()
+    assert f"<h2>Class maps for {html.escape(session.analysis.label(other))}</h2>" in report
+    assert f"<h2>Head ablation for {html.escape(session.analysis.label(other))}</h2>" in report
+    assert "<h2>Faithfulness" not in report and "<h2>Sanity check" not in report and "<h2>Scoreboard" not in report
+    assert "percentage points" in report and "% probability" not in report

@@ -3,6 +3,7 @@ offline in a real browser."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -108,3 +109,20 @@ def test_save_html_writes_a_page_that_opens_offline(tmp_path, tiny_checkpoint, i
     assert "relevance (Chefer et al.)" in text and explanation.target in text
     widths, errors, _ = opened_offline(explanation.analysis.save_html(tmp_path / "analysis.html"))
     assert len(widths) == 3 and all(width > 0 for width in widths) and errors == []
+
+
+def test_a_similarity_report_shows_scores_never_probabilities(tmp_path):
+    """A backbone explained for a patch: the report's top holds the similarity score, not "100.0%" of a softmax over one
+    output, and the ablation says how far the score fell, in its own units."""
+    from vit_explorer.cli import main
+
+    backbone = write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)
+    out = tmp_path / "out"
+    assert main(["analyze", str(SQUARE), "--model", str(backbone), "--out", str(out), "--target", "patch:1,2", "--ablation",
+                 "--html", "--no-faithfulness"]) == 0
+    text = (out / "report.html").read_text()
+    assert "<h2>Target score</h2>" in text and "similarity to patch (row 1, col 2): <b>" in text
+    assert "100.0%" not in text and "probability" not in text.split("<h2>Head ablation")[1]
+    ablation = json.loads((out / "ablation.json").read_text())
+    assert re.search(r"lowers it most, by -?\d+\.\d{3} \(-?\d+\.\d{3} → -?\d+\.\d{3}\)", text), text.split("<h2>Head ablation")[1][-400:]
+    assert ablation["target"] == 0

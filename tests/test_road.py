@@ -70,3 +70,26 @@ def test_road_curves_are_the_models_probabilities_on_reference_imputed_images(tm
             assert getattr(curves, name)[index] == pytest.approx(expected, abs=0.02), (name, index)
     assert curves.deletion[0] == pytest.approx(curves.insertion[0])  # nothing removed yet: the whole image, twice
     assert forward_passes(steps, 2, "road") == 4 * (steps + 1)
+
+
+def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
+    """The chart, the app's plot table, its title and the report name ROAD's curves MoRF and LeRF, never deletion and
+    insertion (they are not: LeRF removes the least relevant patches, it inserts nothing)."""
+    from vit_explorer import analyze
+    from vit_explorer.core.analysis import class_evidence
+    from vit_explorer.core.maps import RolloutOptions, class_map
+    from vit_explorer.draw import charts, plots
+    from vit_explorer.draw.report import ReportParts, report_html
+
+    model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
+    analysis = analyze(model, np.full((64, 64, 3), 120, dtype=np.uint8))
+    evidence = class_evidence(model, analysis)
+    curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()), evidence.target,
+                                steps=4, random_orders=1, baseline="road")
+    names = set(plots.faithfulness_table(curves)["curve"])
+    assert {name.split(" (")[0] for name in names} == {"MoRF", "random MoRF", "LeRF", "random LeRF"}
+    assert set(plots.curve_colours(curves)) == names
+    assert "MoRF" in charts.curve_axis_title(curves) and "deleted" not in charts.curve_axis_title(curves)
+    page = report_html(analysis, ReportParts(evidence=evidence, scored_method="relevance", curves=curves))
+    section = page.split("<h2>Faithfulness")[1]
+    assert "MoRF AUC" in section and "LeRF AUC" in section and "deletion AUC" not in section and "insertion AUC" not in section

@@ -70,3 +70,68 @@ def test_a_backbone_is_scored_by_its_similarity_target(tmp_path):
                                     steps=4, random_orders=3, seed=5)
         assert curves.measure == board.measure and curves.deletion[0] == pytest.approx(1.0)
         assert entry.deletion == pytest.approx(curves.aucs["deletion"], abs=1e-5)
+
+
+def similarity_of_patch(backbone, image, want_negative: bool):
+    """The similarity model and analysis of the first patch whose score on ``image`` is negative (or positive)."""
+    from vit_explorer.core.analysis import pixels_of
+    from vit_explorer.core.targets import similarity_model
+
+    analysis = analyze(backbone, image)
+    rows, cols = analysis.grid
+    for row in range(rows):
+        for col in range(cols):
+            similarity = similarity_model(backbone, pixels_of(backbone, analysis), (row, col))
+            scored = analyze(similarity, image)
+            if (float(scored.logits[0]) < 0) == want_negative:
+                return similarity, scored
+    pytest.fail("no patch of that sign")
+
+
+def test_a_negative_reference_score_is_not_ranked_and_says_why(tmp_path):
+    """A patch whose similarity to the image is negative: a share of it flips sign, so the board ranks nothing and says
+    so, and the single score is not judged either."""
+    backbone = load_model(str(write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)))
+    similarity, scored = similarity_of_patch(backbone, photo((64, 64)), want_negative=True)
+    board = scoreboard(similarity, scored, steps=4, seed=5)
+    assert "negative" in board.unranked and [entry.method for entry in board.entries] == list(CLASS_METHODS)
+    assert board.as_dict()["ranked"] is False
+    curves = deletion_insertion(similarity, scored.image, class_map(scored, "rollout", None, RolloutOptions()), 0, steps=4)
+    assert curves.deletion[0] == pytest.approx(-1.0) and "negative" in curves.warning
+    assert curves.verdict == "cannot be judged" and not curves.beats_chance(margin=-10.0)
+    from vit_explorer.cli import scoreboard_lines
+    from vit_explorer.draw.report import scoreboard_section
+
+    lines = scoreboard_lines(board)
+    assert "NOT RANKED" in lines[0] and lines[1].startswith("not ranked: the image's own score is negative")
+    assert all(not line.startswith("1.") for line in lines)
+    assert "<td>—</td>" in scoreboard_section(board) and "Not ranked" in scoreboard_section(board)
+
+
+def test_a_positive_reference_is_ranked(tmp_path):
+    backbone = load_model(str(write_backbone_checkpoint(tmp_path / "backbone.safetensors", TINY)))
+    similarity, scored = similarity_of_patch(backbone, photo((64, 64)), want_negative=False)
+    curves = deletion_insertion(similarity, scored.image, class_map(scored, "rollout", None, RolloutOptions()), 0, steps=4)
+    if float(curves.deletion.abs().max()) <= 5:  # a clearly scored image: nothing to warn about
+        assert curves.warning == ""
+
+
+@pytest.mark.timm
+def test_chance_without_spread_gives_no_distance_from_it():
+    """The issue's case: random-weight DINOv2 (LayerScale 1e-5: every block adds almost nothing), a patch target; chance
+    scores 0.000 ± 0.000, and no method may be said to stand 41 sd from it."""
+    pytest.importorskip("timm")
+    from vit_explorer.cli import scoreboard_lines
+    from vit_explorer.core.analysis import pixels_of
+    from vit_explorer.core.targets import similarity_model
+    from vit_explorer.web.captions import board_rows
+
+    backbone = load_model("timm:vit_small_patch14_dinov2@random", input_hw=(56, 56))
+    image = photo((56, 56), seed=3)
+    similarity = similarity_model(backbone, pixels_of(backbone, analyze(backbone, image)), (1, 2))
+    scored = analyze(similarity, image)
+    board = scoreboard(similarity, scored, steps=4, seed=5)
+    assert board.chance_sd < 1e-3 and board.notes and "do not spread" in board.notes[0]
+    assert all(entry.over_chance != entry.over_chance for entry in board.entries)  # NaN: no distance
+    assert all(row[3] == "—" for row in board_rows(board))
+    assert not any(" sd from chance" in line for line in scoreboard_lines(board))

@@ -110,10 +110,11 @@ def run_analyze(args: argparse.Namespace) -> None:
     if evidence is None and args.html and analysis.num_classes:
         evidence = class_evidence(model, analysis)  # the report shows the top class's maps
     parts = ReportParts(evidence=evidence, options=options, scored_method=args.method, curves=curves, sanity=sanity,
-                        norms=norms.for_analysis(analysis) if args.norms else None, ablation=ablation, cmap=args.cmap)
+                        norms=norms.for_analysis(analysis) if args.norms else None, ablation=ablation, scoreboard=board,
+                        ablation_importance=None if ablation is None else class_evidence(model, analysis, ablation.target).importance,
+                        cmap=args.cmap)
     written, npz_note = files.write_analysis(
-        analysis, parts, out, method=args.method, scale=args.scale, full_maps=args.full_maps, html=args.html, scoreboard=board,
-        ablation_importance=None if ablation is None else class_evidence(model, analysis, ablation.target).importance,
+        analysis, parts, out, method=args.method, scale=args.scale, full_maps=args.full_maps, html=args.html,
         settings={"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline})
     if analysis.similarity:
         progress(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
@@ -126,6 +127,8 @@ def run_analyze(args: argparse.Namespace) -> None:
         aucs = curves.aucs
         first, second = curves.curve_names
         measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
+        if curves.warning:
+            progress(f"vit-explorer: warning: the {args.method} map's score {curves.verdict}: {curves.warning}")
         print(f"{args.method} map for {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
               f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
               f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}", flush=True)
@@ -150,15 +153,23 @@ def run_analyze(args: argparse.Namespace) -> None:
 
 
 def scoreboard_lines(board) -> list[str]:
-    """The scoreboard as printed lines: one per method, best first, then chance."""
+    """The scoreboard as printed lines: one per method, best first (or in method order, with why, where it is not
+    ranked), then chance and the notes."""
+    import math
+
     first, second = board.curve_names
-    lines = [f"scoreboard for {board.target_label!r} (curves of the {board.measure}), best first (score: {second} AUC − {first} AUC"
+    order = "NOT RANKED" if board.unranked else "best first"
+    lines = [f"scoreboard for {board.target_label!r} (curves of the {board.measure}), {order} (score: {second} AUC − {first} AUC"
              + (", halved" if board.baseline == "road" else "") + "; randomised ρ ≥ 0.5: the map barely depends on the weights):"]
+    if board.unranked:
+        lines.append(f"not ranked: {board.unranked}")
     for rank, entry in enumerate(board.entries, start=1):
         badge = "" if entry.depends_on_weights else "  [does not depend on the weights]"
-        lines.append(f"{rank}. {entry.method}: score {entry.score:.3f} ({entry.over_chance:+.1f} sd from chance), {first} {entry.deletion:.3f}, "
+        chance = "" if math.isnan(entry.over_chance) else f" ({entry.over_chance:+.1f} sd from chance)"
+        lines.append(f"{'-' if board.unranked else rank}. {entry.method}: score {entry.score:.3f}{chance}, {first} {entry.deletion:.3f}, "
                      f"{second} {entry.insertion:.3f}, randomised ρ {entry.randomised_rho:.2f}{badge}")
     lines.append(f"chance (random orders): score {board.chance_mean:.3f} ± {board.chance_sd:.3f}")
+    lines += [f"note: {note}" for note in board.notes]
     return lines
 
 

@@ -44,19 +44,27 @@ def curve_limits(curves: FaithfulnessCurves) -> tuple[float, float]:
     return min(0.0, min(values) - 0.02), max(1.02, max(values) + 0.02)
 
 
+def curve_axis_title(curves: FaithfulnessCurves) -> str:
+    """The x axis of faithfulness curves, in the protocol's words."""
+    if curves.baseline == "road":
+        return "share of patches imputed (MoRF: most relevant first; LeRF: least)"
+    return "share of patches deleted / inserted, most important first"
+
+
 def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
-    """Deletion and insertion curves of a map (solid) against random orders (dashed), AUCs in the legend."""
+    """Deletion and insertion curves of a map (solid) against random orders (dashed), AUCs in the legend; ROAD's are
+    called MoRF and LeRF (``curves.curve_names``)."""
     figure = _figure(5.0, 3.2)
     axes = figure.add_subplot()
     aucs = curves.aucs
-    for name, colour in (("deletion", "tab:red"), ("insertion", "tab:blue")):
+    for name, shown, colour in zip(("deletion", "insertion"), curves.curve_names, ("tab:red", "tab:blue")):
         fractions = curves.fractions.numpy()
-        axes.plot(fractions, getattr(curves, name).numpy(), color=colour, linewidth=2, label=f"{name} (AUC {aucs[name]:.3f})")
+        axes.plot(fractions, getattr(curves, name).numpy(), color=colour, linewidth=2, label=f"{shown} (AUC {aucs[name]:.3f})")
         axes.plot(fractions, getattr(curves, f"random_{name}").numpy(), color=colour, linewidth=1, linestyle="--",
-                  label=f"random {name} ({aucs[f'random_{name}']:.3f})")
+                  label=f"random {shown} ({aucs[f'random_{name}']:.3f})")
     axes.set_xlim(0, 1)
     axes.set_ylim(*curve_limits(curves))
-    axes.set_xlabel("share of patches deleted / inserted, most important first")
+    axes.set_xlabel(curve_axis_title(curves))
     axes.set_ylabel(curves.measure)
     axes.set_title(title, fontsize=9)
     axes.legend(fontsize=CHART_TEXT_PT, loc="center right")

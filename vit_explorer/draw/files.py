@@ -25,7 +25,6 @@ from vit_explorer.methods.ablation import HeadAblation
 from vit_explorer.methods.dataset import HEAD_STATISTICS, UNITS, HeadTotals, ImageList, dataset_tables
 from vit_explorer.methods.faithfulness import FaithfulnessCurves
 from vit_explorer.methods.sanity import SanityCurves
-from vit_explorer.methods.scoreboard import Scoreboard
 from vit_explorer.models.base import LoadedModel
 
 
@@ -191,12 +190,11 @@ def staged(out: Path) -> Iterator[Path]:
 
 
 def write_analysis(analysis: Analysis, parts: ReportParts, out: Path, *, method: str = "rollout", scale: str = "linear",
-                   full_maps: bool = False, html: bool = False, scoreboard: Scoreboard | None = None,
-                   ablation_importance: torch.Tensor | None = None, settings: dict | None = None) -> tuple[list[Path], str]:
+                   full_maps: bool = False, html: bool = False, settings: dict | None = None) -> tuple[list[Path], str]:
     """Every file of one ``analyze`` run, in ``out`` (``staged``): the views and ``attention.npz`` (``write_views``); the map
     of ``method`` unless it is the rollout; and the parts that ran: faithfulness (with ``settings``, e.g. image, steps,
-    random orders, baseline), sanity, ``scoreboard.json``, norms, ablation (beside the gradient ``ablation_importance``
-    ``[layers, heads]``) and, with ``html``, the report. Returns the paths in ``out``, in that order, and ``npz_note``'s
+    random orders, baseline), sanity, ``scoreboard.json``, norms, ablation (beside its target's gradient importance) and,
+    with ``html``, the report of them all. Returns the paths in ``out``, in that order, and ``npz_note``'s
     words."""
     with staged(out) as staging:
         written, note = write_views(analysis, staging, options=parts.options, cmap=parts.cmap, scale=scale, full_maps=full_maps)
@@ -206,13 +204,13 @@ def write_analysis(analysis: Analysis, parts: ReportParts, out: Path, *, method:
             written += write_faithfulness(analysis, parts.curves, method, staging, **(settings or {}))
         if parts.sanity is not None:
             written += write_sanity(parts.sanity, staging)
-        if scoreboard is not None:
+        if parts.scoreboard is not None:
             written.append(staging / "scoreboard.json")
-            written[-1].write_text(json.dumps(scoreboard.as_dict(), indent=2, default=float) + "\n")
+            written[-1].write_text(json.dumps(parts.scoreboard.as_dict(), indent=2, default=float) + "\n")
         if parts.norms is not None:
             written += write_norms(analysis, staging, cmap=parts.cmap)
         if parts.ablation is not None:
-            written += write_ablation(analysis, parts.ablation, ablation_importance, staging)
+            written += write_ablation(analysis, parts.ablation, parts.ablation_importance, staging)
         if html:
             written.append(write_report(analysis, parts, staging))
     return [out / path.name for path in written], note

@@ -55,19 +55,25 @@ def curve_name(curve: str, auc: float) -> str:
     return f"{curve} (AUC {auc:.3f})"
 
 
+def shown_curve(curves: FaithfulnessCurves, curve: str) -> str:
+    """A ``CURVE_COLOURS`` curve in the protocol's words: ROAD's deletion and insertion are its MoRF and LeRF."""
+    first, second = curves.curve_names
+    return curve.replace("deletion", first).replace("insertion", second)
+
+
 def faithfulness_table(curves: FaithfulnessCurves) -> pd.DataFrame:
     """One row per step of each curve: ``share`` of patches deleted or inserted, the target ``probability``,
-    and the ``curve`` named with its AUC (``curve_name``)."""
+    and the ``curve`` named with its AUC (``curve_name``) in the protocol's words (``shown_curve``)."""
     aucs = curves.aucs
     frames = []
     for curve in CURVE_COLOURS:
         key = curve.replace(" ", "_")
         frames.append(pd.DataFrame({"share": curves.fractions.double().numpy(), "probability": getattr(curves, key).double().numpy(),
-                                    "curve": curve_name(curve, aucs[key])}))
+                                    "curve": curve_name(shown_curve(curves, curve), aucs[key])}))
     return pd.concat(frames, ignore_index=True)
 
 
 def curve_colours(curves: FaithfulnessCurves) -> dict[str, str]:
     """Each curve's legend entry → its colour, for the plot's colour map."""
     aucs = curves.aucs
-    return {curve_name(curve, aucs[curve.replace(" ", "_")]): colour for curve, colour in CURVE_COLOURS.items()}
+    return {curve_name(shown_curve(curves, curve), aucs[curve.replace(" ", "_")]): colour for curve, colour in CURVE_COLOURS.items()}

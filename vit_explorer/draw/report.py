@@ -7,10 +7,12 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
+import torch
 from PIL import Image
 
 from vit_explorer.core.analysis import Analysis, ClassEvidence, Prediction
@@ -27,6 +29,7 @@ from vit_explorer.methods.ablation import HeadAblation
 from vit_explorer.methods.faithfulness import FaithfulnessCurves
 from vit_explorer.methods.norms import TokenNorms
 from vit_explorer.methods.sanity import SanityCurves
+from vit_explorer.methods.scoreboard import Scoreboard
 
 STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
@@ -119,7 +122,11 @@ def analysis_html(analysis: Analysis, cmap: str = "inferno", header: bool = True
 
 @dataclass
 class ReportParts:
-    """What an ``analyze`` run computed beyond the maps, for its report; each absent part is left out."""
+    """What an ``analyze`` run computed beyond the maps, for its report; each absent part is left out. Every result
+    carries the target it was computed for, and the report names each section by its own result's target.
+
+    ``ablation_importance`` is the gradient importance ``[layers, heads]`` of the ablation's target, which
+    ``ablation.json`` ranks heads by beside the ablation."""
 
     evidence: ClassEvidence | None = None
     options: RolloutOptions = field(default_factory=RolloutOptions)
@@ -128,6 +135,8 @@ class ReportParts:
     sanity: SanityCurves | None = None
     norms: TokenNorms | None = None
     ablation: HeadAblation | None = None
+    scoreboard: Scoreboard | None = None
+    ablation_importance: torch.Tensor | None = None
     cmap: str = "inferno"
 
 
@@ -138,7 +147,7 @@ def report_html(analysis: Analysis, parts: ReportParts) -> str:
     cmap, query = parts.cmap, default_query(analysis)
     sections = [f"<h1>vit_explorer report: {html.escape(analysis.model_name)}</h1>{provenance(analysis)}"]
     if analysis.num_classes:
-        sections.append(f"<h2>Predictions</h2>{predictions_table(analysis.top_k(5))}")
+        sections.append(f"<h2>{'Target score' if analysis.similarity else 'Predictions'}</h2>{top_five(analysis)}")
     sections.append(f"<h2>Overview</h2>{analysis_html(analysis, cmap, header=False)}")
     grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap)
     sections.append(f"<h2>Layers × heads</h2>{figure(grid, 'where the class token looks in every layer (rows) and head (columns), each tile on its own scale')}")
@@ -148,20 +157,52 @@ def report_html(analysis: Analysis, parts: ReportParts) -> str:
                    for method in methods)
     sections.append(f"<h2>Class maps{html.escape(target)}</h2><div class=\"row\">{maps}</div>")
     if parts.curves is not None and parts.scored_method is not None:
-        aucs = parts.curves.aucs
-        words = (f"{CLASS_METHODS[parts.scored_method]} {parts.curves.verdict}: deletion AUC {aucs['deletion']:.3f} against "
-                 f"{aucs['random_deletion']:.3f} for random orders (lower is better), insertion AUC {aucs['insertion']:.3f} against "
-                 f"{aucs['random_insertion']:.3f} (higher is better)")
-        chart = charts.faithfulness_chart(parts.curves, f"{CLASS_METHODS[parts.scored_method]}{target}")
-        sections.append(f"<h2>Faithfulness</h2>{figure(chart, words)}")
+        curves = parts.curves
+        aucs, (first, second) = curves.aucs, curves.curve_names
+        scored = f" for {analysis.label(curves.target)}"  # the curves' own target, whatever the maps above explain
+        words = (f"{CLASS_METHODS[parts.scored_method]}{scored} {curves.verdict}: {first} AUC {aucs['deletion']:.3f} against "
+                 f"{aucs['random_deletion']:.3f} for random orders (lower is better), {second} AUC {aucs['insertion']:.3f} against "
+                 f"{aucs['random_insertion']:.3f} (higher is better)" + (f". Warning: {curves.warning}" if curves.warning else ""))
+        chart = charts.faithfulness_chart(curves, f"{CLASS_METHODS[parts.scored_method]}{scored}")
+        sections.append(f"<h2>Faithfulness{html.escape(scored)}</h2>{figure(chart, words)}")
+    if parts.scoreboard is not None:
+        sections.append(scoreboard_section(parts.scoreboard))
     if parts.sanity is not None:
-        sections.append(f"<h2>Sanity check</h2>{figure(charts.sanity_chart(parts.sanity), parts.sanity.summary())}")
+        checked = "" if parts.sanity.target_label is None else f" for {parts.sanity.target_label}"
+        sections.append(f"<h2>Sanity check{html.escape(checked)}</h2>{figure(charts.sanity_chart(parts.sanity), parts.sanity.summary())}")
     if parts.norms is not None:
         sections.append(f"<h2>Token norms</h2><div class=\"row\">{figure(pictures.norm_map_picture(parts.norms, cmap), parts.norms.summary())}"
                         f"{figure(charts.token_norm_chart(parts.norms), 'norms and the attention they draw, per layer')}</div>")
     if parts.ablation is not None:
-        layer, head, drop = parts.ablation.ranked(1)[0]
-        words = (f"change of the probability of {analysis.label(parts.ablation.target)} when each head alone is removed "
-                 f"({parts.ablation.mode}); removing L{layer} h{head} lowers it most, by {drop:.1%}")
-        sections.append(f"<h2>Head ablation</h2>{figure(pictures.ablation_picture(parts.ablation)[0], words)}")
+        ablation = parts.ablation
+        layer, head, drop = ablation.ranked(1)[0]
+        label = analysis.label(ablation.target)
+        if ablation.single_score:  # a similarity score: its own units, never a probability
+            effect = f"by {drop:.3f} ({ablation.original_logit:.3f} → {ablation.original_logit - drop:.3f})"
+        else:
+            effect = f"by {100 * drop:.1f} percentage points ({ablation.original_probability:.1%} → {ablation.original_probability - drop:.1%})"
+        words = (f"change of the {ablation.measure} of {label} when each head alone is removed ({ablation.mode}); removing "
+                 f"L{layer} h{head} lowers it most, {effect}")
+        sections.append(f"<h2>Head ablation for {html.escape(label)}</h2>{figure(pictures.ablation_picture(ablation)[0], words)}")
     return page(f"vit_explorer: {analysis.model_name}", "".join(sections))
+
+
+def scoreboard_section(board: Scoreboard) -> str:
+    """The scoreboard as a table: rank (a dash where it is not ranked), method, score, distance from chance, the two
+    AUCs in the protocol's words, the randomised model's ρ; then chance and every note."""
+    first, second = board.curve_names
+    rows = "".join(
+        f"<tr><td>{'—' if board.unranked else rank}</td><td>{html.escape(CLASS_METHODS[entry.method])}</td><td>{entry.score:.3f}</td>"
+        f"<td>{'—' if math.isnan(entry.over_chance) else f'{entry.over_chance:+.1f} sd'}</td><td>{entry.deletion:.3f}</td>"
+        f"<td>{entry.insertion:.3f}</td><td>{entry.randomised_rho:.2f}{'' if entry.depends_on_weights else ' ⚠'}</td></tr>"
+        for rank, entry in enumerate(board.entries, start=1))
+    score = f"{second} AUC − {first} AUC" + (", halved" if board.baseline == "road" else "")
+    notes = [f"Not ranked: {board.unranked}."] if board.unranked else []
+    notes += [f"{note}." for note in board.notes]
+    notes.append(f"Curves of the {board.measure} over {board.steps} steps (coarser than one map's score, so its AUCs differ a "
+                 f"little); chance (random orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}. ⚠: the map barely changes "
+                 "when the whole model is randomised (ρ ≥ 0.5).")
+    return (f"<h2>Scoreboard for {html.escape(board.target_label)}</h2>"
+            f"<table><tr><th>rank</th><th>method</th><th>score ({html.escape(score)})</th><th>vs chance</th><th>{first} AUC</th>"
+            f"<th>{second} AUC</th><th>randomised ρ</th></tr>{rows}</table>"
+            + "".join(f'<p class="meta">{html.escape(note)}</p>' for note in notes))

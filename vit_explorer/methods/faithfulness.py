@@ -43,6 +43,25 @@ BATCH_SIZE = 8
 CLEAR_MARGIN = 0.05  # AUC difference from chance below which a map is not called better than random
 PROBABILITY = "target probability"
 SHARE_OF_SCORE = "share of the image's score"  # the measure of a one-output model (module doc)
+# shares of the image's score are unreadable where perturbed images score beyond this many times the image's own: the
+# reference is then small against what perturbing does (a similarity near 0), and every area is dominated by it
+LARGEST_READABLE_SHARE = 5.0
+
+
+def reference_warning(measure: str, values: torch.Tensor) -> str:
+    """Why curves ``[runs, steps + 1]`` of ``measure`` cannot be read as the share of the image's score they claim to be
+    (run 0 starts on the unchanged image): its score is negative (lower then means more of it) or small against the
+    perturbed images' scores; "" when they can, and always for a probability."""
+    if measure != SHARE_OF_SCORE:
+        return ""
+    if float(values.flatten()[0]) < 0:
+        return ("the image's own score is negative, so a share of it flips sign: a falling curve means a rising score. "
+                "The areas cannot be judged or ranked; choose a target the image scores positively")
+    largest = float(values.abs().max())
+    if largest > LARGEST_READABLE_SHARE:
+        return (f"perturbed images score up to {largest:.0f}× the image's own score, which is small against what perturbing "
+                "does: the areas cannot be judged or ranked; choose a target the image scores clearly")
+    return ""
 
 
 def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, baseline: str = "blur") -> int:
@@ -127,12 +146,20 @@ class FaithfulnessCurves:
         return {"deletion": aucs["random_deletion"] - aucs["deletion"], "insertion": aucs["insertion"] - aucs["random_insertion"]}
 
     def beats_chance(self, margin: float = CLEAR_MARGIN) -> bool:
-        """Whether the map beats random orders by ``margin`` at both deletion and insertion."""
-        return min(self.margins.values()) >= margin
+        """Whether the map beats random orders by ``margin`` at both deletion and insertion (never where the curves cannot
+        be read, ``warning``)."""
+        return not self.warning and min(self.margins.values()) >= margin
+
+    @property
+    def warning(self) -> str:
+        """Why these curves cannot be judged (``reference_warning``), or ""."""
+        return reference_warning(self.measure, torch.stack([self.deletion, self.insertion, self.random_deletion, self.random_insertion]))
 
     @property
     def verdict(self) -> str:
         """The verdict in words, as the app and the CLI print it."""
+        if self.warning:
+            return "cannot be judged"
         return "beats random orders" if self.beats_chance() else f"does not beat random orders by {CLEAR_MARGIN} at both"
 
     def as_dict(self) -> dict:
@@ -140,6 +167,7 @@ class FaithfulnessCurves:
         return {"target": self.target, "baseline": self.baseline, "measure": self.measure, "curves": {"deletion": first, "insertion": second},
                 **({"road_combined": self.road_combined} if self.baseline == "road" else {}), "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
                 "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
+                "warning": self.warning or None,
                 **{name: getattr(self, name).round(decimals=6).tolist()
                    for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
 

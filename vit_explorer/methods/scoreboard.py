@@ -27,6 +27,9 @@ from vit_explorer.models.base import LoadedModel
 # coarser than one map's score (``faithfulness.DEFAULT_STEPS``): the board scores every method at once, in seconds
 STEPS = 8
 RANDOM_ORDERS = 3
+# the smallest spread, in the curves' own unit (a probability, or a share of the image's score), that counts as one: below
+# it chance's standard deviation, or the difference between methods, is rounding, and a distance in it means nothing
+SPREAD_FLOOR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,8 @@ class Entry:
         deletion: area under its deletion (ROAD: MoRF) curve, lower is better.
         insertion: area under its insertion (ROAD: LeRF) curve, higher is better.
         score: insertion − deletion (ROAD: half that), higher is better.
-        over_chance: score − chance's mean score, in standard deviations of chance's scores.
+        over_chance: score − chance's mean score, in standard deviations of chance's scores (NaN where chance has no
+            spread, ``SPREAD_FLOOR``).
         randomised_rho: Spearman ρ of its map with the fully randomised model's (NaN for a constant map).
     """
 
@@ -58,7 +62,11 @@ class Entry:
 @dataclass(frozen=True)
 class Scoreboard:
     """The methods of one image and target, best first, and chance's score (mean and spread over random orders); the
-    curves follow ``measure``, the target's probability or (a backbone's similarity) the share of the image's score."""
+    curves follow ``measure``, the target's probability or (a backbone's similarity) the share of the image's score.
+
+    ``unranked`` says why the entries are not ranked (then they stay in method order): every method scores the same,
+    or the curves cannot be read (``faithfulness.reference_warning``); "" when they are. ``notes`` says what else a
+    reader must know (chance has no spread)."""
 
     target: int
     target_label: str
@@ -69,6 +77,8 @@ class Scoreboard:
     chance_mean: float
     chance_sd: float
     measure: str = faithfulness.PROBABILITY  # what the curves follow (``faithfulness.measure_of``)
+    unranked: str = ""
+    notes: tuple[str, ...] = ()
 
     @property
     def curve_names(self) -> tuple[str, str]:
@@ -80,6 +90,7 @@ class Scoreboard:
                 "measure": self.measure, "random_orders": self.random_orders, "curves": {"deletion": first, "insertion": second},
                 "score": "(LeRF − MoRF) / 2" if self.baseline == "road" else "insertion − deletion",
                 "chance": {"mean": self.chance_mean, "sd": self.chance_sd}, "sanity_threshold": FALLEN,
+                "ranked": not self.unranked, "unranked_because": self.unranked or None, "notes": list(self.notes),
                 "ranking": [{"method": entry.method, "deletion": entry.deletion, "insertion": entry.insertion, "score": entry.score,
                              "over_chance_sd": entry.over_chance, "randomised_rho": entry.randomised_rho,
                              "depends_on_weights": entry.depends_on_weights} for entry in self.entries]}
@@ -128,15 +139,23 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     chance_mean = float(chance_scores.mean())
     chance_sd = float(chance_scores.std(correction=1)) if len(chance_scores) > 1 else float("nan")
     sanity = sanity_check(model, analysis, evidence.target, methods=methods, options=options, seed=seed, cascade=False, step=step)
+    spread = chance_sd if chance_sd >= SPREAD_FLOOR else float("nan")
     entries = []
     for index, method in enumerate(methods):
         deletion, insertion = float(aucs[2 * index]), float(aucs[2 * index + 1])
         score = combined(deletion, insertion, baseline)
-        spread = chance_sd if chance_sd > 0 else float("nan")
         entries.append(Entry(method=method, deletion=deletion, insertion=insertion, score=score,
                              over_chance=(score - chance_mean) / spread, randomised_rho=float(sanity.final[method])))
-    entries.sort(key=lambda entry: -entry.score)
+    scores = [entry.score for entry in entries]
+    unranked = faithfulness.reference_warning(measure, probs)
+    if not unranked and max(scores) - min(scores) < SPREAD_FLOOR:
+        unranked = (f"every method scores the same ({min(scores):.3f} to {max(scores):.3f}): the target barely moves when patches "
+                    "are removed, so there is nothing to rank")
+    notes = () if chance_sd >= SPREAD_FLOOR else (
+        f"chance's scores do not spread (sd {chance_sd:.1e}, below {SPREAD_FLOOR:g}): no distance from chance is given",)
+    if not unranked:
+        entries.sort(key=lambda entry: -entry.score)
     return Scoreboard(target=evidence.target, target_label=analysis.label(evidence.target), baseline=baseline, steps=steps,
                       random_orders=random_orders, entries=tuple(entries), chance_mean=chance_mean, chance_sd=chance_sd,
-                      measure=measure)
+                      measure=measure, unranked=unranked, notes=notes)
 

@@ -15,7 +15,7 @@ from vit_explorer.methods.ablation import HeadAblation
 from vit_explorer.methods.ablation import cost_text as ablation_cost_text
 from vit_explorer.methods.comparison import Comparison, Side, same_classes
 from vit_explorer.methods.dataset import DatasetStatistics
-from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, PROBABILITY, FaithfulnessCurves, forward_passes
+from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROBABILITY, FaithfulnessCurves, forward_passes
 from vit_explorer.methods.sanity import SanityCurves
 from vit_explorer.methods.scoreboard import Scoreboard
 from vit_explorer.web.session import Controls, Session
@@ -179,6 +179,8 @@ def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> s
     first, second = curves.curve_names
     road = f" ROAD's combined score (LeRF − MoRF) / 2: **{curves.road_combined:.3f}**." if curves.baseline == "road" else ""
     measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
+    if curves.warning:
+        return f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}**{measure} ⚠️ {curves.verdict}: {curves.warning}."
     return (f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}**{measure} {curves.verdict}: "
             f"{first} AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
             f"{second} AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f})."
@@ -193,10 +195,18 @@ def board_text(analysis: Analysis, board: Scoreboard) -> str:
     badge = (f" ⚠️ {', '.join(unweighted)}: the map barely changes when the whole model is randomised (ρ ≥ 0.5), so it shows the "
              "image more than the model." if unweighted else "")
     measure = "" if board.measure == PROBABILITY else f" (curves of the {board.measure})"
-    return (f"**Scoreboard** for **{analysis.label(board.target)}**{measure}, by {protocol}, best first: score = {second} AUC − {first} AUC"
-            f"{' halved' if board.baseline == 'road' else ''} (*del.* and *ins.* are the {first} and {second} AUCs); chance (random "
+    order = f"⚠️ **not ranked**: {board.unranked}." if board.unranked else "best first"
+    notes = "".join(f" ⚠️ {note}." for note in board.notes)
+    return (f"**Scoreboard** for **{analysis.label(board.target)}**{measure}, by {protocol}, {order} Score = {second} AUC − {first} AUC"
+            f"{' halved' if board.baseline == 'road' else ''} (*del.* and *ins.* are the {first} and {second} AUCs, over "
+            f"{board.steps} steps: coarser than *Score faithfulness*'s {DEFAULT_STEPS}, so its AUCs differ a little); chance (random "
             f"orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}, and *vs chance* counts its standard deviations; "
-            f"*random-model ρ* is the map's rank correlation with the same map from the fully randomised model.{badge}")
+            f"*random-model ρ* is the map's rank correlation with the same map from the fully randomised model.{notes}{badge}")
+
+
+def over_chance_text(entry) -> str:
+    """A scoreboard entry's distance from chance in standard deviations, or a dash where chance has no spread."""
+    return "—" if math.isnan(entry.over_chance) else f"{entry.over_chance:+.1f} sd"
 
 
 SHORT_NAMES = {"relevance": "relevance", "attnlrp": "AttnLRP", "legrad": "LeGrad", "grad-rollout": "grad-rollout",
@@ -205,8 +215,8 @@ SHORT_NAMES = {"relevance": "relevance", "attnlrp": "AttnLRP", "legrad": "LeGrad
 
 def board_rows(board: Scoreboard) -> list[list]:
     """The scoreboard as table rows: rank, method, score, vs chance, the two AUCs, randomised ρ, badge."""
-    return [[rank, SHORT_NAMES.get(entry.method, entry.method), round(entry.score, 3), f"{entry.over_chance:+.1f} sd", round(entry.deletion, 3),
-             round(entry.insertion, 3), round(entry.randomised_rho, 2), "yes" if entry.depends_on_weights else "no ⚠️"]
+    return [["—" if board.unranked else rank, SHORT_NAMES.get(entry.method, entry.method), round(entry.score, 3), over_chance_text(entry),
+             round(entry.deletion, 3), round(entry.insertion, 3), round(entry.randomised_rho, 2), "yes" if entry.depends_on_weights else "no ⚠️"]
             for rank, entry in enumerate(board.entries, start=1)]
 
 

@@ -86,9 +86,10 @@ def scored(session: Session, controls: Controls) -> tuple:
 
 def faithfulness_plot(session: Session, method: str, curves) -> dict:
     """The interactive deletion and insertion curves of a score: values on hover, AUCs in the legend."""
-    title = f"Deletion and insertion: {maps.CLASS_METHODS[method]} · target {session.analysis.label(curves.target)}"
+    first, second = curves.curve_names
+    title = f"{first.capitalize()} and {second}: {maps.CLASS_METHODS[method]} · target {session.analysis.label(curves.target)}"
     return gr.update(value=plots.faithfulness_table(curves), title=title, color_map=plots.curve_colours(curves), visible=True,
-                     y_title=curves.measure, y_lim=list(charts.curve_limits(curves)))
+                     y_title=curves.measure, y_lim=list(charts.curve_limits(curves)), x_title=charts.curve_axis_title(curves))
 
 
 def render(session: Session, controls: Controls) -> dict:

@@ -17,7 +17,7 @@ from vit_explorer.methods.ablation import kept_ablation
 from vit_explorer.web.captions import head_label
 from vit_explorer.web.session import CACHE_TTL_S, Controls, Session, export_dir
 from vit_explorer.web.tabs.base import Tab, Wiring, require, user_errors
-from vit_explorer.web.tabs.class_maps import render_class, shown_method
+from vit_explorer.web.tabs.class_maps import checked, render_class, scored, shown_method
 from vit_explorer.web.tabs.layers_heads import render_head
 
 
@@ -84,11 +84,16 @@ def on_report(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
     and the faithfulness score, sanity check and head ablation where they ran on it."""
     session = require(session)
     controls = Controls.from_values(control_values)
-    score, sanity = session.screen.score, session.screen.sanity
+    # only what the page shows for this target and these options: a score, sanity check or scoreboard made for another
+    # target (the session keeps the last of each) would be shown under this target's name
+    score = session.screen.score if session.screen.score is not None and session.screen.score[0] == scored(session, controls) else None
+    sanity = session.screen.sanity if session.screen.sanity is not None and session.screen.sanity[0] == checked(session, controls) else None
+    board = session.screen.board if session.screen.board is not None and session.screen.board[0] == checked(session, controls) else None
     ablation = None if session.target is None else kept_ablation(session.analysis, session.target, controls.ablation_mode)
     parts = ReportParts(evidence=session.evidence, options=controls.rollout, cmap=controls.cmap,
                         scored_method=None if score is None else score[0][0], curves=None if score is None else score[1],
-                        sanity=None if sanity is None else sanity[1], norms=norms.for_analysis(session.analysis), ablation=ablation)
+                        sanity=None if sanity is None else sanity[1], norms=norms.for_analysis(session.analysis), ablation=ablation,
+                        scoreboard=None if board is None else board[1])
     folder = export_dir(ttl_s) / f"vit-explorer-report-{uuid.uuid4().hex[:12]}"
     folder.mkdir()
     return str(files.write_report(session.analysis, parts, folder))

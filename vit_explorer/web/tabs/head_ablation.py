@@ -126,4 +126,5 @@ def wire(app: Wiring) -> None:
     app["ablation_view"].select(click, [state, *app.controls], app.all(OUTPUTS), api_name="select_ablated_head", concurrency_limit=2)
 
 
-TAB = Tab("Head ablation", OUTPUTS, layout, render, depends, wire, ranges=("run_ablation",), set_ranges=set_ranges)
+# its run button follows the target: a backbone can run once a similarity target is chosen
+TAB = Tab("Head ablation", OUTPUTS, layout, render, depends, wire, ranges=("run_ablation",), set_ranges=set_ranges, target_ranges=True)
