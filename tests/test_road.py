@@ -82,7 +82,9 @@ def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
     from vit_explorer.draw.report import ReportParts, report_html
 
     model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
-    analysis = analyze(model, np.full((64, 64, 3), 120, dtype=np.uint8))
+    from PIL import Image
+
+    analysis = analyze(model, Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))
     evidence = class_evidence(model, analysis)
     curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()), evidence.target,
                                 steps=4, random_orders=1, baseline="road")
