@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -191,3 +193,47 @@ def test_heads_rank_by_gradient_importance_and_statistics(analysis):
     assert tops["distance"][0][2] <= tops["distance"][1][2] and tops["prefix share"][0][2] >= tops["prefix share"][1][2]
     with pytest.raises(VitExplorerError, match="needs a target class"):
         head_order(analysis, "gradient importance", None)
+
+
+@pytest.mark.timm
+def test_maps_that_carry_a_negligible_share_of_their_score_say_so_and_trained_ones_do_not():
+    """Random-weight DINOv2 (LayerScale 1e-5) explains a patch's similarity with maps of ~1e-7 of the score, drawn at
+    full contrast; every class-specific method must say so. The shipped model's maps carry most of their score."""
+    pytest.importorskip("timm")
+    from PIL import Image
+
+    from vit_explorer.core.analysis import pixels_of
+    from vit_explorer.core.maps import CLASS_SPECIFIC, NEGLIGIBLE, RolloutOptions, class_map, map_strength
+    from vit_explorer.core.targets import similarity_model
+    from vit_explorer.draw.pictures import negligible_note
+    from vit_explorer.models.builtin import EXAMPLES
+
+    backbone = load_model("timm:vit_small_patch14_dinov2@random", input_hw=(56, 56))
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (56, 56, 3), dtype=np.uint8))
+    scored = similarity_model(backbone, pixels_of(backbone, analyze(backbone, image)), (1, 2))
+    analysis = analyze(scored, image)
+    evidence = class_evidence(scored, analysis)
+    for method in CLASS_SPECIFIC:
+        strength = map_strength(analysis, method, evidence, class_map(analysis, method, evidence, RolloutOptions()))
+        assert strength < NEGLIGIBLE and negligible_note(strength).startswith("negligible"), (method, strength)
+    assert map_strength(analysis, "rollout", evidence, class_map(analysis, "rollout", evidence, RolloutOptions())) is None
+    shipped = load_model("builtin:shapes")
+    for path in sorted(EXAMPLES.glob("*.png")):
+        trained = analyze(shipped, path)
+        evidence = class_evidence(shipped, trained)
+        for method in CLASS_SPECIFIC:
+            strength = map_strength(trained, method, evidence, class_map(trained, method, evidence, RolloutOptions()))
+            assert strength >= NEGLIGIBLE and negligible_note(strength) == "", (path.name, method, strength)
+
+
+def test_a_signed_map_lies_over_the_image_in_grey(analysis):
+    """A blue object under a diverging map must not read as "against": where the map is 0, the picture is grey."""
+    from vit_explorer.draw.pictures import method_picture, view_hw
+
+    blue = replace(analysis, image=np.broadcast_to(np.array([0, 0, 255], dtype=np.uint8), analysis.image.shape).copy())
+    signed = torch.zeros(blue.grid)
+    signed[0, 0], signed[-1, -1] = 1.0, -1.0
+    picture = method_picture(blue, signed, "attnlrp")
+    height, width = view_hw(blue)
+    centre = picture[height // 2 - 4 : height // 2 + 4, width // 2 - 4 : width // 2 + 4].reshape(-1, 3).astype(int)
+    assert np.abs(centre[:, 2] - centre[:, 0]).max() <= 12, centre[:3]  # grey, not the image's blue

@@ -126,3 +126,11 @@ def test_a_similarity_report_shows_scores_never_probabilities(tmp_path):
     ablation = json.loads((out / "ablation.json").read_text())
     assert re.search(r"lowers it most, by -?\d+\.\d{3} \(-?\d+\.\d{3} → -?\d+\.\d{3}\)", text), text.split("<h2>Head ablation")[1][-400:]
     assert ablation["target"] == 0
+
+
+def test_an_explanation_prints_in_one_short_line(tiny_checkpoint, image_file):
+    explanation = explain(str(image_file), model=str(tiny_checkpoint), method="attnlrp")
+    text = repr(explanation)
+    assert len(text) < 300 and "\n" not in text and "method='attnlrp'" in text and "[4×4]" in text, text
+    assert len(repr(explanation.analysis)) < 300 and "3 layers × 4 heads" in repr(explanation.analysis)
+    assert explanation.strength is not None and explanation.strength > 0

@@ -11,7 +11,7 @@ from PIL import Image
 
 from vit_explorer.core.analysis import Analysis, analyze, class_evidence, pixels_of
 from vit_explorer.core.images import ImageSource
-from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions, class_map
+from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions, class_map, map_strength
 from vit_explorer.core.targets import similarity_model
 from vit_explorer.draw import report
 from vit_explorer.errors import VitExplorerError
@@ -30,6 +30,8 @@ class Explanation:
             target.
         probability: the target class's probability; None where there is no class.
         analysis: the analysis it was read from (every layer's maps, logits, layout).
+        strength: the share of its target's score the map carries (``maps.map_strength``; below ``maps.NEGLIGIBLE`` its
+            pattern is noise, and its display says so); None for a class-agnostic map.
     """
 
     map: torch.Tensor
@@ -37,9 +39,17 @@ class Explanation:
     target: str | None
     probability: float | None
     analysis: Analysis
+    strength: float | None = None
+
+    def __repr__(self) -> str:
+        # one line: the map's shape and range, not its values (the dataclass default printed ~20 KB of tensors)
+        low, high = float(self.map.min()), float(self.map.max())
+        probability = "" if self.probability is None else f", probability={self.probability:.3f}"
+        return (f"Explanation(method={self.method!r}, target={self.target!r}{probability}, map=[{self.map.shape[0]}×{self.map.shape[1]}] "
+                f"in [{low:.3g}, {high:.3g}], model={self.analysis.model_name!r})")
 
     def _repr_html_(self) -> str:
-        return report.explanation_html(self.analysis, self.map, self.method, self.target, self.probability)
+        return report.explanation_html(self.analysis, self.map, self.method, self.target, self.probability, strength=self.strength)
 
     def save_html(self, path: str | Path) -> Path:
         """The same display as a self-contained HTML file (pictures embedded, nothing fetched)."""
@@ -79,4 +89,5 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     scored = evidence is not None and not analysis.similarity
     return Explanation(map=grid_map, method=method,
                        target=None if evidence is None else analysis.label(evidence.target),
-                       probability=float(analysis.probs[evidence.target]) if scored else None, analysis=analysis)
+                       probability=float(analysis.probs[evidence.target]) if scored else None, analysis=analysis,
+                       strength=map_strength(analysis, method, evidence, grid_map))

@@ -97,6 +97,13 @@ class Analysis:
         self.store = MapStore(self.layout, self.attentions, self.compact)
         self.map_shape = self.store.shape
 
+    def __repr__(self) -> str:
+        # one line of what it is: the default would print every tensor it holds
+        layers, heads = self.map_shape
+        rows, cols = self.grid
+        return (f"Analysis(model={self.model_name!r}, {layers} layers × {heads} heads, grid {rows}×{cols}, "
+                f"{self.num_prefix_tokens} prefix tokens, {self.num_classes} outputs, maps {self.storage})")
+
     @property
     def grid(self) -> tuple[int, int]:
         return self.layout.grid_hw

@@ -172,6 +172,26 @@ def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, o
     return factors_map(analysis, factors, query, options.start_layer)
 
 
+# below this share of the score, a class-specific map explains nothing: measured on the shipped model's six examples and
+# real DINOv2 (astronaut, chelsea; own embedding and an eye patch) every map carries 0.6 to 450 times its score, on
+# random-weight DINOv2 (LayerScale 1e-5: the blocks add almost nothing) 2e-7 to 2.4e-3 of it
+NEGLIGIBLE = 0.01
+
+
+def map_strength(analysis: Analysis, method: str, evidence: ClassEvidence | None, grid_map: torch.Tensor) -> float | None:
+    """How much of its target's score a class-specific map carries, as a share of |score|; None for a class-agnostic map.
+
+    AttnLRP's relevance is in the score's units and sums to it where conservation holds: Σ|R| over patches. The
+    gradient methods (relevance, gradient-weighted rollout, LeGrad) are read off ∇A: Σ|∇A ⊙ A| over every head, the
+    first-order part of the score that attention carries. Below ``NEGLIGIBLE``, the map's pattern is noise at full
+    contrast, whatever it looks like."""
+    if method not in CLASS_SPECIFIC or evidence is None:
+        return None
+    score = abs(float(analysis.logits[evidence.target]))
+    magnitude = float(grid_map.abs().sum()) if method == "attnlrp" else float(evidence.importance.sum())
+    return magnitude / score if score > 0 else float("inf")
+
+
 def attention_map(analysis: Analysis, query: int | None, layer: int, head: int | None) -> torch.Tensor:
     """Where the query looks in one layer, one head or the mean of heads ``[grid_h, grid_w]``."""
     rows = query_rows(analysis, query)[layer]  # [heads, n]

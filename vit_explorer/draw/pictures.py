@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from vit_explorer.core.analysis import Analysis, ClassEvidence
-from vit_explorer.core.maps import RolloutOptions, class_map, head_order, query_rows
+from vit_explorer.core.maps import NEGLIGIBLE, RolloutOptions, class_map, head_order, map_strength, query_rows
 from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.ablation import HeadAblation
@@ -20,7 +20,7 @@ GRID_PX = 500  # about the width of the layers × heads grid
 ATTENTION = "attention weight"
 ROLLOUT = "rollout weight"
 # what the colour of each class-maps method measures, for its colour bar
-UNITS = {"relevance": "relevance", "attnlrp": "relevance (share of the target score)", "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
+UNITS = {"relevance": "relevance", "attnlrp": "relevance (in units of the target score)", "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
 
 
 def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
@@ -49,18 +49,21 @@ def token_at(analysis: Analysis, x: float, y: float, picture_hw: tuple[int, int]
 
 
 def map_picture(analysis: Analysis, grid_map: torch.Tensor | np.ndarray, *, cmap: str, overlay: bool, query: int | None,
-                unit: str, scale: str = "linear", bounds: tuple[float, float] | None = None) -> np.ndarray:
+                unit: str, scale: str = "linear", bounds: tuple[float, float] | None = None, note: str = "",
+                muted: bool = False) -> np.ndarray:
     """A large view of one ``[grid_h, grid_w]`` map on the colour ``scale`` (``render.COLOUR_SCALES``), or on
     ``bounds`` (low, high) shared with other views, query patch outlined, with a colour bar of what the colour
-    measures (``unit``) that says when the map is flat (``render.flat_note``)."""
+    measures (``unit``) that says when the map is flat (``render.flat_note``) or what ``note`` says. ``muted``: the image
+    under the map in grey, so that its own colours cannot be read as the scale's (a diverging map's red and blue)."""
     size = view_hw(analysis)
-    picture = render.heat(grid_map, size, cmap, image=analysis.image if overlay else None, scale=scale, bounds=bounds)
+    under = None if not overlay else (render.greyed(analysis.image) if muted else analysis.image)
+    picture = render.heat(grid_map, size, cmap, image=under, scale=scale, bounds=bounds)
     box = patch_box(analysis, query, size)
     if box is not None:
         picture = render.outline(picture, box)
     low, high = (np.float32(value) for value in bounds) if bounds is not None else render.value_range(grid_map, scale=scale)
     return render.with_colorbar(picture, cmap, low.item(), high.item(), unit, clipped=scale != "linear",
-                                note=render.flat_note(grid_map))
+                                note=note or render.flat_note(grid_map))
 
 
 def shared_bounds(maps: torch.Tensor | np.ndarray, scale: str = "linear") -> tuple[float, float]:
@@ -130,18 +133,30 @@ def grid_picture(
 def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions,
                       cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
     """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
-    return method_picture(analysis, class_map(analysis, method, evidence, options), method, cmap, scale)
+    grid_map = class_map(analysis, method, evidence, options)
+    return method_picture(analysis, grid_map, method, cmap, scale, strength=map_strength(analysis, method, evidence, grid_map))
 
 
-def method_picture(analysis: Analysis, grid_map: torch.Tensor, method: str, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
+def negligible_note(strength: float | None) -> str:
+    """The colour bar's warning for a map that carries a negligible share of its score (``maps.map_strength``), or ""."""
+    if strength is None or strength >= NEGLIGIBLE:
+        return ""
+    return f"negligible: the map carries {strength:.1e} of the score, pattern is noise"
+
+
+def method_picture(analysis: Analysis, grid_map: torch.Tensor, method: str, cmap: str = "inferno", scale: str = "linear",
+                   strength: float | None = None) -> np.ndarray:
     """A class map's large view. A signed map (AttnLRP's relevance also speaks against the class) goes on a diverging
-    scale symmetric about 0, red for the target and blue against it, since a sequential scale would paint the strongest
-    evidence against as the least important; any other map on ``cmap``."""
+    scale symmetric about 0, red for the target and blue against it, over the image in grey (so that a blue object is
+    not read as evidence against), since a sequential scale would paint the strongest evidence against as the least
+    important; any other map on ``cmap``. ``strength`` (``maps.map_strength``) below ``maps.NEGLIGIBLE`` is said on the
+    colour bar."""
+    note = negligible_note(strength)
     if float(grid_map.min()) < 0:
         bound = float(grid_map.abs().max())
         return map_picture(analysis, grid_map, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),
-                           unit=f"{UNITS[method]}: red for the target, blue against")
-    return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale)
+                           unit=f"{UNITS[method]}: red for the target, blue against", note=note, muted=True)
+    return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale, note=note)
 
 
 DIFFERENCE_CMAP = "RdBu_r"  # diverging: red where the first map is higher, blue where the second is, white where they agree

@@ -152,6 +152,13 @@ def heat(maps: torch.Tensor | np.ndarray, out_hw: tuple[int, int], cmap: str = "
     return (alpha * coloured + (1.0 - alpha) * base).astype(np.uint8)
 
 
+def greyed(image: np.ndarray) -> np.ndarray:
+    """An RGB picture ``[H, W, 3]`` uint8 in grey (luma, ITU-R 601), still RGB: the image under a diverging map, whose
+    red and blue must be the scale's alone."""
+    luma = image.astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    return np.repeat(luma.round().astype(np.uint8)[..., None], 3, axis=-1)
+
+
 def outline(picture: np.ndarray, box: tuple[int, int, int, int], colour: tuple[int, int, int] = HIGHLIGHT, width: int = 2) -> np.ndarray:
     """A copy of ``picture`` with the rectangle (x0, y0, x1, y1) outlined."""
     drawn = Image.fromarray(picture)
