@@ -302,10 +302,14 @@ def test_export_zips_what_the_cli_writes(models, upload, checkpoint):
 
 
 def test_bad_upload_is_a_message_not_a_crash(models, tmp_path, checkpoint):
+    """One notice and the summary say why; no output is left in an error state (the page would stamp each with a red
+    "Error" pill: the browser test counts them)."""
     junk = tmp_path / "junk.png"
     junk.write_bytes(b"GIF89a not really")
-    with pytest.raises(gr.Error, match="junk.png"):
-        shared.run_analysis(models, str(junk), checkpoint, OVERVIEW, *CONTROLS)
+    with pytest.warns(UserWarning, match="junk.png"):  # gr.Warning outside a request is a Python warning
+        outputs = by_name(shared.run_analysis(models, str(junk), checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
+    assert outputs["summary"].startswith(f"⚠️ **{shared.UNREADABLE}:**") and "junk.png" in outputs["summary"]
+    assert outputs["state"] is None and outputs["query_image"] is None
 
 
 def test_failed_model_switch_keeps_the_previous_model(models, upload, checkpoint):

@@ -195,6 +195,27 @@ def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path
         page.screenshot(path=str(OUTPUT / "5-outside-notice.png"), full_page=False)
 
 
+def test_a_bad_upload_shows_one_notice_and_no_error_pills(served, tmp_path):
+    url, _ = served
+    """A file that is not an image: one notice and the summary say why; no view is stamped with a red "Error" (raising
+    from the upload event stamped each of its eight visible outputs)."""
+    bad = tmp_path / "not-an-image.png"
+    bad.write_bytes(b"<html><body>hello</body></html>")
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with chromium_page(1280, 800) as (page, errors):
+        page.goto(url)
+        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+        page.locator("#upload input[type=file]").set_input_files(str(bad))
+        page.locator("#summary >> text=This image could not be analysed").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1000)  # any error state would have arrived with the same response
+        assert page.locator("#summary >> text=not an image file").first.is_visible()
+        assert page.locator(".toast-body").count() == 1
+        pills = page.locator(".error:not([class*=toast])")
+        assert pills.count() == 0, [pills.nth(i).inner_text() for i in range(pills.count())]
+        page.screenshot(path=str(OUTPUT / "6-bad-upload.png"), full_page=False)
+        assert errors == []
+
+
 def test_a_stats_folder_overlays_the_dataset_on_the_head_statistics(served, tmp_path):
     url, checkpoint = served
     write_stats_folder(load_model(str(checkpoint)), tmp_path, seed=60)

@@ -116,19 +116,34 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
     session.screen = type(session.screen)()  # every result on screen was for another target
 
 
-def empty_outputs() -> tuple:
-    """``FULL_OUTPUTS`` before any upload: nothing shown."""
+def empty_outputs(summary: str = "Upload an image to begin.") -> tuple:
+    """``FULL_OUTPUTS`` before any upload (or after one that could not be analysed, ``summary`` saying why): nothing shown."""
     values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
-    values.update(summary="Upload an image to begin.", caption="", query=gr.update(), target=gr.update(), **unchanged(RANGES))
+    values.update(summary=summary, caption="", query=gr.update(), target=gr.update(), top5=gr.update(value=None, visible=False),
+                  **unchanged(RANGES))
     return in_order(values, FULL_OUTPUTS)
 
 
-@user_errors
+UNREADABLE = "This image could not be analysed"
+
+
 def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values) -> tuple:
     """Upload (or model change) → one forward pass, and one backward pass for the top class → the shared views and
-    the ``visible`` tab's; the other tabs are cleared, to be drawn when opened (``FULL_OUTPUTS``)."""
+    the ``visible`` tab's; the other tabs are cleared, to be drawn when opened (``FULL_OUTPUTS``).
+
+    An image that cannot be analysed (not an image, too large, …) empties the views and says why, in the summary and in
+    one notice: raising would also stamp a red "Error" on each of the event's outputs."""
     if upload is None:
         return empty_outputs()
+    try:
+        return analysed_outputs(models, upload, spec, visible, *control_values)
+    except VitExplorerError as error:
+        gr.Warning(str(error), title=UNREADABLE)
+        return empty_outputs(f"⚠️ **{UNREADABLE}:** {error}")
+
+
+def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *control_values) -> tuple:
+    """``run_analysis`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
     model = models.get(spec)
     controls = replace(Controls.from_values(control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
     analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit)
