@@ -151,11 +151,16 @@ def test_opening_a_tab_draws_it_once_until_what_it_shows_changes(models, upload,
         table = plot["value"]
         assert isinstance(table, pd.DataFrame) and list(table.columns) == ["layer", "head", "value"], name  # what hover shows
         values = maps.ranking_values(analysis, statistic, session.evidence)
-        assert len(table) == values.numel() and plot["sort"] == [f"L{layer}" for layer in range(6)]
+        assert len(table) == values.numel()
         for layer in range(6):  # every head at its layer, by hand
             for head in range(4):
-                row = table[(table.layer == f"L{layer}") & (table["head"] == f"h{head}")]
+                row = table[(table.layer == layer) & (table["head"] == f"h{head}")]
                 assert row["value"].item() == pytest.approx(float(values[layer, head])), (name, layer, head)
+        # whole markers at the edges: half a layer of room on each side, and room above and below the extremes
+        assert plot["x_lim"] == [-0.5, 5.5]
+        low, high = float(values.min()), float(values.max())
+        assert plot["y_lim"][0] < low and plot["y_lim"][1] > high
+        assert min(low - plot["y_lim"][0], plot["y_lim"][1] - high) >= 0.05 * (high - low), name
     assert "log n = 5.55" in views["entropy_plot"]["title"] and f"uniform: {1 / 257:.3g}" in views["prefix_plot"]["title"]
     assert views["top_heads"]["headers"][-1] == "gradient importance (highest first)"
 
@@ -171,7 +176,8 @@ def test_opening_a_tab_draws_it_once_until_what_it_shows_changes(models, upload,
 
 
 def test_statistics_plots_fit_their_axes_to_the_data():
-    """No plot fixes its vertical axis: a prefix share of about 0.01 fills its plot rather than sitting on 0…1."""
+    """No plot fixes its vertical axis when built: each drawing fits it to its data (with room for whole markers), so a
+    prefix share of about 0.01 fills its plot rather than sitting on 0…1."""
     demo = app.build_demo("builtin:shapes")
     plots_by_id = {block.elem_id: block for block in demo.blocks.values() if isinstance(block, gr.ScatterPlot)}
     compared = plots_by_id.pop("compare-plot")  # the Compare tab's: both sides against relative depth

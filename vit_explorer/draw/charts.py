@@ -5,6 +5,7 @@ layer come as tensors and are turned into numpy here (``render.to_numpy``)."""
 from __future__ import annotations
 
 import itertools
+import textwrap
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ from vit_explorer.methods.sanity import SanityCurves
 
 # at the charts' 100 dpi, 9 pt is 12.5 px: legends and small labels no smaller than the app's body text less a little
 CHART_TEXT_PT = 9
+
+
+TITLE_CHARACTERS = 60  # a chart title's longest line: what fits over the axes of the widest chart at 9 pt
 
 
 def _figure_to_array(figure) -> np.ndarray:
@@ -140,8 +144,11 @@ def sanity_chart(curves: SanityCurves) -> np.ndarray:
     axes.set_xticks(steps)
     axes.set_xlabel("layers randomised, from the top (0 = trained model)")
     axes.set_ylabel("Spearman correlation with trained map")
-    target = f" · target {curves.target_label}" if curves.target_label is not None else ""
-    axes.set_title(f"Sanity check: cascading randomisation{target}", fontsize=9)
+    target = f"target: {curves.target_label}" if curves.target_label is not None else ""
+    # a long target (a similarity to a patch, an ImageNet name) goes on lines of its own: centred over the axes, one long
+    # line ran off the figure's left edge
+    lines = ["Sanity check: cascading randomisation", *textwrap.wrap(target, TITLE_CHARACTERS)]
+    axes.set_title("\n".join(lines), fontsize=9)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _figure_to_array(figure)
@@ -166,7 +173,7 @@ def token_norm_chart(result: TokenNorms) -> np.ndarray:
     """Per layer, on log scales: the patches' median and largest norm, the outlier threshold and each prefix
     token's norm (top); the attention share of the flagged patches together, of each prefix token and of the
     median patch (bottom) (``norms.TokenNorms``)."""
-    figure = _figure(5.0, 5.4)
+    figure = _figure(6.6, 5.4)
     norm_axes, share_axes = figure.subplots(2, 1, sharex=True)
     layers = np.arange(result.num_layers)
     patches = to_numpy(result.norms[:, result.layout.num_prefix_tokens:])
@@ -191,5 +198,6 @@ def token_norm_chart(result: TokenNorms) -> np.ndarray:
     share_axes.set_xticks(layers)
     for axes in (norm_axes, share_axes):
         axes.grid(alpha=0.3, which="major")
-        axes.legend(fontsize=CHART_TEXT_PT, ncol=2, loc="best")
+        # beside the axes, never over the lines: inside, "best" still covered them wherever every corner held data
+        axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _figure_to_array(figure)
