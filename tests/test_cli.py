@@ -177,6 +177,7 @@ def test_an_input_size_off_the_patch_grid_says_the_patch_size(capsys, image_file
     assert code == 1 and "must be a positive multiple of the patch size (14)" in error[-1], error
 
 
+@pytest.mark.slow
 def test_a_backbone_refuses_class_options_before_any_pass(tmp_path, capsys, image_file):
     backbone = write_backbone_checkpoint(tmp_path / "backbone.safetensors", CLI_MODEL)
     out = tmp_path / "out"
@@ -283,6 +284,7 @@ def hand_rollout_and_last_layer(maps: np.ndarray, residual_weight: float = 0.5) 
     return joint[0, 1:], maps[-1].mean(0)[0, 1:]
 
 
+@pytest.mark.slow
 def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout(tmp_path, capsys):
     from vit_explorer import load_model
     from vit_explorer.core.capture import StackingSink, capture
