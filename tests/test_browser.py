@@ -317,3 +317,41 @@ def test_compare_tab_shows_a_second_image_beside_the_first_and_their_difference(
         assert not scrolls_sideways(page)
         page.screenshot(path=str(OUTPUT / "1280x800-compare.png"), full_page=True)
         assert errors == []
+
+
+@pytest.mark.timm
+def test_a_random_backbone_in_the_page_runs_ablation_and_flags_what_it_cannot_explain(tmp_path):
+    """Random-weight DINOv2 (LayerScale 1e-5) at 56 px: once a similarity target is chosen, the ablation button opens (it
+    stayed disabled: its state was set only at upload); AttnLRP's map is called negligible above it; the scoreboard's chance
+    has no spread, so no method is said to stand some sd from it."""
+    pytest.importorskip("timm")
+    from serving import running_server
+
+    upload = tmp_path / "upload.png"
+    photo((112, 112), seed=4).save(upload)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with running_server("timm:vit_small_patch14_dinov2@random", tmp_path / "server.log", "--input-size", "56") as (url, _):
+        with chromium_page(1280, 800) as (page, errors):
+            open_and_upload(page, url, upload)
+            open_tab(page, "Head ablation")
+            run = page.locator("#run-ablation")
+            run.wait_for(timeout=10_000)
+            assert run.is_disabled()  # no target yet: a backbone has no class
+            page.get_by_label("Target (a similarity)").first.click()
+            page.get_by_role("option", name="similarity to its own embedding").click()
+            page.locator("#ablation-text >> text=Which heads does the score").first.wait_for(timeout=60_000)
+            page.wait_for_function("() => !document.querySelector('#run-ablation').disabled", timeout=30_000)
+            run.click()
+            page.wait_for_selector("#ablation-view img", timeout=60_000)
+            page.screenshot(path=str(OUTPUT / "7-backbone-ablation.png"), full_page=True)
+
+            open_tab(page, "Class maps")
+            page.get_by_label("AttnLRP").first.check()
+            page.locator("#class-text >> text=Negligible map").first.wait_for(timeout=60_000)
+            page.locator("#scoreboard").click()
+            page.locator("#board-table").wait_for(timeout=120_000)
+            page.locator("#board-text >> text=do not spread").first.wait_for(timeout=30_000)
+            table = page.locator("#board-table").inner_text()
+            assert " sd" not in table, table
+            page.screenshot(path=str(OUTPUT / "8-backbone-negligible-and-scoreboard.png"), full_page=True)
+            assert errors == []

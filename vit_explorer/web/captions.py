@@ -173,6 +173,14 @@ def class_note(session: Session) -> str:
             f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward passes).")
 
 
+def negligible_text(strength: float | None) -> str:
+    """The warning above a class map that carries a negligible share of its score (``maps.map_strength``), or ""."""
+    if strength is None or strength >= maps.NEGLIGIBLE:
+        return ""
+    return (f"⚠️ **Negligible map:** it carries {strength:.1e} of the target's score (below {maps.NEGLIGIBLE:.0%}), so its "
+            "pattern is noise drawn at full contrast; nothing here is explained by it.\n\n")
+
+
 def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> str:
     """A faithfulness score in words: the verdict, and each AUC against random orders with its margin."""
     aucs, margins = curves.aucs, curves.margins

@@ -16,7 +16,16 @@ from vit_explorer.methods.faithfulness import batches, deletion_insertion
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.methods.scoreboard import batches as board_batches
 from vit_explorer.methods.scoreboard import scoreboard
-from vit_explorer.web.captions import NO_CLASSIFIER, board_rows, board_text, class_note, sanity_note, sanity_text, score_text
+from vit_explorer.web.captions import (
+    NO_CLASSIFIER,
+    board_rows,
+    board_text,
+    class_note,
+    negligible_text,
+    sanity_note,
+    sanity_text,
+    score_text,
+)
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, require, user_errors
 
@@ -33,7 +42,7 @@ def layout() -> dict:
             gr.Markdown("**The chosen map** for the target class; its colour bar says what it measures")
             class_view = map_image("class-view", "Class-specific map")
         with gr.Column(min_width=300):
-            class_text = gr.Markdown("")
+            class_text = gr.Markdown("", elem_id="class-text")
             baseline = gr.Radio([("blur", "blur"), ("mean colour", "mean"), ("ROAD imputation", "road")], value="blur",
                                 label="Removed patches show", elem_id="baseline",
                                 info="ROAD fills them from their neighbours, so the removal itself leaves no shape (slower)")
@@ -99,6 +108,9 @@ def render(session: Session, controls: Controls) -> dict:
         plot, text = faithfulness_plot(session, controls.method, score[1]), score_text(session.analysis, controls.method, score[1])
     else:
         plot, text = NO_PLOT, class_note(session)
+    method = shown_method(session, controls)
+    grid_map = maps.class_map(session.analysis, method, session.evidence, controls.rollout)
+    text = negligible_text(maps.map_strength(session.analysis, method, session.evidence, grid_map)) + text
     return {"class_view": render_class(session, controls), "class_text": text, "faithfulness_plot": plot,
             **sanity_views(session, controls), **board_views(session, controls)}
 
