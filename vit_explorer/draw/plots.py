@@ -30,15 +30,12 @@ def head_table(values: torch.Tensor) -> pd.DataFrame:
     })
 
 
-def head_points(values: torch.Tensor) -> tuple[pd.DataFrame, list[float], list[float]]:
-    """A ``[layers, heads]`` statistic as points at numeric layers (``head_table``, ``layer`` 0, 1, …), and the x and y
-    limits that hold every whole marker: half a layer beyond the first and last layer, and 6% of the values' range beyond
-    their extremes (a plot fitted to the data would cut the outermost points in half)."""
-    layers, heads = values.shape
-    table = head_table(values).assign(layer=np.tile(np.arange(layers), heads))
+def padded_limits(values: torch.Tensor) -> list[float]:
+    """The y limits of a plot of ``values`` that hold every whole marker: 6% of their range beyond each extreme (a plot
+    fitted to the data exactly cuts the highest and lowest points in half)."""
     low, high = float(values.min()), float(values.max())
     margin = 0.06 * (high - low) if high > low else max(abs(high), 1.0) * 0.06
-    return table, [-0.5, layers - 0.5], [low - margin, high + margin]
+    return [low - margin, high + margin]
 
 
 SIDE_COLOURS = ("#1f77b4", "#d62728")  # the Compare tab's sides A and B

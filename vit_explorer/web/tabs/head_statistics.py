@@ -50,8 +50,8 @@ def plot(session: Session, statistic: str) -> dict:
     if statistic == maps.GRADIENT_IMPORTANCE and session.evidence is None:
         return gr.update(value=None, visible=False)
     values = maps.ranking_values(session.analysis, statistic, session.evidence)  # [layers, heads]
-    table, x_lim, y_lim = plots.head_points(values)
-    return gr.update(value=table, title=statistic_title(session, statistic), x_lim=x_lim, y_lim=y_lim, visible=True)
+    return gr.update(value=plots.head_table(values), title=statistic_title(session, statistic), sort=plots.layer_names(values.shape[0]),
+                     y_lim=plots.padded_limits(values), visible=True)
 
 
 def dataset_for(session: Session, folder: str) -> tuple[DatasetStatistics | None, str]:
