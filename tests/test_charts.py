@@ -64,3 +64,19 @@ def test_token_norm_legends_lie_beside_the_lines_not_over_them(tiny, drawn):
     for legend in chart["legends"]:
         assert inside(legend, chart["figure"])
         assert not any(legend.overlaps(axes) for axes in chart["axes"]), (legend, chart["axes"])
+
+
+def test_the_faithfulness_legend_lies_beside_the_curves(tiny, drawn):
+    from vit_explorer.core.analysis import class_evidence
+    from vit_explorer.core.maps import RolloutOptions, class_map
+    from vit_explorer.methods.faithfulness import deletion_insertion
+
+    model, analysis = tiny
+    evidence = class_evidence(model, analysis)
+    curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()), evidence.target,
+                                steps=4, random_orders=1)
+    charts.faithfulness_chart(curves, "relevance for a class with a long name " * 2)
+    (chart,) = drawn
+    (legend,) = chart["legends"]
+    assert inside(legend, chart["figure"]) and not any(legend.overlaps(axes) for axes in chart["axes"])
+    assert all(inside(title, chart["figure"]) for title in chart["titles"])

@@ -166,7 +166,7 @@ def scoreboard_lines(board) -> list[str]:
     for rank, entry in enumerate(board.entries, start=1):
         badge = "" if entry.depends_on_weights else "  [does not depend on the weights]"
         chance = "" if math.isnan(entry.over_chance) else f" ({entry.over_chance:+.1f} sd from chance)"
-        lines.append(f"{'-' if board.unranked else rank}. {entry.method}: score {entry.score:.3f}{chance}, {first} {entry.deletion:.3f}, "
+        lines.append(f"{'·' if board.unranked else f'{rank}.'} {entry.method}: score {entry.score:.3f}{chance}, {first} {entry.deletion:.3f}, "
                      f"{second} {entry.insertion:.3f}, randomised ρ {entry.randomised_rho:.2f}{badge}")
     lines.append(f"chance (random orders): score {board.chance_mean:.3f} ± {board.chance_sd:.3f}")
     lines += [f"note: {note}" for note in board.notes]

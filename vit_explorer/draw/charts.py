@@ -58,7 +58,7 @@ def curve_axis_title(curves: FaithfulnessCurves) -> str:
 def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
     """Deletion and insertion curves of a map (solid) against random orders (dashed), AUCs in the legend; ROAD's are
     called MoRF and LeRF (``curves.curve_names``)."""
-    figure = _figure(5.0, 3.2)
+    figure = _figure(7.0, 3.2)
     axes = figure.add_subplot()
     aucs = curves.aucs
     for name, shown, colour in zip(("deletion", "insertion"), curves.curve_names, ("tab:red", "tab:blue")):
@@ -71,7 +71,7 @@ def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
     axes.set_xlabel(curve_axis_title(curves))
     axes.set_ylabel(curves.measure)
     axes.set_title(title, fontsize=9)
-    axes.legend(fontsize=CHART_TEXT_PT, loc="center right")
+    axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, never over them
     return _figure_to_array(figure)
 
 

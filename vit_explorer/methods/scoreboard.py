@@ -10,6 +10,7 @@ model learned. All perturbed images of all methods go through the model in share
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,7 +154,9 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
                     "are removed, so there is nothing to rank")
     notes = () if chance_sd >= SPREAD_FLOOR else (
         f"chance's scores do not spread (sd {chance_sd:.1e}, below {SPREAD_FLOOR:g}): no distance from chance is given",)
-    if not unranked:
+    if unranked:  # nothing is compared: no distance from chance either
+        entries = [dataclasses.replace(entry, over_chance=float("nan")) for entry in entries]
+    else:
         entries.sort(key=lambda entry: -entry.score)
     return Scoreboard(target=evidence.target, target_label=analysis.label(evidence.target), baseline=baseline, steps=steps,
                       random_orders=random_orders, entries=tuple(entries), chance_mean=chance_mean, chance_sd=chance_sd,
