@@ -469,6 +469,7 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     assert scored["faithfulness_plot"]["y_title"] == "share of the image's score"
     board = by_name(class_maps.on_scoreboard(models, session, "blur", *controls(method="attnlrp")), class_maps.BOARD)
     assert "similarity to the image's own embedding** (curves of the share of the image's score)" in board["board_text"]
+    assert "over 8 steps: coarser than *Score faithfulness*'s 16" in board["board_text"]  # why its AUCs differ from the score's
     assert targeted["class_view"].shape[-1] == 3
     ran = by_name(ablation_tab.on_run(models, session, *CONTROLS), ablation_tab.OUTPUTS)
     assert "Change of the score of **similarity to the image's own embedding**" in ran["ablation_text"]

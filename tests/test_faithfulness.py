@@ -156,3 +156,19 @@ def test_a_similarity_is_followed_as_a_share_of_the_images_score(tmp_path):
     negative.adapter.reference = negative.adapter.reference * 0
     with pytest.raises(VitExplorerError, match="score is 0"):
         deletion_insertion(negative, view, grid_map, target=0, steps=2, random_orders=1)
+
+
+def test_shares_of_a_small_reference_score_are_not_judged():
+    """Perturbed images scoring many times the image's own: the areas say nothing about the map, so no verdict."""
+    from vit_explorer.methods.faithfulness import LARGEST_READABLE_SHARE, SHARE_OF_SCORE, FaithfulnessCurves, fractions_of
+
+    fractions = fractions_of(4)
+    steady = torch.tensor([1.0, 0.8, 0.6, 0.4, 0.2], dtype=torch.float64)
+    wild = torch.tensor([1.0, 3.0, 9.0, 4.0, 0.5], dtype=torch.float64)
+    def curves(insertion, measure=SHARE_OF_SCORE):
+        return FaithfulnessCurves(target=0, fractions=fractions, deletion=steady, insertion=insertion, random_deletion=steady,
+                                  random_insertion=steady, deletion_top1=steady, random_deletion_top1=steady, measure=measure)
+    assert curves(steady.flip(0)).warning == "" and curves(steady.flip(0)).verdict != "cannot be judged"
+    assert float(wild.max()) > LARGEST_READABLE_SHARE
+    assert "9× the image's own score" in curves(wild).warning and curves(wild).verdict == "cannot be judged"
+    assert curves(wild, measure="target probability").warning == ""  # a probability is never a share of anything

@@ -89,14 +89,15 @@ def test_the_report_of_analyze_opens_offline_with_every_picture(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "tiny.safetensors", TINY)
     out = tmp_path / "out"
     assert main(["analyze", str(SQUARE), "--model", str(checkpoint), "--out", str(out), "--html", "--sanity", "--norms",
-                 "--ablation", "--method", "relevance", "--steps", "4"]) == 0
+                 "--ablation", "--scoreboard", "--method", "relevance", "--steps", "4"]) == 0
     report = out / "report.html"
     assert report.stat().st_size < 5 * 2**20
     widths, errors, text = opened_offline(report)
     assert len(widths) >= 10 and all(width > 0 for width in widths), widths  # every picture decoded, none fetched
     assert errors == []
     for words in (checkpoint.name, "vit_explorer", "Layers × heads", "relevance (Chefer et al.)", "beats random orders",
-                  "Sanity check", "Token norms", "Head ablation", "gradient-weighted rollout"):
+                  "Sanity check", "Token norms", "Head ablation", "gradient-weighted rollout", "Scoreboard for",
+                  "coarser than one map's score"):
         assert words in text or (words == "beats random orders" and "does not beat random orders" in text), words
 
 
