@@ -121,12 +121,12 @@ def dinov2_weights() -> Path:
 def write_stats_folder(model, folder: Path, count: int = 3, seed: int = 40) -> Path:
     """``vit-explorer stats`` output in ``folder / "stats"`` for ``count`` photos (``folder / "photos"``), source "three photos"."""
     from vit_explorer.draw.files import write_dataset_outputs
-    from vit_explorer.methods.dataset import collect, list_images
+    from vit_explorer.methods.dataset import collect, dataset_tables, list_images
 
     (folder / "photos").mkdir(parents=True)
     for index in range(count):
         photo((96, 80), seed=seed + index).save(folder / "photos" / f"{index}.png")
     images = list_images(folder / "photos")
     totals, run = collect(model, images, folder / "stats" / ".shards", show_progress=False)
-    write_dataset_outputs(folder / "stats", totals, run, model, "three photos", images)
+    write_dataset_outputs(folder / "stats", *dataset_tables(totals, run, model, "three photos", images))
     return folder / "stats"

@@ -15,13 +15,12 @@ from conftest import TINY, make_vit, photo, write_checkpoint
 
 from vit_explorer import load_model
 from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
+from vit_explorer.core.results import ABLATION_MODES, forward_equivalents
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.ablation import (
-    MODES,
     ablated_logits,
     ablation_of,
     cost_text,
-    forward_equivalents,
     head_ablation,
     mean_attention,
     prediction_without,
@@ -131,7 +130,7 @@ def test_the_cost_is_counted_in_plain_forward_passes(layers, heads, equivalents)
     assert f"about {equivalents:.0f}× the cost of one forward pass (1 + {layers} passes" in cost_text(layers, heads)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ABLATION_MODES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_delta_equals_a_hand_written_forward_without_that_head(family, mode):
     make, reference_forward = FAMILIES[family]
@@ -308,8 +307,8 @@ def test_on_held_out_shapes_the_largest_effects_matter_more_than_random_or_small
 
 
 def test_heat_map_is_red_where_removal_lowers_the_target_and_clicks_map_to_heads():
+    from vit_explorer.core.results import HeadAblation
     from vit_explorer.draw.pictures import ablation_picture
-    from vit_explorer.methods.ablation import HeadAblation
 
     delta = torch.zeros(3, 4)
     delta[1, 2], delta[2, 0] = -0.3, 0.1

@@ -41,10 +41,11 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.core import maps
     from vit_explorer.core.analysis import analyze, class_evidence
     from vit_explorer.core.images import load_image
+    from vit_explorer.core.results import PROBABILITY
     from vit_explorer.draw import files
     from vit_explorer.draw.report import ReportParts
     from vit_explorer.methods import norms
-    from vit_explorer.methods.faithfulness import PROBABILITY, deletion_insertion, forward_passes
+    from vit_explorer.methods.faithfulness import deletion_insertion, forward_passes
     from vit_explorer.models import load_model
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
@@ -230,7 +231,7 @@ def run_train_default(args: argparse.Namespace) -> None:
 
 def run_stats(args: argparse.Namespace) -> None:
     from vit_explorer.draw.files import write_dataset_outputs
-    from vit_explorer.methods.dataset import collect, list_images, process_group
+    from vit_explorer.methods.dataset import collect, dataset_tables, list_images, process_group
     from vit_explorer.models import load_model
 
     with process_group(args.device) as (device, rank, world):
@@ -242,7 +243,7 @@ def run_stats(args: argparse.Namespace) -> None:
         totals, run = collect(model, images, out / ".shards", batch_size=args.batch_size, workers=args.workers, fit=args.fit,
                               shard_size=args.shard_size, resume=args.resume, show_progress=sys.stderr.isatty())
         if rank == 0:
-            written = write_dataset_outputs(out, totals, run, model, str(args.source), images)
+            written = write_dataset_outputs(out, *dataset_tables(totals, run, model, str(args.source), images))
             if totals.skipped:
                 progress(f"skipped {len(totals.skipped)} unreadable files (listed in summary.json)")
             if run["resumed_shards"]:
@@ -394,9 +395,9 @@ def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
     from vit_explorer.core.maps import CLASS_METHODS
+    from vit_explorer.core.results import ABLATION_MODES
     from vit_explorer.core.rollout import HEAD_FUSIONS
     from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
-    from vit_explorer.methods.ablation import MODES as ABLATION_MODES
     from vit_explorer.methods.faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
     from vit_explorer.models.builtin import ASSETS
 

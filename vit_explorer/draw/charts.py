@@ -11,11 +11,8 @@ import numpy as np
 import torch
 
 from vit_explorer.core.maps import CLASS_METHODS
+from vit_explorer.core.results import DatasetStatistics, FaithfulnessCurves, SanityCurves, TokenNorms
 from vit_explorer.draw.render import to_numpy
-from vit_explorer.methods.dataset import DatasetStatistics
-from vit_explorer.methods.faithfulness import FaithfulnessCurves
-from vit_explorer.methods.norms import TokenNorms
-from vit_explorer.methods.sanity import SanityCurves
 
 # at the charts' 100 dpi, 9 pt is 12.5 px: legends and small labels no smaller than the app's body text less a little
 CHART_TEXT_PT = 9

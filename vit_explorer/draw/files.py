@@ -17,15 +17,11 @@ from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.results import STATISTIC_UNITS, FaithfulnessCurves, HeadAblation, SanityCurves, TokenNorms
+from vit_explorer.core.statistics import HEAD_STATISTICS
 from vit_explorer.draw import charts, pictures
 from vit_explorer.draw.report import ReportParts, report_html
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods import norms
-from vit_explorer.methods.ablation import HeadAblation
-from vit_explorer.methods.dataset import HEAD_STATISTICS, UNITS, HeadTotals, ImageList, dataset_tables
-from vit_explorer.methods.faithfulness import FaithfulnessCurves
-from vit_explorer.methods.sanity import SanityCurves
-from vit_explorer.models.base import LoadedModel
 
 
 def save_png(picture: np.ndarray, path: str) -> None:
@@ -150,11 +146,10 @@ def write_sanity(curves: SanityCurves, out_dir: Path) -> list[Path]:
     return written
 
 
-def write_norms(analysis: Analysis, out_dir: Path, k: float = norms.K, cmap: str = "inferno") -> list[Path]:
+def write_norms(analysis: Analysis, result: TokenNorms, out_dir: Path, cmap: str = "inferno") -> list[Path]:
     """``norms.json`` (``TokenNorms.as_dict``), ``norms.png`` (the layers × tokens norm map), ``norms_chart.png``
     (norms and attention shares per layer) and ``norm_outliers.png`` (the outliers on the image, in the layer
     with the most of them) in ``out_dir``."""
-    result = norms.for_analysis(analysis, k)
     written = [out_dir / "norms.json", out_dir / "norms.png", out_dir / "norms_chart.png", out_dir / "norm_outliers.png"]
     written[0].write_text(result.to_json(), encoding="utf-8")
     save_png(pictures.norm_map_picture(result, cmap), str(written[1]))
@@ -208,7 +203,7 @@ def write_analysis(analysis: Analysis, parts: ReportParts, out: Path, *, method:
             written.append(staging / "scoreboard.json")
             written[-1].write_text(json.dumps(parts.scoreboard.as_dict(), indent=2, default=float) + "\n")
         if parts.norms is not None:
-            written += write_norms(analysis, staging, cmap=parts.cmap)
+            written += write_norms(analysis, parts.norms, staging, cmap=parts.cmap)
         if parts.ablation is not None:
             written += write_ablation(analysis, parts.ablation, parts.ablation_importance, staging)
         if html:
@@ -216,9 +211,9 @@ def write_analysis(analysis: Analysis, parts: ReportParts, out: Path, *, method:
     return [out / path.name for path in written], note
 
 
-def write_dataset_outputs(out: Path, totals: HeadTotals, run: dict, model: LoadedModel, source: str, images: ImageList) -> list[Path]:
-    """``heads.csv``, ``summary.json`` (``dataset.dataset_tables``) and one chart per statistic, in ``out`` (``staged``)."""
-    rows, summary = dataset_tables(totals, run, model, source, images)
+def write_dataset_outputs(out: Path, rows: list[dict], summary: dict) -> list[Path]:
+    """``heads.csv`` (``rows``), ``summary.json`` (``summary``; both from ``dataset.dataset_tables``) and one chart per
+    statistic, in ``out`` (``staged``)."""
     names = ["heads.csv", "summary.json"] + [f"{name.replace(' ', '_')}.png" for name in HEAD_STATISTICS]
     with staged(out) as staging:
         with open(staging / names[0], "w", newline="") as handle:
@@ -229,7 +224,7 @@ def write_dataset_outputs(out: Path, totals: HeadTotals, run: dict, model: Loade
         for name, file_name in zip(HEAD_STATISTICS, names[2:]):
             mean = np.asarray(summary["statistics"][name]["mean"])
             std = [row["std"] for row in rows if row["group"] == "all" and row["statistic"] == name]
-            chart = charts.dataset_statistic_chart(mean, np.asarray(std).reshape(mean.shape), name, UNITS[name], summary["analysed"])
+            chart = charts.dataset_statistic_chart(mean, np.asarray(std).reshape(mean.shape), name, STATISTIC_UNITS[name], summary["analysed"])
             save_png(chart, str(staging / file_name))
     return sorted(out / name for name in names)
 

@@ -9,10 +9,9 @@ import torch
 
 from vit_explorer.core.analysis import Analysis, ClassEvidence
 from vit_explorer.core.maps import NEGLIGIBLE, RolloutOptions, class_map, head_order, map_strength, query_rows
+from vit_explorer.core.results import HeadAblation, TokenNorms
 from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.ablation import HeadAblation
-from vit_explorer.methods.norms import TokenNorms
 
 # sizes in screen pixels: the app shows pictures at their natural size, and these fit its columns at 1280 px wide
 VIEW_PX = 320  # longer side of the large views

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from vit_explorer.core.results import FaithfulnessCurves
 from vit_explorer.draw.render import to_numpy
-from vit_explorer.methods.faithfulness import FaithfulnessCurves
 
 VALUE = "value"
 

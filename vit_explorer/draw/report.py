@@ -24,12 +24,8 @@ from vit_explorer.core.maps import (
     default_query,
     rollout_map,
 )
+from vit_explorer.core.results import FaithfulnessCurves, HeadAblation, SanityCurves, Scoreboard, TokenNorms
 from vit_explorer.draw import charts, pictures
-from vit_explorer.methods.ablation import HeadAblation
-from vit_explorer.methods.faithfulness import FaithfulnessCurves
-from vit_explorer.methods.norms import TokenNorms
-from vit_explorer.methods.sanity import SanityCurves
-from vit_explorer.methods.scoreboard import Scoreboard
 
 STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}

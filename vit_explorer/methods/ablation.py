@@ -2,7 +2,7 @@
 
 Attention weights and gradients are correlational; removing a head and running the model again is
 causal. A head is removed by rewriting its post-softmax map before it multiplies the values (the
-adapter's ``edited``), in one of two ``MODES``: "zero" sets the map to zero, which sets the head's
+adapter's ``edited``), in one of two ``ABLATION_MODES``: "zero" sets the map to zero, which sets the head's
 output (its share of the input to the output projection) to exactly zero; "mean" replaces the map by
 the head's mean map over a reference set of images (uniform attention over all tokens without one).
 
@@ -17,33 +17,18 @@ one layer for one image, against L·(1 + L·H) for one unbatched pass per head; 
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 
-from vit_explorer.core import statistics
 from vit_explorer.core.analysis import Analysis, Prediction, check_model, memo, pixels_of
 from vit_explorer.core.capture import capture_lock, record_attention
+from vit_explorer.core.results import ABLATION_MODES, HeadAblation, forward_equivalents
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 
-MODES = {
-    "zero": "the head's output set to zero",
-    "mean": "the head's map replaced by its mean over a reference set (uniform without one)",
-}
 Head = tuple[int, int]  # (layer, head)
-
-
-def forward_equivalents(layers: int, heads: int) -> float:
-    """What one ablation costs, in multiples of one plain forward pass of one image: layer evaluations
-    (module doc: L + Σ_l (l + H·(L − l))) over the L of one pass. "1 + layers passes" undersells it: each
-    branched pass runs H copies of every layer from its branch point up."""
-    evaluations = layers + sum(layer + heads * (layers - layer) for layer in range(layers))
-    return evaluations / layers
 
 
 def cost_text(layers: int, heads: int) -> str:
@@ -52,80 +37,9 @@ def cost_text(layers: int, heads: int) -> str:
             f"layer l runs {heads} copies, one per head, of the layers from l up)")
 
 
-@dataclass(frozen=True)
-class HeadAblation:
-    """The effect of removing each head, alone, on one image's target class.
-
-    Attributes:
-        mode: one of ``MODES``.
-        target: the class index.
-        delta_logit: ablated minus original target logit ``[layers, heads]``.
-        delta_probability: ablated minus original target probability ``[layers, heads]``.
-        original_logit: the target logit with every head in place.
-        original_probability: the target probability with every head in place.
-        forward_passes: model forward passes it took.
-        single_score: the model gives one score (a backbone's similarity target, ``core.targets``), whose softmax is 1
-            whatever the heads: heads are then measured by the score itself.
-    """
-
-    mode: str
-    target: int
-    delta_logit: torch.Tensor
-    delta_probability: torch.Tensor
-    original_logit: float
-    original_probability: float
-    forward_passes: int
-    single_score: bool = False
-
-    @property
-    def measure(self) -> str:
-        """What a head's drop is a drop of: the target's probability, or its score where it is the only one."""
-        return "score" if self.single_score else "probability"
-
-    @property
-    def delta(self) -> torch.Tensor:
-        """The change of ``measure`` when each head is removed ``[layers, heads]``."""
-        return self.delta_logit if self.single_score else self.delta_probability
-
-    @property
-    def drop(self) -> torch.Tensor:
-        """How much removing each head lowers the target probability (the score, for a single score) ``[layers, heads]``
-        (negative: raises it); the "ablation effect" ranking lists heads highest first."""
-        return -self.delta
-
-    def ranked(self, k: int | None = None) -> list[tuple[int, int, float]]:
-        """The ``k`` heads (all for None) whose removal lowers the target probability most, as (layer, head, drop)."""
-        drop = self.drop
-        flat = (-drop).flatten().argsort(stable=True)[:k].tolist()
-        return [(layer, head, float(drop[layer, head])) for layer, head in (divmod(index, drop.shape[1]) for index in flat)]
-
-    def spearman(self, importance: torch.Tensor) -> float:
-        """Spearman correlation of |Δ probability| (|Δ score| for a single score) with a per-head score ``[layers, heads]``
-        (gradient importance)."""
-        return statistics.spearman(self.delta.abs(), importance)
-
-    def as_dict(self, importance: torch.Tensor | None = None) -> dict:
-        """Plain values; with the gradient ``importance`` ``[layers, heads]`` of the same target, also its
-        Spearman correlation with |Δ probability| (None where either is constant)."""
-        record = {"mode": self.mode, "mode_means": MODES[self.mode], "target": self.target, "original_logit": self.original_logit,
-                  "original_probability": self.original_probability, "forward_passes": self.forward_passes,
-                  "forward_equivalents": forward_equivalents(*self.delta_logit.shape),
-                  "delta_logit": self.delta_logit.round(decimals=7).tolist(),
-                  "delta_probability": self.delta_probability.round(decimals=7).tolist(),
-                  "ranked_by": self.measure,
-                  "ranked_by_drop": [{"layer": layer, "head": head, "drop": drop} for layer, head, drop in self.ranked()]}
-        if importance is not None:
-            correlation = self.spearman(importance)
-            record["spearman_abs_delta_probability_vs_gradient_importance"] = None if math.isnan(correlation) else correlation
-        return record
-
-    def to_json(self, importance: torch.Tensor | None = None) -> str:
-        return json.dumps(self.as_dict(importance), indent=2) + "\n"
-
-
 def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise VitExplorerError(f"unknown ablation mode {mode!r}; use one of {', '.join(MODES)}")
+    if mode not in ABLATION_MODES:
+        raise VitExplorerError(f"unknown ablation mode {mode!r}; use one of {', '.join(ABLATION_MODES)}")
     return mode
 
 

@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vit_explorer.core.capture import StatisticsSink, capture
 from vit_explorer.core.images import load_image, model_view, to_pixels
+from vit_explorer.core.results import STATISTIC_UNITS, DatasetStatistics
 from vit_explorer.core.statistics import HEAD_STATISTICS, head_statistics, patch_distances
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.evaluation import Labelled
@@ -44,7 +45,6 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 HISTOGRAM_BINS = 512
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 SHARD_SIZE = 512
-UNITS = {"entropy": "nats", "distance": "input pixels", "prefix share": "share of attention"}
 
 
 @dataclass(frozen=True)
@@ -402,40 +402,11 @@ def dataset_tables(totals: HeadTotals, run: dict, model: LoadedModel, source: st
         "model": model.name, "source": source, "images": len(images.paths), "analysed": int(count), "skipped": totals.skipped,
         "accuracy": float(totals.tensors["correct"]) / labelled if labelled else None, "accuracy_reason": run["accuracy_reason"],
         "classes": images.classes, "layers_heads": list(model.map_shape),
-        "statistics": {name: {"unit": UNITS[name], "range": list(ranges[name]), "mean": means[name]} for name in HEAD_STATISTICS},
+        "statistics": {name: {"unit": STATISTIC_UNITS[name], "range": list(ranges[name]), "mean": means[name]} for name in HEAD_STATISTICS},
         "quantiles": f"from {HISTOGRAM_BINS}-bin histograms over each statistic's range, linear within a bin",
         "run": run,
     }
     return rows, summary
-
-
-@dataclass(frozen=True)
-class DatasetStatistics:
-    """What ``vit-explorer stats`` wrote into a folder, per statistic of ``HEAD_STATISTICS`` and per head
-    ``[layers, heads]``: the mean and the 5% and 95% quantiles over the dataset's images."""
-
-    folder: str
-    model: str
-    source: str
-    images: int
-    mean: dict[str, torch.Tensor]  # [layers, heads] float64, and so low and high
-    low: dict[str, torch.Tensor]
-    high: dict[str, torch.Tensor]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(next(iter(self.mean.values())).shape)
-
-    def outside(self, name: str, values: torch.Tensor) -> list[tuple[int, int, float, float, float]]:
-        """The heads whose ``values`` ``[layers, heads]`` (an analysis's, ``maps.ranking_values``) of statistic ``name``
-        lie outside the dataset's 5–95% range: (layer, head, value, low, high), furthest outside first (in units of
-        the range)."""
-        low, high = self.low[name], self.high[name]
-        values = values.double()
-        beyond = torch.maximum(low - values, values - high) / (high - low).clamp_min(1e-12)  # [layers, heads], > 0 outside
-        heads = [(layer, head) for layer, head in (beyond > 0).nonzero().tolist()]
-        heads.sort(key=lambda pair: -float(beyond[pair]))
-        return [(layer, head, float(values[layer, head]), float(low[layer, head]), float(high[layer, head])) for layer, head in heads]
 
 
 def read_statistics_cached(folder: str | Path) -> DatasetStatistics:

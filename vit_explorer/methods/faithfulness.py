@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image, ImageFilter
 
 from vit_explorer.core.images import to_pixels
+from vit_explorer.core.results import PROBABILITY, SHARE_OF_SCORE, FaithfulnessCurves, fractions_of
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.road import impute
 from vit_explorer.models.base import LoadedModel
@@ -40,28 +40,6 @@ DEFAULT_RANDOM_ORDERS = 3
 # images per pass: small batches keep the perturbed images and the attention maps in cache, so on 2 cores 8 a batch
 # scored twice as fast as 64 on the shipped model and a quarter faster than 32 on a ViT-B/16
 BATCH_SIZE = 8
-CLEAR_MARGIN = 0.05  # AUC difference from chance below which a map is not called better than random
-PROBABILITY = "target probability"
-SHARE_OF_SCORE = "share of the image's score"  # the measure of a one-output model (module doc)
-# shares of the image's score are unreadable where perturbed images score beyond this many times the image's own: the
-# reference is then small against what perturbing does (a similarity near 0), and every area is dominated by it
-LARGEST_READABLE_SHARE = 5.0
-
-
-def reference_warning(measure: str, values: torch.Tensor) -> str:
-    """Why curves ``[runs, steps + 1]`` of ``measure`` cannot be read as the share of the image's score they claim to be
-    (run 0 starts on the unchanged image): its score is negative (lower then means more of it) or small against the
-    perturbed images' scores; "" when they can, and always for a probability."""
-    if measure != SHARE_OF_SCORE:
-        return ""
-    if float(values.flatten()[0]) < 0:
-        return ("the image's own score is negative, so a share of it flips sign: a falling curve means a rising score. "
-                "The areas cannot be judged or ranked; choose a target the image scores positively")
-    largest = float(values.abs().max())
-    if largest > LARGEST_READABLE_SHARE:
-        return (f"perturbed images score up to {largest:.0f}× the image's own score, which is small against what perturbing "
-                "does: the areas cannot be judged or ranked; choose a target the image scores clearly")
-    return ""
 
 
 def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, baseline: str = "blur") -> int:
@@ -80,96 +58,6 @@ def run_images(runs: int, steps: int, baseline: str) -> int:
 def batches(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, batch_size: int = BATCH_SIZE, baseline: str = "blur") -> int:
     """How many batches ``deletion_insertion`` runs (a progress bar's length)."""
     return math.ceil(forward_passes(steps, random_orders, baseline) / batch_size)
-
-
-def fractions_of(steps: int) -> torch.Tensor:
-    """The share of patches changed at each step ``[steps + 1]`` float64, 0…1."""
-    return torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
-
-
-def area_under(fractions: torch.Tensor, values: torch.Tensor) -> float:
-    """Trapezoidal area under ``values`` ``[steps + 1]`` over ``fractions`` (0…1), in float64."""
-    return float(torch.trapezoid(values.double(), fractions.double()))
-
-
-@dataclass(frozen=True)
-class FaithfulnessCurves:
-    """Target probability after each step ``[steps + 1]``, for the map's order and for random orders (mean);
-    and at each deletion step whether the target is still the top class (1.0 or 0.0; for random orders
-    the share of them): over a labelled set, the mean is the accuracy of Chefer et al.'s positive perturbation."""
-
-    target: int
-    fractions: torch.Tensor  # [steps + 1] float64: share of patches deleted / inserted at each step, 0…1
-    deletion: torch.Tensor  # [steps + 1], and so the other curves
-    insertion: torch.Tensor
-    random_deletion: torch.Tensor
-    random_insertion: torch.Tensor
-    deletion_top1: torch.Tensor
-    random_deletion_top1: torch.Tensor
-    baseline: str = "blur"
-    measure: str = PROBABILITY  # what the curves follow: the target's probability, or ``SHARE_OF_SCORE``
-
-    @property
-    def curve_names(self) -> tuple[str, str]:
-        """What the two curves are called: deletion and insertion, or ROAD's MoRF and LeRF."""
-        return ("MoRF", "LeRF") if self.baseline == "road" else ("deletion", "insertion")
-
-    @property
-    def road_combined(self) -> float | None:
-        """ROAD's combined score (AUC_LeRF − AUC_MoRF) / 2, higher is better; None for the other baselines."""
-        if self.baseline != "road":
-            return None
-        aucs = self.aucs
-        return (aucs["insertion"] - aucs["deletion"]) / 2
-
-    @property
-    def aucs(self) -> dict[str, float]:
-        """Areas under the four curves: ``deletion`` (lower is better), ``insertion`` (higher is better)."""
-        return {name: area_under(self.fractions, getattr(self, name))
-                for name in ("deletion", "insertion", "random_deletion", "random_insertion")}
-
-    @property
-    def unperturbed(self) -> float:
-        """The target's probability on the whole image (the deletion curve before any patch is removed)."""
-        return float(self.deletion[0])
-
-    @property
-    def relative_aucs(self) -> dict[str, float]:
-        """``aucs`` over the unperturbed probability: 1 is as sure as on the whole image, on any model."""
-        scale = max(self.unperturbed, torch.finfo(torch.float64).tiny)
-        return {name: value / scale for name, value in self.aucs.items()}
-
-    @property
-    def margins(self) -> dict[str, float]:
-        """How much better than random orders the map is: positive is better, for both curves."""
-        aucs = self.aucs
-        return {"deletion": aucs["random_deletion"] - aucs["deletion"], "insertion": aucs["insertion"] - aucs["random_insertion"]}
-
-    def beats_chance(self, margin: float = CLEAR_MARGIN) -> bool:
-        """Whether the map beats random orders by ``margin`` at both deletion and insertion (never where the curves cannot
-        be read, ``warning``)."""
-        return not self.warning and min(self.margins.values()) >= margin
-
-    @property
-    def warning(self) -> str:
-        """Why these curves cannot be judged (``reference_warning``), or ""."""
-        return reference_warning(self.measure, torch.stack([self.deletion, self.insertion, self.random_deletion, self.random_insertion]))
-
-    @property
-    def verdict(self) -> str:
-        """The verdict in words, as the app and the CLI print it."""
-        if self.warning:
-            return "cannot be judged"
-        return "beats random orders" if self.beats_chance() else f"does not beat random orders by {CLEAR_MARGIN} at both"
-
-    def as_dict(self) -> dict:
-        first, second = self.curve_names
-        return {"target": self.target, "baseline": self.baseline, "measure": self.measure, "curves": {"deletion": first, "insertion": second},
-                **({"road_combined": self.road_combined} if self.baseline == "road" else {}), "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
-                "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
-                "warning": self.warning or None,
-                **{name: getattr(self, name).round(decimals=6).tolist()
-                   for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
 
 
 def importance_order(grid_map: torch.Tensor) -> torch.Tensor:

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -31,80 +28,13 @@ from vit_explorer.core import statistics
 from vit_explorer.core.analysis import Analysis, ClassEvidence, check_model
 from vit_explorer.core.capture import capture_lock
 from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions, class_map
+from vit_explorer.core.results import SanityCurves
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.evaluation import Labelled, sample_analyses
 from vit_explorer.models.base import LoadedModel
 
-FALLEN = 0.5  # a rank correlation below this no longer resembles the trained model's map
-
 # a map computed from one analysis (and the target's evidence, None for a backbone) ``[grid_h, grid_w]``
 MapFunction = Callable[[Analysis, ClassEvidence | None], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class SanityCurves:
-    """How much each map still resembles the trained model's as layers are randomised.
-
-    Attributes:
-        methods: the map methods, in order (``maps.CLASS_METHODS`` keys, then any extra ones).
-        randomised_layers: how many layers were randomised at each step, ``[0, 1, …, layers]``; 0 is the
-            trained model, k the top k layers.
-        correlations: per method, the Spearman rank correlation with the trained model's map at each step
-            (NaN where a map is constant, which has no ranking).
-        target: the class the class-specific maps explain (the trained model's); None for a backbone.
-        target_label: its name.
-        model_name: the spec the model was loaded from.
-        seed: the seed of the random layers.
-    """
-
-    methods: tuple[str, ...]
-    randomised_layers: list[int]
-    correlations: dict[str, list[float]]
-    target: int | None
-    target_label: str | None
-    model_name: str
-    seed: int
-
-    @property
-    def final(self) -> dict[str, float]:
-        """Each method's correlation once every layer is randomised."""
-        return {method: values[-1] for method, values in self.correlations.items()}
-
-    def layers_to_fall(self, below: float = FALLEN) -> dict[str, int | None]:
-        """Per method, how many layers had to be randomised before its correlation first fell below ``below``;
-        None when it never did (the map mostly reflects the input and the layers left trained)."""
-        fallen = {}
-        for method, values in self.correlations.items():
-            steps = [step for step, value in zip(self.randomised_layers, values) if value < below]
-            fallen[method] = steps[0] if steps else None
-        return fallen
-
-    def as_dict(self) -> dict:
-        """Plain values; NaN becomes None, so that the dict is valid JSON."""
-        record = dataclasses.asdict(self)
-        record["methods"] = list(self.methods)
-        record["correlations"] = {method: [None if math.isnan(value) else value for value in values]
-                                  for method, values in self.correlations.items()}
-        record["fallen_below"] = FALLEN
-        record["layers_to_fall_below"] = self.layers_to_fall()
-        record["summary"] = self.summary()
-        return record
-
-    def to_json(self) -> str:
-        return json.dumps(self.as_dict(), indent=2) + "\n"
-
-    def summary(self) -> str:
-        """One line: for each method, how many of the layers had to be randomised before its rank correlation
-        with the trained model's map fell below ``FALLEN``, and the correlation with every layer randomised.
-
-        The end point alone hides a map that stays close to the trained one until the last few (lowest)
-        layers go: such a map mostly shows the input and the first layers, not what the model learned."""
-        layers = self.randomised_layers[-1]
-        parts = [f"{method} {'never' if fallen is None else f'{fallen} of {layers}'} (ρ {self.final[method]:.2f} with all {layers})"
-                 for method, fallen in self.layers_to_fall().items()]
-        return (f"sanity check: layers randomised from the top until the map's Spearman ρ with the trained model's fell below "
-                f"{FALLEN}: {'; '.join(parts)}. Few layers: the map depends on what the model learned; most or all, or never: "
-                f"it mostly shows the input and the lowest layers")
 
 
 def randomise(block: nn.Module, generator: torch.Generator) -> None:

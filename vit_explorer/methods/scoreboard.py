@@ -4,7 +4,7 @@ One run scores each method's map by the chosen protocol (blur or mean deletion/i
 ``faithfulness``) and ranks them by one number, higher is better: insertion AUC − deletion AUC (ROAD: its combined
 score, half that). Chance is the same number for random patch orders, drawn once and shared by every method, whose
 spread says how far from chance a method must be to count. Each method also gets the Spearman ρ of its map with the
-same map from the fully randomised model (``sanity``, its end point only): above ``sanity.FALLEN`` the map barely depends on what the
+same map from the fully randomised model (``sanity``, its end point only): above ``results.FALLEN`` the map barely depends on what the
 model learned. All perturbed images of all methods go through the model in shared batches.
 """
 
@@ -13,93 +13,29 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from vit_explorer.core.analysis import Analysis, check_model, class_evidence
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
+from vit_explorer.core.results import (
+    CHANCE_SPREAD_FLOOR,
+    Entry,
+    Scoreboard,
+    area_under,
+    combined,
+    fractions_of,
+    reference_warning,
+)
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import faithfulness
-from vit_explorer.methods.faithfulness import area_under, importance_order
-from vit_explorer.methods.sanity import FALLEN, sanity_check
+from vit_explorer.methods.faithfulness import importance_order
+from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.models.base import LoadedModel
 
 # coarser than one map's score (``faithfulness.DEFAULT_STEPS``): the board scores every method at once, in seconds
 STEPS = 8
 RANDOM_ORDERS = 3
-# the smallest spread, in the curves' own unit (a probability, or a share of the image's score), that counts as one: below
-# it chance's standard deviation, or the difference between methods, is rounding, and a distance in it means nothing
-SPREAD_FLOOR = 1e-3
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One method's line of the scoreboard.
-
-    Attributes:
-        method: its ``CLASS_METHODS`` key.
-        deletion: area under its deletion (ROAD: MoRF) curve, lower is better.
-        insertion: area under its insertion (ROAD: LeRF) curve, higher is better.
-        score: insertion − deletion (ROAD: half that), higher is better.
-        over_chance: score − chance's mean score, in standard deviations of chance's scores (NaN where chance has no
-            spread, ``SPREAD_FLOOR``).
-        randomised_rho: Spearman ρ of its map with the fully randomised model's (NaN for a constant map).
-    """
-
-    method: str
-    deletion: float
-    insertion: float
-    score: float
-    over_chance: float
-    randomised_rho: float
-
-    @property
-    def depends_on_weights(self) -> bool:
-        """False when the map survives randomising the whole model (ρ ≥ ``FALLEN``)."""
-        return not self.randomised_rho >= FALLEN
-
-
-@dataclass(frozen=True)
-class Scoreboard:
-    """The methods of one image and target, best first, and chance's score (mean and spread over random orders); the
-    curves follow ``measure``, the target's probability or (a backbone's similarity) the share of the image's score.
-
-    ``unranked`` says why the entries are not ranked (then they stay in method order): every method scores the same,
-    or the curves cannot be read (``faithfulness.reference_warning``); "" when they are. ``notes`` says what else a
-    reader must know (chance has no spread)."""
-
-    target: int
-    target_label: str
-    baseline: str
-    steps: int
-    random_orders: int
-    entries: tuple[Entry, ...]
-    chance_mean: float
-    chance_sd: float
-    measure: str = faithfulness.PROBABILITY  # what the curves follow (``faithfulness.measure_of``)
-    unranked: str = ""
-    notes: tuple[str, ...] = ()
-
-    @property
-    def curve_names(self) -> tuple[str, str]:
-        return ("MoRF", "LeRF") if self.baseline == "road" else ("deletion", "insertion")
-
-    def as_dict(self) -> dict:
-        first, second = self.curve_names
-        return {"target": self.target, "target_label": self.target_label, "baseline": self.baseline, "steps": self.steps,
-                "measure": self.measure, "random_orders": self.random_orders, "curves": {"deletion": first, "insertion": second},
-                "score": "(LeRF − MoRF) / 2" if self.baseline == "road" else "insertion − deletion",
-                "chance": {"mean": self.chance_mean, "sd": self.chance_sd}, "sanity_threshold": FALLEN,
-                "ranked": not self.unranked, "unranked_because": self.unranked or None, "notes": list(self.notes),
-                "ranking": [{"method": entry.method, "deletion": entry.deletion, "insertion": entry.insertion, "score": entry.score,
-                             "over_chance_sd": entry.over_chance, "randomised_rho": entry.randomised_rho,
-                             "depends_on_weights": entry.depends_on_weights} for entry in self.entries]}
-
-
-def combined(deletion: float | torch.Tensor, insertion: float | torch.Tensor, baseline: str) -> float | torch.Tensor:
-    """The ranking number: insertion − deletion, halved for ROAD as its combined score is."""
-    return (insertion - deletion) / (2 if baseline == "road" else 1)
 
 
 def batches(methods: int, steps: int = STEPS, random_orders: int = RANDOM_ORDERS, baseline: str = "blur",
@@ -128,7 +64,7 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     runs = [run for method in methods for run in faithfulness.map_runs(importance_order(maps[method]), baseline)]
     runs += faithfulness.random_runs(randoms, baseline)
     probs, _ = faithfulness.perturbed_probabilities(model, analysis.image, runs, evidence.target, steps, baseline, seed, batch_size, step)
-    fractions = faithfulness.fractions_of(steps)
+    fractions = fractions_of(steps)
     aucs = torch.tensor([area_under(fractions, curve) for curve in probs], dtype=torch.float64)  # [runs]
     chance = aucs[2 * len(methods) :]
     if baseline == "road":
@@ -140,7 +76,7 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     chance_mean = float(chance_scores.mean())
     chance_sd = float(chance_scores.std(correction=1)) if len(chance_scores) > 1 else float("nan")
     sanity = sanity_check(model, analysis, evidence.target, methods=methods, options=options, seed=seed, cascade=False, step=step)
-    spread = chance_sd if chance_sd >= SPREAD_FLOOR else float("nan")
+    spread = chance_sd if chance_sd >= CHANCE_SPREAD_FLOOR else float("nan")
     entries = []
     for index, method in enumerate(methods):
         deletion, insertion = float(aucs[2 * index]), float(aucs[2 * index + 1])
@@ -148,12 +84,12 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
         entries.append(Entry(method=method, deletion=deletion, insertion=insertion, score=score,
                              over_chance=(score - chance_mean) / spread, randomised_rho=float(sanity.final[method])))
     scores = [entry.score for entry in entries]
-    unranked = faithfulness.reference_warning(measure, probs)
-    if not unranked and max(scores) - min(scores) < SPREAD_FLOOR:
+    unranked = reference_warning(measure, probs)
+    if not unranked and max(scores) - min(scores) < CHANCE_SPREAD_FLOOR:
         unranked = (f"every method scores the same ({min(scores):.3f} to {max(scores):.3f}): the target barely moves when patches "
                     "are removed, so there is nothing to rank")
-    notes = () if chance_sd >= SPREAD_FLOOR else (
-        f"chance's scores do not spread (sd {chance_sd:.1e}, below {SPREAD_FLOOR:g}): no distance from chance is given",)
+    notes = () if chance_sd >= CHANCE_SPREAD_FLOOR else (
+        f"chance's scores do not spread (sd {chance_sd:.1e}, below {CHANCE_SPREAD_FLOOR:g}): no distance from chance is given",)
     if unranked:  # nothing is compared: no distance from chance either
         entries = [dataclasses.replace(entry, over_chance=float("nan")) for entry in entries]
     else:

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import math
 
-from vit_explorer.core import maps
+from vit_explorer.core import maps, results
 from vit_explorer.core.analysis import Analysis, Prediction
+from vit_explorer.core.results import PROBABILITY, DatasetStatistics, FaithfulnessCurves, HeadAblation, SanityCurves, Scoreboard
 from vit_explorer.draw.pictures import signed
 from vit_explorer.methods import norms
-from vit_explorer.methods.ablation import HeadAblation
 from vit_explorer.methods.ablation import cost_text as ablation_cost_text
 from vit_explorer.methods.comparison import Comparison, Side, same_classes
-from vit_explorer.methods.dataset import DatasetStatistics
-from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROBABILITY, FaithfulnessCurves, forward_passes
-from vit_explorer.methods.sanity import SanityCurves
-from vit_explorer.methods.scoreboard import Scoreboard
+from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, forward_passes
 from vit_explorer.web.session import Controls, Session
 
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
@@ -152,7 +149,7 @@ def top_heads_table(session: Session, ablation: HeadAblation | None = None) -> d
     headers = ["#", *(f"{name} ({maps.RANKINGS[name]})" for name in tops)]
     if ablation is not None:
         tops = {**tops, ABLATION_EFFECT: ablation.ranked(TOP_HEADS)}
-        headers.append(f"{ABLATION_EFFECT}, {ABLATION_MODES[ablation.mode]} (drop in target probability, highest first; "
+        headers.append(f"{ABLATION_EFFECT}, {ABLATION_NAMES[ablation.mode]} (drop in target probability, highest first; "
                        f"{spearman_text(ablation, session)})")
     rows = [[rank + 1, *(f"L{layer} h{head} · {value:.3g}" for layer, head, value in (heads[rank] for heads in tops.values()))]
             for rank in range(min(TOP_HEADS, *(len(heads) for heads in tops.values())))]
@@ -246,7 +243,7 @@ def dataset_note(session: Session, dataset: DatasetStatistics) -> str:
 
 
 ABLATION_EFFECT = "ablation effect"
-ABLATION_MODES = {"zero": "zero output", "mean": "uniform attention"}  # ``ablation.MODES`` as the app names them
+ABLATION_NAMES = {"zero": "zero output", "mean": "uniform attention"}  # ``results.ABLATION_MODES`` as the app names them
 # what each mode does, as the app runs it (no reference set: "mean" is uniform attention)
 ABLATION_MEANS = {"zero": "the head's output set to zero", "mean": "the head attends equally to every token"}
 NO_CLASS_SCORE = "This model has no classifier head: there is no class score to measure the removal of a head against."
@@ -269,7 +266,7 @@ def ablation_note(session: Session, mode: str) -> str:
         return NO_CLASS_SCORE
     measure = "score" if session.analysis.similarity else "probability"
     return (f"Which heads does the {measure} of **{session.analysis.label(session.target)}** need? *Run ablation* removes each "
-            f"head alone (**{ABLATION_MODES[mode]}**: {ABLATION_MEANS[mode]}) and runs the model again: {ablation_passes(session)}. "
+            f"head alone (**{ABLATION_NAMES[mode]}**: {ABLATION_MEANS[mode]}) and runs the model again: {ablation_passes(session)}. "
             "Unlike attention weights and gradients, this is causal.")
 
 
@@ -284,7 +281,7 @@ def ablation_text(session: Session, ablation: HeadAblation) -> str:
         before, delta = f"{ablation.original_probability:.1%}", "|Δp|"
         tiles = "Click a tile to see the top-5 predictions without that head."
     return (f"Change of the {ablation.measure} of **{label}** ({before} with every head) when each head alone "
-            f"is removed ({ABLATION_MODES[ablation.mode]}: {ABLATION_MEANS[ablation.mode]}); red: removing it lowers the "
+            f"is removed ({ABLATION_NAMES[ablation.mode]}: {ABLATION_MEANS[ablation.mode]}); red: removing it lowers the "
             f"{ablation.measure}, blue: raises it. Most needed: {needed}. {spearman_text(ablation, session)} "
             f"({delta} against Σ|∇A ⊙ A|, {ablation.delta.numel()} heads). "
             f"Took {ablation_cost_text(*ablation.delta_logit.shape)}. {tiles}")
@@ -293,8 +290,8 @@ def ablation_text(session: Session, ablation: HeadAblation) -> str:
 def norms_text(result: norms.TokenNorms) -> str:
     """The token norms tab's caption: the outliers over all layers, and the rule that flags them."""
     return (f"**Token norms** after each layer (high-norm tokens, Darcet et al. 2023): {result.summary()}.\n\n"
-            f"Rule (k = {result.k:g}): {norms.RULE}; median and MAD are not moved by the outliers they look for. "
-            f"Attention share: {norms.SHARE}.")
+            f"Rule (k = {result.k:g}): {results.RULE}; median and MAD are not moved by the outliers they look for. "
+            f"Attention share: {results.SHARE}.")
 
 
 def norms_layer_text(result: norms.TokenNorms, layer: int) -> str:

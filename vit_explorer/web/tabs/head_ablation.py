@@ -10,11 +10,12 @@ import gradio as gr
 import numpy as np
 
 from vit_explorer.core.analysis import pixels_of
+from vit_explorer.core.results import HeadAblation, forward_equivalents
 from vit_explorer.draw import pictures
 from vit_explorer.draw.render import GridGeometry, grid_tile_px
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.ablation import HeadAblation, ablation_of, forward_equivalents, kept_ablation, prediction_without
-from vit_explorer.web.captions import ABLATION_MODES, NO_CLASS_SCORE, ablation_note, ablation_text, predictions, top_predictions
+from vit_explorer.methods.ablation import ablation_of, kept_ablation, prediction_without
+from vit_explorer.web.captions import ABLATION_NAMES, NO_CLASS_SCORE, ablation_note, ablation_text, predictions, top_predictions
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, unchanged, user_errors
 
@@ -25,7 +26,7 @@ WITHOUT = "Top-5 with a head removed: click a tile"
 
 def layout() -> dict:
     with gr.Row(equal_height=False):
-        mode = gr.Radio([(name, key) for key, name in ABLATION_MODES.items()], value="zero", label="Ablation mode",
+        mode = gr.Radio([(name, key) for key, name in ABLATION_NAMES.items()], value="zero", label="Ablation mode",
                         info="how a head is removed", elem_id="ablation-mode", scale=2)
         run = gr.Button("Run ablation (1 + layers forward passes)", variant="primary", elem_id="run-ablation", scale=1)
     text = gr.Markdown("", elem_id="ablation-text")
@@ -71,7 +72,7 @@ def render(session: Session, controls: Controls) -> dict:
         without = gr.update(value=None, label=WITHOUT, visible=True)
     else:
         without = gr.update(value=predictions(selected[1]), visible=True,
-                            label=f"Top-5 without L{head[0]} h{head[1]} ({ABLATION_MODES[controls.ablation_mode]})")
+                            label=f"Top-5 without L{head[0]} h{head[1]} ({ABLATION_NAMES[controls.ablation_mode]})")
     return {"ablation_view": gr.update(value=picture, visible=True), "ablation_text": ablation_text(session, ablation),
             "ablation_original": gr.update(value=top_predictions(session.analysis), visible=True), "ablation_without": without}
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import gradio as gr
 
 from vit_explorer.core import maps
+from vit_explorer.core.results import DatasetStatistics
 from vit_explorer.draw import charts, plots
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.dataset import DatasetStatistics, read_statistics_cached
+from vit_explorer.methods.dataset import read_statistics_cached
 from vit_explorer.web.captions import dataset_note, statistic_title, top_heads_table
 from vit_explorer.web.session import Controls, Session
 from vit_explorer.web.tabs.base import Tab, map_image
