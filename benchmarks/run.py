@@ -32,6 +32,7 @@ from vit_explorer.core.attnlrp import attnlrp
 from vit_explorer.core.capture import AttentionRecorder, capture, record_attention
 from vit_explorer.core.legrad import legrad
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
+from vit_explorer.core.results import ROAD
 from vit_explorer.core.rollout import attention_rollout, rollout_factors, rollout_rows
 from vit_explorer.draw import pictures, render
 from vit_explorer.methods.ablation import head_ablation
@@ -182,7 +183,7 @@ def scoreboard_time(model: LoadedModel, repeats: int) -> list[dict]:
     seconds = median_time(lambda: scoreboard(model, analysis), repeats)
     evidence = class_evidence(model, analysis)
     grid_map = class_map(analysis, "relevance", evidence, RolloutOptions())
-    road = paired_ratio(lambda: deletion_insertion(model, analysis.image, grid_map, evidence.target, baseline="road"),
+    road = paired_ratio(lambda: deletion_insertion(model, analysis.image, grid_map, evidence.target, protocol=ROAD),
                         lambda: deletion_insertion(model, analysis.image, grid_map, evidence.target), max(1, repeats // 3))
     return [{"model": model.name, "methods": len(CLASS_METHODS), "scoreboard_s": seconds, "road_score_s": road["numerator_s"],
              "blur_score_s": road["denominator_s"], "road_over_blur": road["ratio"]}]

@@ -7,7 +7,7 @@ from conftest import TINY, write_checkpoint
 
 from vit_explorer import VitExplorerError, load_model
 from vit_explorer.core.images import to_pixels
-from vit_explorer.core.results import area_under
+from vit_explorer.core.results import MEAN, Protocol, area_under
 from vit_explorer.methods.faithfulness import (
     baseline_view,
     deletion_insertion,
@@ -48,8 +48,10 @@ def test_area_and_baselines():
     assert (baseline_view(view, LAYOUT, "mean") == 100).all()
     blurred = baseline_view(view, LAYOUT, "blur")
     assert blurred.shape == view.shape and 0 < blurred[:, 5].mean() < 200
-    with pytest.raises(VitExplorerError, match="baseline"):
+    with pytest.raises(VitExplorerError, match="no fill of kind 'noise'"):
         baseline_view(view, LAYOUT, "noise")
+    with pytest.raises(VitExplorerError, match="unknown baseline 'noise'; use one of blur, mean, road"):
+        Protocol("noise")
 
 
 @pytest.fixture
@@ -61,7 +63,7 @@ def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
     rng = np.random.default_rng(0)
     view = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
     grid_map = torch.from_numpy(rng.random((4, 4)))
-    curves = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, baseline="mean")
+    curves = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, protocol=MEAN)
 
     def probs(image):
         return torch.softmax(tiny_model.logits(to_pixels(image, tiny_model.preprocess)), -1)[0, 2].item()
@@ -88,12 +90,12 @@ def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
     logits = tiny_model.logits
     tiny_model.logits = lambda pixels: seen.append(len(pixels)) or logits(pixels)
     try:
-        again = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, baseline="mean", batch_size=5)
-        ends_only = deletion_insertion(tiny_model, view, grid_map, target=2, steps=1, random_orders=2, baseline="mean")
+        again = deletion_insertion(tiny_model, view, grid_map, target=2, steps=4, random_orders=2, protocol=MEAN, batch_size=5)
+        ends_only = deletion_insertion(tiny_model, view, grid_map, target=2, steps=1, random_orders=2, protocol=MEAN)
     finally:
         del tiny_model.logits
     # every curve's ends are the same two images, which go through the model once: 6 curves × 3 steps between + 2
-    assert sum(seen[:-1]) == forward_passes(4, 2, "mean") == 20 and max(seen[:-1]) == 5 and seen[-1] == 2
+    assert sum(seen[:-1]) == forward_passes(4, 2, MEAN) == 20 and max(seen[:-1]) == 5 and seen[-1] == 2
     assert ends_only.deletion.tolist() == pytest.approx([image_prob, baseline_prob], abs=1e-5)
     torch.testing.assert_close(again.random_deletion, curves.random_deletion, rtol=0, atol=1e-7)  # seeded
     assert set(curves.as_dict()["auc"]) == {"deletion", "insertion", "random_deletion", "random_insertion"}
@@ -133,7 +135,7 @@ def test_a_similarity_is_followed_as_a_share_of_the_images_score(tmp_path):
     similarity = similarity_model(backbone, pixels_of(backbone, analysis))
     view = analysis.image
     grid_map = torch.from_numpy(np.random.default_rng(1).random((4, 4)))
-    curves = deletion_insertion(similarity, view, grid_map, target=0, steps=4, random_orders=2, baseline="mean")
+    curves = deletion_insertion(similarity, view, grid_map, target=0, steps=4, random_orders=2, protocol=MEAN)
 
     def score(image):
         with torch.no_grad():
@@ -151,7 +153,7 @@ def test_a_similarity_is_followed_as_a_share_of_the_images_score(tmp_path):
     # a negative score is divided by its magnitude: the curves start at −1 and still fall where the score falls
     negative = similarity_model(backbone, pixels_of(backbone, analysis))
     negative.adapter.reference = -negative.adapter.reference
-    flipped = deletion_insertion(negative, view, grid_map, target=0, steps=4, random_orders=2, baseline="mean")
+    flipped = deletion_insertion(negative, view, grid_map, target=0, steps=4, random_orders=2, protocol=MEAN)
     torch.testing.assert_close(flipped.deletion, -curves.deletion, rtol=1e-4, atol=1e-6)
     negative.adapter.reference = negative.adapter.reference * 0
     with pytest.raises(VitExplorerError, match="score is 0"):

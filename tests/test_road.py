@@ -8,6 +8,7 @@ from conftest import TINY, write_checkpoint
 
 from vit_explorer import load_model
 from vit_explorer.core.images import to_pixels
+from vit_explorer.core.results import ROAD
 from vit_explorer.methods.faithfulness import deletion_insertion, forward_passes, pixel_masks, step_masks
 from vit_explorer.methods.road import impute
 
@@ -56,8 +57,8 @@ def test_road_curves_are_the_models_probabilities_on_reference_imputed_images(tm
     view = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
     grid_map = torch.from_numpy(rng.random((4, 4))).float()
     steps = 4
-    curves = deletion_insertion(model, view, grid_map, 2, steps=steps, random_orders=2, baseline="road", seed=3)
-    assert curves.baseline == "road" and curves.curve_names == ("MoRF", "LeRF")
+    curves = deletion_insertion(model, view, grid_map, 2, steps=steps, random_orders=2, protocol=ROAD, seed=3)
+    assert curves.protocol == ROAD and curves.curve_names == ("MoRF", "LeRF")
     assert curves.road_combined == pytest.approx((curves.aucs["insertion"] - curves.aucs["deletion"]) / 2)
     image = to_pixels(view, model.preprocess)[0]
     order = (-grid_map.double().flatten()).argsort(stable=True)
@@ -69,7 +70,7 @@ def test_road_curves_are_the_models_probabilities_on_reference_imputed_images(tm
             # the curves carry the noise (σ 0.01 in normalised units), the reference solve here none
             assert getattr(curves, name)[index] == pytest.approx(expected, abs=0.02), (name, index)
     assert curves.deletion[0] == pytest.approx(curves.insertion[0])  # nothing removed yet: the whole image, twice
-    assert forward_passes(steps, 2, "road") == 4 * (steps + 1)
+    assert forward_passes(steps, 2, ROAD) == 4 * (steps + 1)
 
 
 def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
@@ -78,7 +79,7 @@ def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
     from vit_explorer import analyze
     from vit_explorer.core.analysis import class_evidence
     from vit_explorer.core.maps import RolloutOptions, class_map
-    from vit_explorer.draw import charts, plots
+    from vit_explorer.draw import plots
     from vit_explorer.draw.report import ReportParts, report_html
 
     model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
@@ -87,11 +88,11 @@ def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
     analysis = analyze(model, Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))
     evidence = class_evidence(model, analysis)
     curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()), evidence.target,
-                                steps=4, random_orders=1, baseline="road")
+                                steps=4, random_orders=1, protocol=ROAD)
     names = set(plots.faithfulness_table(curves)["curve"])
     assert {name.split(" (")[0] for name in names} == {"MoRF", "random MoRF", "LeRF", "random LeRF"}
     assert set(plots.curve_colours(curves)) == names
-    assert "MoRF" in charts.curve_axis_title(curves) and "deleted" not in charts.curve_axis_title(curves)
+    assert "MoRF" in curves.protocol.axis_title and "deleted" not in curves.protocol.axis_title
     page = report_html(analysis, ReportParts(evidence=evidence, scored_method="relevance", curves=curves))
     section = page.split("<h2>Faithfulness")[1]
     assert "MoRF AUC" in section and "LeRF AUC" in section and "deletion AUC" not in section and "insertion AUC" not in section

@@ -7,6 +7,7 @@ from conftest import TINY, photo, write_backbone_checkpoint, write_checkpoint
 from vit_explorer import VitExplorerError, analyze, load_model
 from vit_explorer.core.analysis import class_evidence
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
+from vit_explorer.core.results import BLUR, ROAD
 from vit_explorer.methods.faithfulness import deletion_insertion
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.methods.scoreboard import batches, scoreboard
@@ -18,28 +19,28 @@ def tiny(tmp_path_factory):
     return model, analyze(model, photo((64, 64), seed=2))
 
 
-@pytest.mark.parametrize("baseline", ["blur", "road"])
-def test_entries_equal_each_maps_own_score_and_are_ranked(tiny, baseline):
+@pytest.mark.parametrize("protocol", [BLUR, ROAD], ids=lambda protocol: protocol.name)
+def test_entries_equal_each_maps_own_score_and_are_ranked(tiny, protocol):
     model, analysis = tiny
     calls = []
-    board = scoreboard(model, analysis, 1, baseline=baseline, steps=4, random_orders=3, seed=5, batch_size=16, step=lambda: calls.append(1))
-    assert len(calls) == batches(len(CLASS_METHODS), 4, 3, baseline, 16) + analysis.map_shape[0]
+    board = scoreboard(model, analysis, 1, protocol=protocol, steps=4, random_orders=3, seed=5, batch_size=16, step=lambda: calls.append(1))
+    assert len(calls) == batches(len(CLASS_METHODS), 4, 3, protocol, 16) + analysis.map_shape[0]
     assert [entry.method for entry in board.entries] == sorted(CLASS_METHODS, key=lambda m: -next(e.score for e in board.entries if e.method == m))
     evidence = class_evidence(model, analysis, 1)
     for entry in board.entries:
         curves = deletion_insertion(model, analysis.image, class_map(analysis, entry.method, evidence, RolloutOptions()), 1,
-                                    steps=4, random_orders=3, baseline=baseline, seed=5)
+                                    steps=4, random_orders=3, protocol=protocol, seed=5)
         aucs = curves.aucs
         # ROAD draws its noise per batch, and the board batches every method together: its curves differ by the noise
-        tolerance = 0.05 if baseline == "road" else 1e-5
+        tolerance = 0.05 if protocol == ROAD else 1e-5
         assert entry.deletion == pytest.approx(aucs["deletion"], abs=tolerance)
         assert entry.insertion == pytest.approx(aucs["insertion"], abs=tolerance)
-        assert entry.score == pytest.approx((entry.insertion - entry.deletion) / (2 if baseline == "road" else 1))
-    if baseline == "blur":  # chance: the mean of the random orders' insertion − deletion
+        assert entry.score == pytest.approx((entry.insertion - entry.deletion) / (2 if protocol == ROAD else 1))
+    if protocol == BLUR:  # chance: the mean of the random orders' insertion − deletion
         assert board.chance_mean == pytest.approx(aucs["random_insertion"] - aucs["random_deletion"], abs=1e-5)
     assert board.chance_sd > 0
     record = board.as_dict()
-    assert record["curves"] == ({"deletion": "MoRF", "insertion": "LeRF"} if baseline == "road" else {"deletion": "deletion", "insertion": "insertion"})
+    assert record["curves"] == ({"deletion": "MoRF", "insertion": "LeRF"} if protocol == ROAD else {"deletion": "deletion", "insertion": "insertion"})
     assert [row["method"] for row in record["ranking"]] == [entry.method for entry in board.entries]
 
 

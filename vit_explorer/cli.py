@@ -41,7 +41,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.core import maps
     from vit_explorer.core.analysis import analyze, class_evidence
     from vit_explorer.core.images import load_image
-    from vit_explorer.core.results import PROBABILITY
+    from vit_explorer.core.results import PROBABILITY, Protocol
     from vit_explorer.draw import files
     from vit_explorer.draw.report import ReportParts
     from vit_explorer.methods import norms
@@ -81,9 +81,10 @@ def run_analyze(args: argparse.Namespace) -> None:
         evidence = None
     curves = None
     if scored:
-        progress(f"scoring the {args.method} map: deletion and insertion, {forward_passes(args.steps, args.random_orders)} forward passes")
+        progress(f"scoring the {args.method} map: {Protocol(args.baseline).description}, "
+                 f"{forward_passes(args.steps, args.random_orders, Protocol(args.baseline))} forward passes")
         curves = deletion_insertion(model, analysis.image, maps.class_map(analysis, args.method, evidence, options), evidence.target,
-                                    steps=args.steps, random_orders=args.random_orders, baseline=args.baseline)
+                                    steps=args.steps, random_orders=args.random_orders, protocol=Protocol(args.baseline))
     sanity = None
     if args.sanity:
         from vit_explorer.methods.sanity import sanity_check
@@ -103,10 +104,10 @@ def run_analyze(args: argparse.Namespace) -> None:
         from vit_explorer.core.maps import CLASS_METHODS
         from vit_explorer.methods.scoreboard import batches, scoreboard
 
-        protocol = "ROAD (MoRF and LeRF)" if args.baseline == "road" else f"deletion and insertion ({args.baseline})"
-        progress(f"scoreboard: {len(CLASS_METHODS)} methods ranked by {protocol}, each against chance and the randomised model")
-        with progress_bar("scoreboard", batches(len(CLASS_METHODS), baseline=args.baseline) + analysis.map_shape[0], unit="step") as step:
-            board = scoreboard(model, analysis, args.target, baseline=args.baseline, options=options, step=step)
+        protocol = Protocol(args.baseline)
+        progress(f"scoreboard: {len(CLASS_METHODS)} methods ranked by {protocol.description}, each against chance and the randomised model")
+        with progress_bar("scoreboard", batches(len(CLASS_METHODS), protocol=protocol) + analysis.map_shape[0], unit="step") as step:
+            board = scoreboard(model, analysis, args.target, protocol=protocol, options=options, step=step)
     out = Path(args.out)
     if evidence is None and args.html and analysis.num_classes:
         evidence = class_evidence(model, analysis)  # the report shows the top class's maps
@@ -161,7 +162,7 @@ def scoreboard_lines(board) -> list[str]:
     first, second = board.curve_names
     order = "NOT RANKED" if board.unranked else "best first"
     lines = [f"scoreboard for {board.target_label!r} (curves of the {board.measure}), {order} (score: {second} AUC − {first} AUC"
-             + (", halved" if board.baseline == "road" else "") + "; randomised ρ ≥ 0.5: the map barely depends on the weights):"]
+             + (", halved" if board.protocol.imputes else "") + "; randomised ρ ≥ 0.5: the map barely depends on the weights):"]
     if board.unranked:
         lines.append(f"not ranked: {board.unranked}")
     for rank, entry in enumerate(board.entries, start=1):
@@ -252,10 +253,10 @@ def run_stats(args: argparse.Namespace) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-
     import numpy as np
 
     from vit_explorer.core.maps import CLASS_METHODS
+    from vit_explorer.core.results import Protocol
     from vit_explorer.methods.dataset import (
         ImageList,
         contiguous_share,
@@ -268,6 +269,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     from vit_explorer.models import load_model
 
     methods = tuple(method.strip() for method in args.methods.split(","))
+    protocol = Protocol(args.baseline)
     unknown = [method for method in methods if method not in CLASS_METHODS]
     if unknown:
         raise VitExplorerError(f"unknown method {', '.join(unknown)}; use some of {', '.join(CLASS_METHODS)}")
@@ -288,7 +290,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         skipped: list[dict[str, str]] = []
         views = labelled_views(mine, model, skipped, root=root, masks=masks, fit=args.fit)
         with progress_bar("evaluate", len(mine.paths), unit="img", shown=rank == 0) as step:
-            part = score_images(model, views, methods, steps=args.steps, random_orders=args.random_orders, baseline=args.baseline,
+            part = score_images(model, views, methods, steps=args.steps, random_orders=args.random_orders, protocol=protocol,
                                 seed=share.start, step=step)
         # one process's per-image lists, in listing order, whatever the number of processes
         gathered = gather_in_rank_order([(part, skipped)])
@@ -303,7 +305,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         report = {"model": model.name, "weights": weights, "source": str(args.source), "images": len(scores["correct"]), "processes": world, "skipped": skipped,
                   "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
                   "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline,
-                  "curves": {"deletion": "MoRF", "insertion": "LeRF"} if args.baseline == "road" else {"deletion": "deletion", "insertion": "insertion"},
+                  "curves": dict(zip(("deletion", "insertion"), protocol.curve_names)),
                   "table": rows, "per_image": scores}
         partial = out / "evaluation.json.partial"
         partial.write_text(json.dumps(report, indent=2, default=float))
@@ -316,7 +318,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
             cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, {row[score]['ci95'][1]:.3f}]"
                      for score in SCORES]
             print(f"{row['method']} | " + " | ".join(cells))
-        if args.baseline == "road":
+        if protocol.imputes:
             progress("with --baseline road, the deletion columns are ROAD's MoRF curve (most relevant patches imputed first) "
                      "and the insertion columns its LeRF curve (least relevant first); ROAD's combined score is (LeRF − MoRF) / 2")
         progress(f"deletion and perturbation: lower is better; insertion, pointing, energy, class_pointing: higher is better; *_relative: "
@@ -395,10 +397,10 @@ def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
     from vit_explorer.core.maps import CLASS_METHODS
-    from vit_explorer.core.results import ABLATION_MODES
+    from vit_explorer.core.results import ABLATION_MODES, PROTOCOLS
     from vit_explorer.core.rollout import HEAD_FUSIONS
     from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
-    from vit_explorer.methods.faithfulness import BASELINES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
+    from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
     from vit_explorer.models.builtin import ASSETS
 
     try:
@@ -427,7 +429,7 @@ def parser() -> argparse.ArgumentParser:
                          "backbone, patch:ROW,COL: the similarity of the image's embedding to that patch's (default: to its own)")
     analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
-    analyze.add_argument("--baseline", default="blur", choices=list(BASELINES),
+    analyze.add_argument("--baseline", default="blur", choices=list(PROTOCOLS),
                          help="what deleted patches show: blurred, the mean colour, or ROAD's noisy linear imputation (then the "
                               "curves are ROAD's MoRF and LeRF)")
     analyze.add_argument("--no-faithfulness", action="store_true", help="skip the deletion / insertion score")
@@ -519,7 +521,7 @@ def parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=int, default=None, help="only the first N images")
     evaluate.add_argument("--steps", type=int, default=10, help="deletion / insertion steps per curve")
     evaluate.add_argument("--random-orders", type=int, default=1, help="random orders per image for the chance level")
-    evaluate.add_argument("--baseline", default="blur", choices=BASELINES,
+    evaluate.add_argument("--baseline", default="blur", choices=list(PROTOCOLS),
                           help="what a removed patch shows: blurred, the mean colour, or ROAD's noisy linear imputation (then "
                                "deletion is ROAD's MoRF and insertion its LeRF)")
     add_input_options(evaluate)

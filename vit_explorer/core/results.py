@@ -16,8 +16,87 @@ from dataclasses import dataclass
 import torch
 
 from vit_explorer.core import statistics
+from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.layout import TokenLayout
 
+# what a removed patch shows, by protocol name (``Protocol``)
+PROTOCOLS = {
+    "blur": "the image blurred over about a patch",
+    "mean": "the image's mean colour",
+    "road": "ROAD's noisy linear imputation from the neighbouring pixels (Rong et al., ICML 2022)",
+}
+# a run: one patch order and what happens to its first patches: "delete" (replaced by the protocol's fill, or imputed by
+# ROAD) or "insert" (shown on the fill)
+Run = tuple[torch.Tensor, str]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a map's faithfulness is measured: what a removed patch shows (``PROTOCOLS``) and so what the two curves are.
+
+    Blur and mean: deletion (most important patches replaced first, lower is better) and insertion (put back first on
+    the fill, higher is better), scored by insertion − deletion. ROAD: its MoRF (most relevant imputed first) and LeRF
+    (least relevant imputed first: a faithful map keeps the score high), scored by (LeRF − MoRF) / 2; its random orders
+    stand for both curves, and its imputation draws fresh noise for every image, so no two curves share an image.
+    Every word and count that differs between them is read from here, never from a second test of the name."""
+
+    name: str = "blur"
+
+    def __post_init__(self) -> None:
+        if self.name not in PROTOCOLS:
+            raise VitExplorerError(f"unknown baseline {self.name!r}; use one of {', '.join(PROTOCOLS)}")
+
+    @property
+    def imputes(self) -> bool:
+        """ROAD: removed patches are imputed from their neighbours, with fresh noise per image."""
+        return self.name == "road"
+
+    @property
+    def curve_names(self) -> tuple[str, str]:
+        """What the two curves are called: deletion and insertion, or ROAD's MoRF and LeRF."""
+        return ("MoRF", "LeRF") if self.imputes else ("deletion", "insertion")
+
+    @property
+    def description(self) -> str:
+        """The protocol in a few words, for progress lines and captions."""
+        return "ROAD (MoRF and LeRF; removed patches imputed from their neighbours)" if self.imputes else f"{self.name} deletion and insertion"
+
+    @property
+    def score_formula(self) -> str:
+        first, second = self.curve_names
+        return f"({second} − {first}) / 2" if self.imputes else f"{second} − {first}"
+
+    @property
+    def axis_title(self) -> str:
+        """The x axis of its curves."""
+        if self.imputes:
+            return "share of patches imputed (MoRF: most relevant first; LeRF: least)"
+        return "share of patches deleted / inserted, most important first"
+
+    def combined(self, deletion: float | torch.Tensor, insertion: float | torch.Tensor) -> float | torch.Tensor:
+        """The one number a map is ranked by, higher is better: insertion − deletion (ROAD: half that, its combined score)."""
+        return (insertion - deletion) / (2 if self.imputes else 1)
+
+    def map_runs(self, order: torch.Tensor) -> list[Run]:
+        """A map's two curves: deletion and insertion in ``order``, or ROAD's MoRF and LeRF (the reverse order removed)."""
+        return [(order, "delete"), (order.flip(0), "delete")] if self.imputes else [(order, "delete"), (order, "insert")]
+
+    def random_runs(self, orders: list[torch.Tensor]) -> list[Run]:
+        """Chance's runs: each random order deleted, then each inserted (ROAD: removed only; they stand for both curves)."""
+        return [(order, "delete") for order in orders] + ([] if self.imputes else [(order, "insert") for order in orders])
+
+    def images(self, runs: int, steps: int) -> int:
+        """Distinct images ``runs`` curves of ``steps`` steps put through the model: with blur or mean every curve starts
+        and ends on the image or the fill, which go through once, so (steps − 1) per curve and those 2; ROAD's imputation
+        draws fresh noise for each image, so all steps + 1."""
+        return runs * (steps + 1) if self.imputes else runs * (steps - 1) + 2
+
+    def runs_of(self, maps: int, random_orders: int) -> int:
+        """Curves that ``maps`` maps and ``random_orders`` random orders take (``map_runs``, ``random_runs``)."""
+        return 2 * maps + random_orders * (1 if self.imputes else 2)
+
+
+BLUR, MEAN, ROAD = Protocol("blur"), Protocol("mean"), Protocol("road")
 PROBABILITY = "target probability"
 SHARE_OF_SCORE = "share of the image's score"  # the measure of a one-output model (module doc)
 
@@ -69,21 +148,20 @@ class FaithfulnessCurves:
     random_insertion: torch.Tensor
     deletion_top1: torch.Tensor
     random_deletion_top1: torch.Tensor
-    baseline: str = "blur"
+    protocol: Protocol = BLUR
     measure: str = PROBABILITY  # what the curves follow: the target's probability, or ``SHARE_OF_SCORE``
 
     @property
     def curve_names(self) -> tuple[str, str]:
-        """What the two curves are called: deletion and insertion, or ROAD's MoRF and LeRF."""
-        return ("MoRF", "LeRF") if self.baseline == "road" else ("deletion", "insertion")
+        return self.protocol.curve_names
 
     @property
     def road_combined(self) -> float | None:
-        """ROAD's combined score (AUC_LeRF − AUC_MoRF) / 2, higher is better; None for the other baselines."""
-        if self.baseline != "road":
+        """ROAD's combined score (AUC_LeRF − AUC_MoRF) / 2, higher is better; None for the other protocols."""
+        if not self.protocol.imputes:
             return None
         aucs = self.aucs
-        return (aucs["insertion"] - aucs["deletion"]) / 2
+        return float(self.protocol.combined(aucs["deletion"], aucs["insertion"]))
 
     @property
     def aucs(self) -> dict[str, float]:
@@ -127,8 +205,8 @@ class FaithfulnessCurves:
 
     def as_dict(self) -> dict:
         first, second = self.curve_names
-        return {"target": self.target, "baseline": self.baseline, "measure": self.measure, "curves": {"deletion": first, "insertion": second},
-                **({"road_combined": self.road_combined} if self.baseline == "road" else {}), "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
+        return {"target": self.target, "baseline": self.protocol.name, "measure": self.measure, "curves": {"deletion": first, "insertion": second},
+                **({"road_combined": self.road_combined} if self.protocol.imputes else {}), "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
                 "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
                 "warning": self.warning or None,
                 **{name: getattr(self, name).round(decimals=6).tolist()
@@ -443,7 +521,7 @@ class Scoreboard:
 
     target: int
     target_label: str
-    baseline: str
+    protocol: Protocol
     steps: int
     random_orders: int
     entries: tuple[Entry, ...]
@@ -455,23 +533,18 @@ class Scoreboard:
 
     @property
     def curve_names(self) -> tuple[str, str]:
-        return ("MoRF", "LeRF") if self.baseline == "road" else ("deletion", "insertion")
+        return self.protocol.curve_names
 
     def as_dict(self) -> dict:
         first, second = self.curve_names
-        return {"target": self.target, "target_label": self.target_label, "baseline": self.baseline, "steps": self.steps,
+        return {"target": self.target, "target_label": self.target_label, "baseline": self.protocol.name, "steps": self.steps,
                 "measure": self.measure, "random_orders": self.random_orders, "curves": {"deletion": first, "insertion": second},
-                "score": "(LeRF − MoRF) / 2" if self.baseline == "road" else "insertion − deletion",
+                "score": self.protocol.score_formula,
                 "chance": {"mean": self.chance_mean, "sd": self.chance_sd}, "sanity_threshold": FALLEN,
                 "ranked": not self.unranked, "unranked_because": self.unranked or None, "notes": list(self.notes),
                 "ranking": [{"method": entry.method, "deletion": entry.deletion, "insertion": entry.insertion, "score": entry.score,
                              "over_chance_sd": entry.over_chance, "randomised_rho": entry.randomised_rho,
                              "depends_on_weights": entry.depends_on_weights} for entry in self.entries]}
-
-
-def combined(deletion: float | torch.Tensor, insertion: float | torch.Tensor, baseline: str) -> float | torch.Tensor:
-    """The ranking number: insertion − deletion, halved for ROAD as its combined score is."""
-    return (insertion - deletion) / (2 if baseline == "road" else 1)
 
 
 STATISTIC_UNITS = {"entropy": "nats", "distance": "input pixels", "prefix share": "share of attention"}
@@ -514,7 +587,7 @@ ABLATION_MODES = {
 
 def forward_equivalents(layers: int, heads: int) -> float:
     """What one ablation costs, in multiples of one plain forward pass of one image: layer evaluations
-    (module doc: L + Σ_l (l + H·(L − l))) over the L of one pass. "1 + layers passes" undersells it: each
+    (``methods.ablation``'s doc: L + Σ_l (l + H·(L − l))) over the L of one pass. "1 + layers passes" undersells it: each
     branched pass runs H copies of every layer from its branch point up."""
     evaluations = layers + sum(layer + heads * (layers - layer) for layer in range(layers))
     return evaluations / layers

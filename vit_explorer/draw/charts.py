@@ -45,13 +45,6 @@ def curve_limits(curves: FaithfulnessCurves) -> tuple[float, float]:
     return min(0.0, min(values) - 0.02), max(1.02, max(values) + 0.02)
 
 
-def curve_axis_title(curves: FaithfulnessCurves) -> str:
-    """The x axis of faithfulness curves, in the protocol's words."""
-    if curves.baseline == "road":
-        return "share of patches imputed (MoRF: most relevant first; LeRF: least)"
-    return "share of patches deleted / inserted, most important first"
-
-
 def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
     """Deletion and insertion curves of a map (solid) against random orders (dashed), AUCs in the legend; ROAD's are
     called MoRF and LeRF (``curves.curve_names``)."""
@@ -65,7 +58,7 @@ def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
                   label=f"random {shown} ({aucs[f'random_{name}']:.3f})")
     axes.set_xlim(0, 1)
     axes.set_ylim(*curve_limits(curves))
-    axes.set_xlabel(curve_axis_title(curves))
+    axes.set_xlabel(curves.protocol.axis_title)
     axes.set_ylabel(curves.measure)
     axes.set_title(title, fontsize=9)
     axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, never over them

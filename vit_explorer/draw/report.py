@@ -192,7 +192,7 @@ def scoreboard_section(board: Scoreboard) -> str:
         f"<td>{'—' if math.isnan(entry.over_chance) else f'{entry.over_chance:+.1f} sd'}</td><td>{entry.deletion:.3f}</td>"
         f"<td>{entry.insertion:.3f}</td><td>{entry.randomised_rho:.2f}{'' if entry.depends_on_weights else ' ⚠'}</td></tr>"
         for rank, entry in enumerate(board.entries, start=1))
-    score = f"{second} AUC − {first} AUC" + (", halved" if board.baseline == "road" else "")
+    score = f"{second} AUC − {first} AUC" + (", halved" if board.protocol.imputes else "")
     notes = [f"Not ranked: {board.unranked}."] if board.unranked else []
     notes += [f"{note}." for note in board.notes]
     notes.append(f"Curves of the {board.measure} over {board.steps} steps (coarser than one map's score, so its AUCs differ a "

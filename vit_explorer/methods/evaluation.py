@@ -18,7 +18,7 @@ from vit_explorer.core import relevance
 from vit_explorer.core.analysis import Analysis, ClassEvidence, class_evidence, model_maps
 from vit_explorer.core.capture import TOP, StackingSink, capture
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
-from vit_explorer.core.results import area_under
+from vit_explorer.core.results import BLUR, Protocol, area_under
 from vit_explorer.methods.faithfulness import deletion_insertion
 from vit_explorer.models.base import LoadedModel
 
@@ -159,7 +159,7 @@ def class_sensitive_hit(maps_by_class: Sequence[torch.Tensor], objects: Sequence
 
 
 def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[str, ...], *, steps: int = 10,
-                 random_orders: int = 1, baseline: str = "blur", batch_size: int = 16, seed: int = 0,
+                 random_orders: int = 1, protocol: Protocol = BLUR, batch_size: int = 16, seed: int = 0,
                  step: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Per-image figures, each a list in the order of ``items``: ``METHOD/deletion`` and ``METHOD/insertion``
     (AUC of the target probability), ``METHOD/deletion_relative`` and ``METHOD/insertion_relative`` (the same
@@ -186,7 +186,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
             for method in methods:
                 grid_map = class_map(analysis, method, evidence, RolloutOptions())
                 curves = deletion_insertion(model, analysis.image, grid_map, evidence.target, steps=steps, random_orders=random_orders,
-                                            baseline=baseline, seed=seed + index)
+                                            protocol=protocol, seed=seed + index)
                 aucs = curves.aucs
                 relative = curves.relative_aucs
                 scores[f"{method}/deletion"].append(aucs["deletion"])

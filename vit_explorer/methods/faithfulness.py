@@ -28,13 +28,12 @@ import torch
 from PIL import Image, ImageFilter
 
 from vit_explorer.core.images import to_pixels
-from vit_explorer.core.results import PROBABILITY, SHARE_OF_SCORE, FaithfulnessCurves, fractions_of
+from vit_explorer.core.results import BLUR, PROBABILITY, SHARE_OF_SCORE, FaithfulnessCurves, Protocol, Run, fractions_of
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.road import impute
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.models.layout import TokenLayout
 
-BASELINES = ("blur", "mean", "road")
 DEFAULT_STEPS = 16
 DEFAULT_RANDOM_ORDERS = 3
 # images per pass: small batches keep the perturbed images and the attention maps in cache, so on 2 cores 8 a batch
@@ -42,22 +41,15 @@ DEFAULT_RANDOM_ORDERS = 3
 BATCH_SIZE = 8
 
 
-def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, baseline: str = "blur") -> int:
-    """Images one ``deletion_insertion`` runs through the model: ``run_images`` of its 2 + 2 × random orders curves
-    (ROAD: 2 + random orders, whose random orders serve both curves)."""
-    return run_images(2 + random_orders if baseline == "road" else 2 * (1 + random_orders), steps, baseline)
+def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, protocol: Protocol = BLUR) -> int:
+    """Images one ``deletion_insertion`` runs through the model (``Protocol.images`` of its curves)."""
+    return protocol.images(protocol.runs_of(1, random_orders), steps)
 
 
-def run_images(runs: int, steps: int, baseline: str) -> int:
-    """Distinct images ``runs`` curves of ``steps`` steps put through the model: with blur or mean, every curve starts
-    and ends on the image or the baseline, which go through once, so (steps − 1) per curve and those 2; ROAD's
-    imputation draws fresh noise for each image, so all steps + 1."""
-    return runs * (steps + 1) if baseline == "road" else runs * (steps - 1) + 2
-
-
-def batches(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, batch_size: int = BATCH_SIZE, baseline: str = "blur") -> int:
+def batches(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, batch_size: int = BATCH_SIZE,
+            protocol: Protocol = BLUR) -> int:
     """How many batches ``deletion_insertion`` runs (a progress bar's length)."""
-    return math.ceil(forward_passes(steps, random_orders, baseline) / batch_size)
+    return math.ceil(forward_passes(steps, random_orders, protocol) / batch_size)
 
 
 def importance_order(grid_map: torch.Tensor) -> torch.Tensor:
@@ -92,7 +84,7 @@ def baseline_view(view: np.ndarray, layout: TokenLayout, kind: str = "blur") -> 
         return np.asarray(Image.fromarray(view).filter(ImageFilter.GaussianBlur(radius)), dtype=np.uint8)
     if kind == "mean":
         return np.broadcast_to(view.reshape(-1, 3).mean(axis=0).round().astype(np.uint8), view.shape).copy()
-    raise VitExplorerError(f"baseline must be one of {BASELINES}, got {kind!r}")
+    raise VitExplorerError(f"the image has no fill of kind {kind!r}; use blur or mean (ROAD imputes instead)")
 
 
 def measure_of(model: LoadedModel) -> str:
@@ -119,24 +111,24 @@ def deletion_insertion(
     *,
     steps: int = DEFAULT_STEPS,
     random_orders: int = DEFAULT_RANDOM_ORDERS,
-    baseline: str = "blur",
+    protocol: Protocol = BLUR,
     seed: int = 0,
     batch_size: int = BATCH_SIZE,
     step: Callable[[], None] | None = None,
 ) -> FaithfulnessCurves:
     """Deletion and insertion curves of ``grid_map`` ``[grid_h, grid_w]`` for the image ``view`` ``[H, W, 3]``
     (as the model sees it) and class ``target``, with ``random_orders`` random orders as the baseline; with the
-    ``road`` baseline, ROAD's MoRF and LeRF curves in their place (module doc), the noise drawn from ``seed``.
+    ``ROAD`` protocol, ROAD's MoRF and LeRF curves in their place (module doc), the noise drawn from ``seed``.
 
-    Costs ``forward_passes(steps, random_orders, baseline)`` images through the model, in batches of ``batch_size``;
+    Costs ``forward_passes(steps, random_orders, protocol)`` images through the model, in batches of ``batch_size``;
     ``step`` is called after each batch (``batches`` of them: a progress bar's advance).
     """
     check_map(model.layout, grid_map)
     randoms = random_patch_orders(model.layout, random_orders, seed)
     order = importance_order(grid_map)
-    probs, tops = perturbed_probabilities(model, view, map_runs(order, baseline) + random_runs(randoms, baseline), target, steps,
-                                          baseline, seed, batch_size, step)
-    return curves_of(target, steps, baseline, probs[:2], tops[:2], probs[2:], tops[2:], measure_of(model))
+    probs, tops = perturbed_probabilities(model, view, protocol.map_runs(order) + protocol.random_runs(randoms), target, steps,
+                                          protocol, seed, batch_size, step)
+    return curves_of(target, steps, protocol, probs[:2], tops[:2], probs[2:], tops[2:], measure_of(model))
 
 
 def check_map(layout: TokenLayout, grid_map: torch.Tensor) -> None:
@@ -153,22 +145,7 @@ def random_patch_orders(layout: TokenLayout, count: int, seed: int) -> list[torc
     return [torch.from_numpy(rng.permutation(layout.num_patches)) for _ in range(count)]
 
 
-# a run: one patch order and what happens to its first patches: "delete" (replaced by the baseline, or imputed by ROAD)
-# or "insert" (shown on the baseline)
-Run = tuple[torch.Tensor, str]
-
-
-def map_runs(order: torch.Tensor, baseline: str) -> list[Run]:
-    """A map's two curves: deletion and insertion, or ROAD's MoRF and LeRF (the reverse order removed)."""
-    return [(order, "delete"), (order.flip(0), "delete")] if baseline == "road" else [(order, "delete"), (order, "insert")]
-
-
-def random_runs(orders: list[torch.Tensor], baseline: str) -> list[Run]:
-    """Chance's runs: each random order deleted, then each inserted (ROAD: removed only; they stand for both curves)."""
-    return [(order, "delete") for order in orders] + ([] if baseline == "road" else [(order, "insert") for order in orders])
-
-
-def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run], target: int, steps: int, baseline: str,
+def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run], target: int, steps: int, protocol: Protocol,
                             seed: int, batch_size: int, step: Callable[[], None] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's probability (a one-output model: its score over the whole image's) ``[runs, steps + 1]`` and
     whether it is the top class (1.0 or 0.0) along each run, all the perturbed images through the model in batches of
@@ -176,24 +153,22 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
     measure = measure_of(model)
     if steps < 1:
         raise VitExplorerError("faithfulness needs at least one step")
-    if baseline not in BASELINES:
-        raise VitExplorerError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     layout = model.layout
     image = to_pixels(view, model.preprocess)[0]  # [3, H, W]
     masks = torch.stack([step_masks(order, steps) for order, _ in runs])  # [runs, steps + 1, patches]
     inserting = torch.tensor([mode == "insert" for _, mode in runs])  # [runs]
     generator = torch.Generator().manual_seed(seed)
-    if baseline == "road":
+    if protocol.imputes:
         changing, shared = masks, torch.empty(0, *image.shape)
-    else:  # the steps between each curve's ends, which are the image and the baseline for every curve
-        blank = to_pixels(baseline_view(view, layout, baseline), model.preprocess)[0]
+    else:  # the steps between each curve's ends, which are the image and the fill for every curve
+        blank = to_pixels(baseline_view(view, layout, protocol.name), model.preprocess)[0]
         changing, shared = masks[:, 1:-1], torch.stack([image, blank])  # [runs, steps - 1, patches], [2, 3, H, W]
     changing_inserting = inserting.repeat_interleave(changing.shape[1])  # [runs · changing steps]
     changing = changing.flatten(0, 1)
 
     def perturbed(rows: slice) -> torch.Tensor:
         changed = pixel_masks(changing[rows], layout, tuple(image.shape[1:]))  # [k, 1, H, W]
-        if baseline == "road":
+        if protocol.imputes:
             return impute(image.expand(len(changed), *image.shape), changed.bool(), generator=generator)
         # deletion shows the baseline on the changed patches, insertion the image only there
         return torch.where(changing_inserting[rows, None, None, None], blank * (1 - changed) + image * changed,
@@ -214,7 +189,7 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
         if whole == 0:
             raise VitExplorerError("the unchanged image's score is 0, so a map's effect on it has no scale; choose another target")
         probs = probs / whole
-    if baseline == "road":
+    if protocol.imputes:
         return probs.reshape(len(runs), steps + 1), tops.reshape(len(runs), steps + 1)
     # each curve: its start, its steps between, its end; deletion starts on the image (shared[0]), insertion on the baseline
     starts = inserting.long()
@@ -222,10 +197,10 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
                  for values in (probs, tops))
 
 
-def curves_of(target: int, steps: int, baseline: str, map_probs: torch.Tensor, map_tops: torch.Tensor, random_probs: torch.Tensor,
+def curves_of(target: int, steps: int, protocol: Protocol, map_probs: torch.Tensor, map_tops: torch.Tensor, random_probs: torch.Tensor,
               random_tops: torch.Tensor, measure: str = PROBABILITY) -> FaithfulnessCurves:
-    """One map's curves from its two runs ``[2, steps + 1]`` and chance's runs (``random_runs``)."""
-    if baseline == "road":
+    """One map's curves from its two runs ``[2, steps + 1]`` and chance's runs (``Protocol.random_runs``)."""
+    if protocol.imputes:
         random_deletion = random_insertion = random_probs.mean(dim=0)
         random_deletion_top1 = random_tops.mean(dim=0)
     else:
@@ -241,6 +216,6 @@ def curves_of(target: int, steps: int, baseline: str, map_probs: torch.Tensor, m
         random_insertion=random_insertion,
         deletion_top1=map_tops[0],
         random_deletion_top1=random_deletion_top1,
-        baseline=baseline,
+        protocol=protocol,
         measure=measure,
     )

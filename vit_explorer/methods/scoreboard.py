@@ -19,11 +19,12 @@ import torch
 from vit_explorer.core.analysis import Analysis, check_model, class_evidence
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
 from vit_explorer.core.results import (
+    BLUR,
     CHANCE_SPREAD_FLOOR,
     Entry,
+    Protocol,
     Scoreboard,
     area_under,
-    combined,
     fractions_of,
     reference_warning,
 )
@@ -38,15 +39,14 @@ STEPS = 8
 RANDOM_ORDERS = 3
 
 
-def batches(methods: int, steps: int = STEPS, random_orders: int = RANDOM_ORDERS, baseline: str = "blur",
+def batches(methods: int, steps: int = STEPS, random_orders: int = RANDOM_ORDERS, protocol: Protocol = BLUR,
             batch_size: int = faithfulness.BATCH_SIZE) -> int:
     """Batches one ``scoreboard`` runs (its progress bar's length, before the sanity check's layers)."""
-    runs = 2 * methods + random_orders * (1 if baseline == "road" else 2)
-    return math.ceil(faithfulness.run_images(runs, steps, baseline) / batch_size)
+    return math.ceil(protocol.images(protocol.runs_of(methods, random_orders), steps) / batch_size)
 
 
 def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None = None, *, methods: tuple[str, ...] | None = None,
-               baseline: str = "blur", steps: int = STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
+               protocol: Protocol = BLUR, steps: int = STEPS, random_orders: int = RANDOM_ORDERS, seed: int = 0,
                options: RolloutOptions = RolloutOptions(), batch_size: int = faithfulness.BATCH_SIZE,
                step: Callable[[], None] | None = None) -> Scoreboard:
     """Rank ``methods`` (default: all of ``CLASS_METHODS``) for the image of ``analysis`` and ``target`` (default: the
@@ -61,18 +61,18 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     evidence = class_evidence(model, analysis, target)
     maps = {method: class_map(analysis, method, evidence, options) for method in methods}
     randoms = faithfulness.random_patch_orders(model.layout, random_orders, seed)
-    runs = [run for method in methods for run in faithfulness.map_runs(importance_order(maps[method]), baseline)]
-    runs += faithfulness.random_runs(randoms, baseline)
-    probs, _ = faithfulness.perturbed_probabilities(model, analysis.image, runs, evidence.target, steps, baseline, seed, batch_size, step)
+    runs = [run for method in methods for run in protocol.map_runs(importance_order(maps[method]))]
+    runs += protocol.random_runs(randoms)
+    probs, _ = faithfulness.perturbed_probabilities(model, analysis.image, runs, evidence.target, steps, protocol, seed, batch_size, step)
     fractions = fractions_of(steps)
     aucs = torch.tensor([area_under(fractions, curve) for curve in probs], dtype=torch.float64)  # [runs]
     chance = aucs[2 * len(methods) :]
-    if baseline == "road":
+    if protocol.imputes:
         # ROAD's random orders stand for both curves: chance's score pairs one order's LeRF with another's MoRF
         pairs = [(a, b) for a in range(random_orders) for b in range(random_orders) if a != b] or [(0, 0)]
-        chance_scores = torch.tensor([combined(float(chance[a]), float(chance[b]), baseline) for a, b in pairs], dtype=torch.float64)
+        chance_scores = torch.tensor([protocol.combined(float(chance[a]), float(chance[b])) for a, b in pairs], dtype=torch.float64)
     else:  # each order's insertion − its deletion
-        chance_scores = combined(chance[:random_orders], chance[random_orders:], baseline)
+        chance_scores = protocol.combined(chance[:random_orders], chance[random_orders:])
     chance_mean = float(chance_scores.mean())
     chance_sd = float(chance_scores.std(correction=1)) if len(chance_scores) > 1 else float("nan")
     sanity = sanity_check(model, analysis, evidence.target, methods=methods, options=options, seed=seed, cascade=False, step=step)
@@ -80,7 +80,7 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     entries = []
     for index, method in enumerate(methods):
         deletion, insertion = float(aucs[2 * index]), float(aucs[2 * index + 1])
-        score = combined(deletion, insertion, baseline)
+        score = protocol.combined(deletion, insertion)
         entries.append(Entry(method=method, deletion=deletion, insertion=insertion, score=score,
                              over_chance=(score - chance_mean) / spread, randomised_rho=float(sanity.final[method])))
     scores = [entry.score for entry in entries]
@@ -94,7 +94,7 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
         entries = [dataclasses.replace(entry, over_chance=float("nan")) for entry in entries]
     else:
         entries.sort(key=lambda entry: -entry.score)
-    return Scoreboard(target=evidence.target, target_label=analysis.label(evidence.target), baseline=baseline, steps=steps,
+    return Scoreboard(target=evidence.target, target_label=analysis.label(evidence.target), protocol=protocol, steps=steps,
                       random_orders=random_orders, entries=tuple(entries), chance_mean=chance_mean, chance_sd=chance_sd,
                       measure=measure, unranked=unranked, notes=notes)
 

@@ -182,7 +182,7 @@ def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> s
     """A faithfulness score in words: the verdict, and each AUC against random orders with its margin."""
     aucs, margins = curves.aucs, curves.margins
     first, second = curves.curve_names
-    road = f" ROAD's combined score (LeRF − MoRF) / 2: **{curves.road_combined:.3f}**." if curves.baseline == "road" else ""
+    road = f" ROAD's combined score {curves.protocol.score_formula}: **{curves.road_combined:.3f}**." if curves.protocol.imputes else ""
     measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
     if curves.warning:
         return f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}**{measure} ⚠️ {curves.verdict}: {curves.warning}."
@@ -195,7 +195,7 @@ def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> s
 def board_text(analysis: Analysis, board: Scoreboard) -> str:
     """What the scoreboard ranked by, and chance."""
     first, second = board.curve_names
-    protocol = "ROAD (removed patches imputed from their neighbours)" if board.baseline == "road" else f"{board.baseline} deletion and insertion"
+    protocol = board.protocol.description
     unweighted = [maps.CLASS_METHODS[entry.method] for entry in board.entries if not entry.depends_on_weights]
     badge = (f" ⚠️ {', '.join(unweighted)}: the map barely changes when the whole model is randomised (ρ ≥ 0.5), so it shows the "
              "image more than the model." if unweighted else "")
@@ -203,7 +203,7 @@ def board_text(analysis: Analysis, board: Scoreboard) -> str:
     order = f"⚠️ **not ranked**: {board.unranked}." if board.unranked else "best first"
     notes = "".join(f" ⚠️ {note}." for note in board.notes)
     return (f"**Scoreboard** for **{analysis.label(board.target)}**{measure}, by {protocol}, {order} Score = {second} AUC − {first} AUC"
-            f"{' halved' if board.baseline == 'road' else ''} (*del.* and *ins.* are the {first} and {second} AUCs, over "
+            f"{' halved' if board.protocol.imputes else ''} (*del.* and *ins.* are the {first} and {second} AUCs, over "
             f"{board.steps} steps: coarser than *Score faithfulness*'s {DEFAULT_STEPS}, so its AUCs differ a little); chance (random "
             f"orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}, and *vs chance* counts its standard deviations; "
             f"*random-model ρ* is the map's rank correlation with the same map from the fully randomised model.{notes}{badge}")

@@ -10,6 +10,7 @@ import gradio as gr
 import numpy as np
 
 from vit_explorer.core import maps
+from vit_explorer.core.results import Protocol
 from vit_explorer.draw import charts, pictures, plots
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.faithfulness import batches, deletion_insertion
@@ -98,7 +99,7 @@ def faithfulness_plot(session: Session, method: str, curves) -> dict:
     first, second = curves.curve_names
     title = f"{first.capitalize()} and {second}: {maps.CLASS_METHODS[method]} · target {session.analysis.label(curves.target)}"
     return gr.update(value=plots.faithfulness_table(curves), title=title, color_map=plots.curve_colours(curves), visible=True,
-                     y_title=curves.measure, y_lim=list(charts.curve_limits(curves)), x_title=charts.curve_axis_title(curves))
+                     y_title=curves.measure, y_lim=list(charts.curve_limits(curves)), x_title=curves.protocol.axis_title)
 
 
 def render(session: Session, controls: Controls) -> dict:
@@ -155,8 +156,9 @@ def on_score(models: ModelCache, session: Session | None, baseline: str, *contro
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
     grid_map = maps.class_map(session.analysis, controls.method, session.evidence, controls.rollout)
+    protocol = Protocol(baseline)
     curves = deletion_insertion(session.model(models), session.analysis.image, grid_map, session.evidence.target,
-                                baseline=baseline, step=counter(progress, batches(baseline=baseline), "faithfulness", "batch"))
+                                protocol=protocol, step=counter(progress, batches(protocol=protocol), "faithfulness", "batch"))
     session.screen.score = (scored(session, controls), curves)
     values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
               "class_text": score_text(session.analysis, controls.method, curves)}
@@ -180,8 +182,9 @@ def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *c
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
-    total = board_batches(len(maps.CLASS_METHODS), baseline=baseline) + session.analysis.map_shape[0]
-    board = scoreboard(session.model(models), session.analysis, session.evidence.target, baseline=baseline,
+    protocol = Protocol(baseline)
+    total = board_batches(len(maps.CLASS_METHODS), protocol=protocol) + session.analysis.map_shape[0]
+    board = scoreboard(session.model(models), session.analysis, session.evidence.target, protocol=protocol,
                        options=controls.rollout, step=counter(progress, total, "scoring every method", "step"))
     session.screen.board = (checked(session, controls), board)
     return in_order(board_views(session, controls), BOARD)
