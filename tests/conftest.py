@@ -85,7 +85,7 @@ def assert_class_maps_work(model, image) -> None:
     from vit_explorer.methods.faithfulness import deletion_insertion
 
     analysis = analyze(model, image)
-    evidence = class_evidence(model, analysis)
+    evidence = class_evidence(model, analysis, None, tuple(maps.CLASS_METHODS))
     assert evidence.target == analysis.top_k(1)[0].index
     assert evidence.importance.shape == tuple(analysis.map_shape) and evidence.importance.sum() > 0
     assert evidence.weighted.shape == (analysis.map_shape[0], model.layout.num_tokens, model.layout.num_tokens)

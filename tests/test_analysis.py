@@ -3,7 +3,7 @@ import pytest
 import torch
 from conftest import photo
 
-from vit_explorer import analyze, load_model, record_attention
+from vit_explorer import VitExplorerError, analyze, load_model, record_attention
 from vit_explorer.core.analysis import MODEL_MAPS, class_evidence, recompute_query_rows
 from vit_explorer.core.images import model_view, to_pixels
 
@@ -99,9 +99,14 @@ def test_one_forward_and_one_backward_pass_per_analysis_and_views_never_run_the_
     assert class_evidence(model, analysis) is analysis.evidence[analysis.top_k(1)[0].index] and len(forwards) == 1
 
     evidence = analysis.evidence[analysis.top_k(1)[0].index]
-    for count, method in enumerate(MODEL_MAPS, start=2):  # each of these runs the model once, then is kept
-        maps.class_map(analysis, method, evidence, maps.RolloutOptions())
-        assert len(forwards) == count
+    for method in MODEL_MAPS:  # a view cannot run the model: the map must be asked for, with the model, first
+        with pytest.raises(VitExplorerError, match="takes passes of the model of its own"):
+            maps.class_map(analysis, method, evidence, maps.RolloutOptions())
+    assert len(forwards) == 1
+    for count, method in enumerate(MODEL_MAPS, start=2):  # each of these runs the model once, when asked, then is kept
+        assert class_evidence(model, analysis, None, (method,)) is evidence and len(forwards) == count
+    class_evidence(model, analysis, None, tuple(MODEL_MAPS))
+    assert len(forwards) == 1 + len(MODEL_MAPS) and set(evidence.method_maps) == set(MODEL_MAPS)
     model.module.transformer.layers[0][0].attend = torch.nn.Sequential(model.module.transformer.layers[0][0].attend, Exploding())
     Exploding.armed = True
     try:

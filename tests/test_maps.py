@@ -212,7 +212,7 @@ def test_maps_that_carry_a_negligible_share_of_their_score_say_so_and_trained_on
     image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (56, 56, 3), dtype=np.uint8))
     scored = similarity_model(backbone, pixels_of(backbone, analyze(backbone, image)), (1, 2))
     analysis = analyze(scored, image)
-    evidence = class_evidence(scored, analysis)
+    evidence = class_evidence(scored, analysis, None, CLASS_SPECIFIC)
     for method in CLASS_SPECIFIC:
         strength = map_strength(analysis, method, evidence, class_map(analysis, method, evidence, RolloutOptions()))
         assert strength < NEGLIGIBLE and negligible_note(strength).startswith("negligible"), (method, strength)
@@ -220,7 +220,7 @@ def test_maps_that_carry_a_negligible_share_of_their_score_say_so_and_trained_on
     shipped = load_model("builtin:shapes")
     for path in sorted(EXAMPLES.glob("*.png")):
         trained = analyze(shipped, path)
-        evidence = class_evidence(shipped, trained)
+        evidence = class_evidence(shipped, trained, None, CLASS_SPECIFIC)
         for method in CLASS_SPECIFIC:
             strength = map_strength(trained, method, evidence, class_map(trained, method, evidence, RolloutOptions()))
             assert strength >= NEGLIGIBLE and negligible_note(strength) == "", (path.name, method, strength)

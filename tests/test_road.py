@@ -80,19 +80,20 @@ def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
     from vit_explorer.core.analysis import class_evidence
     from vit_explorer.core.maps import RolloutOptions, class_map
     from vit_explorer.draw import plots
-    from vit_explorer.draw.report import ReportParts, report_html
+    from vit_explorer.core.request import Request, Run
+    from vit_explorer.draw.report import report_html
 
     model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
     from PIL import Image
 
     analysis = analyze(model, Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))
-    evidence = class_evidence(model, analysis)
+    evidence = class_evidence(model, analysis, None, ("attnlrp", "legrad"))
     curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()), evidence.target,
                                 steps=4, random_orders=1, protocol=ROAD)
     names = set(plots.faithfulness_table(curves)["curve"])
     assert {name.split(" (")[0] for name in names} == {"MoRF", "random MoRF", "LeRF", "random LeRF"}
     assert set(plots.curve_colours(curves)) == names
     assert "MoRF" in curves.protocol.axis_title and "deleted" not in curves.protocol.axis_title
-    page = report_html(analysis, ReportParts(evidence=evidence, scored_method="relevance", curves=curves))
+    page = report_html(Run(request=Request(method="relevance"), analysis=analysis, evidence=evidence, maps={}, curves=curves))
     section = page.split("<h2>Faithfulness")[1]
     assert "MoRF AUC" in section and "LeRF AUC" in section and "deletion AUC" not in section and "insertion AUC" not in section

@@ -9,10 +9,11 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from vit_explorer.core.images import FITS
+from vit_explorer.core.results import PROBABILITY
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.dataset import SHARD_SIZE
 from vit_explorer.models import DEFAULT_MODEL
@@ -37,121 +38,107 @@ def progress_bar(description: str, total: int, unit: str = "step", shown: bool =
         yield lambda: bar.update(1)
 
 
+class Stages:
+    """The CLI's side of ``run.Progress``: each stage's line on stderr, then its progress bar (``progress_bar``) until the
+    next stage starts or the run ends."""
+
+    def __init__(self) -> None:
+        self.bars = ExitStack()
+
+    def __call__(self, description: str, total: int, unit: str) -> Callable[[], None]:
+        self.bars.close()
+        progress(description)
+        if not total:
+            return lambda: None
+        return self.bars.enter_context(progress_bar(description.split(":")[0], total, unit=unit))
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bars.close()
+
+
 def run_analyze(args: argparse.Namespace) -> None:
-    from vit_explorer.core import maps
-    from vit_explorer.core.analysis import analyze, class_evidence
     from vit_explorer.core.images import load_image
-    from vit_explorer.core.results import PROBABILITY, Protocol
+    from vit_explorer.core.request import Request
+    from vit_explorer.core.results import Protocol
+    from vit_explorer.core.targets import Target
     from vit_explorer.draw import files
-    from vit_explorer.draw.report import ReportParts
-    from vit_explorer.methods import norms
-    from vit_explorer.methods.faithfulness import deletion_insertion, forward_passes
     from vit_explorer.models import load_model
+    from vit_explorer.run import run
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
+    request = Request(method=args.method, target=Target.parse(args.target), every_map=args.html, score=not args.no_faithfulness,
+                      protocol=Protocol(args.baseline), steps=args.steps, random_orders=args.random_orders, scoreboard=args.scoreboard,
+                      sanity=args.sanity, ablation=args.ablation_mode if args.ablation else None, norms=args.norms,
+                      options=rollout_options(args), memory_budget=memory_budget(args), fit=args.fit)
     progress(f"loading {args.model}")
     model = load_model(args.model, input_hw=args.input_size, device=args.device)
     for note in model.notes:
         progress(f"{args.model}: {note}")
-    check_analyze_options(args, model)
+    check_full_maps(args, model)
     progress(f"analysing {args.image}")
-    analysis = analyze(model, image, name=str(args.image), memory_budget=memory_budget(args), fit=args.fit)
-    if analysis.view_note:
-        progress(analysis.view_note)
-    if analysis.random_weights:
-        progress(f"{args.model}: random weights: the token layout is real, but nothing is learned")
-    if analysis.ood is not None and analysis.ood.flagged:
-        progress(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
-    options = maps.RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
-    if model.num_classes == 0 and (args.method in maps.CLASS_SPECIFIC or args.target is not None or args.ablation or args.sanity
-                                   or args.scoreboard):
-        from vit_explorer.core.analysis import pixels_of
-        from vit_explorer.core.targets import similarity_model
-
-        # a backbone's target: the similarity of its embedding to its own, or to a patch's
-        model = similarity_model(model, pixels_of(model, analysis), patch_target(args.target))
-        progress(f"target: {model.labels[0]} (a backbone has no classes)")
-        analysis = analyze(model, image, name=str(args.image), memory_budget=memory_budget(args), fit=args.fit)
-        args.target = 0
-    # the target is needed for class-specific maps and for scoring any map; a backbone has one only as a similarity
-    scored = analysis.num_classes > 0 and not args.no_faithfulness
-    if args.method in maps.CLASS_SPECIFIC or scored or args.target is not None:
-        evidence = class_evidence(model, analysis, args.target)
-    else:
-        evidence = None
-    curves = None
-    if scored:
-        progress(f"scoring the {args.method} map: {Protocol(args.baseline).description}, "
-                 f"{forward_passes(args.steps, args.random_orders, Protocol(args.baseline))} forward passes")
-        curves = deletion_insertion(model, analysis.image, maps.class_map(analysis, args.method, evidence, options), evidence.target,
-                                    steps=args.steps, random_orders=args.random_orders, protocol=Protocol(args.baseline))
-    sanity = None
-    if args.sanity:
-        from vit_explorer.methods.sanity import sanity_check
-
-        progress(f"sanity check: randomising the model's {analysis.map_shape[0]} layers from the top, one more per pass")
-        with progress_bar("sanity check", analysis.map_shape[0], unit="layer") as step:
-            sanity = sanity_check(model, analysis, args.target, options=options, step=step)
-    ablation = None
-    if args.ablation:
-        from vit_explorer.methods.ablation import ablation_of, cost_text
-
-        progress(f"head ablation ({args.ablation_mode}): each head removed in turn, {cost_text(*analysis.map_shape)}")
-        with progress_bar("head ablation", analysis.map_shape[0], unit="layer") as step:
-            ablation = ablation_of(model, analysis, args.target, args.ablation_mode, step=step)
-    board = None
-    if args.scoreboard:
-        from vit_explorer.core.maps import CLASS_METHODS
-        from vit_explorer.methods.scoreboard import batches, scoreboard
-
-        protocol = Protocol(args.baseline)
-        progress(f"scoreboard: {len(CLASS_METHODS)} methods ranked by {protocol.description}, each against chance and the randomised model")
-        with progress_bar("scoreboard", batches(len(CLASS_METHODS), protocol=protocol) + analysis.map_shape[0], unit="step") as step:
-            board = scoreboard(model, analysis, args.target, protocol=protocol, options=options, step=step)
-    out = Path(args.out)
-    if evidence is None and args.html and analysis.num_classes:
-        evidence = class_evidence(model, analysis)  # the report shows the top class's maps
-    parts = ReportParts(evidence=evidence, options=options, scored_method=args.method, curves=curves, sanity=sanity,
-                        norms=norms.for_analysis(analysis) if args.norms else None, ablation=ablation, scoreboard=board,
-                        ablation_importance=None if ablation is None else class_evidence(model, analysis, ablation.target).importance,
-                        cmap=args.cmap)
-    written, npz_note = files.write_analysis(
-        analysis, parts, out, method=args.method, scale=args.scale, full_maps=args.full_maps, html=args.html,
-        settings={"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline})
-    if analysis.similarity:
-        progress(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
-    elif analysis.num_classes:
-        top = analysis.top_k(1)[0]
-        progress(f"top prediction: {top.label} ({top.prob:.1%})")
-        if analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged:  # the warning above says it already
-            progress(analysis.ood.domain(analysis.model_name))
-    if curves is not None:
-        aucs = curves.aucs
-        first, second = curves.curve_names
-        measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
-        if curves.warning:
-            progress(f"vit-explorer: warning: the {args.method} map's score {curves.verdict}: {curves.warning}")
-        print(f"{args.method} map for {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
-              f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
-              f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}", flush=True)
-    if board is not None:
-        for line in scoreboard_lines(board):
-            print(line, flush=True)
-    elif analysis.num_classes == 0:
+    with Stages() as stages:
+        result = run(model, image, request, name=str(args.image), progress=stages)
+    analysis = result.analysis
+    for line in analysis_notes(analysis):
+        progress(line)
+    settings = {"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline}
+    written, npz_note = files.write_analysis(result, args.out, cmap=args.cmap, scale=args.scale, full_maps=args.full_maps,
+                                             html=args.html, settings=settings)
+    for line in result_lines(result):
+        print(line, flush=True)
+    if analysis.num_classes == 0:
         progress("no classifier head, so the map was not scored: a class-specific --method or --target patch:ROW,COL "
                  "scores a similarity instead")
-    if sanity is not None:
-        print(sanity.summary(), flush=True)
-    if parts.norms is not None:
-        print(parts.norms.summary(), flush=True)
+    progress(npz_note)
+    progress(f"wrote {', '.join(path.name for path in written)} to {args.out}")
+
+
+def analysis_notes(analysis) -> list[str]:
+    """What stderr says about an analysis before its results: how the image met the model, random weights, the domain."""
+    lines = [analysis.view_note] if analysis.view_note else []
+    if analysis.random_weights:
+        lines.append(f"{analysis.model_name}: random weights: the token layout is real, but nothing is learned")
+    if analysis.ood is not None and analysis.ood.flagged:
+        lines.append(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
+    if analysis.similarity:
+        lines.append(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
+    elif analysis.num_classes:
+        top = analysis.top_k(1)[0]
+        lines.append(f"top prediction: {top.label} ({top.prob:.1%})")
+        if analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged:  # the warning above says it already
+            lines.append(analysis.ood.domain(analysis.model_name))
+    return lines
+
+
+def result_lines(result) -> list[str]:
+    """The results of a run as stdout lines: the score, the scoreboard, the sanity check, the norms, the ablation."""
+    analysis, lines = result.analysis, []
+    curves = result.curves
+    if curves is not None:
+        aucs, (first, second) = curves.aucs, curves.curve_names
+        measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
+        if curves.warning:
+            progress(f"vit-explorer: warning: the {result.request.method} map's score {curves.verdict}: {curves.warning}")
+        lines.append(f"{result.request.method} map for {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
+                     f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
+                     f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}")
+    if result.scoreboard is not None:
+        lines += scoreboard_lines(result.scoreboard)
+    if result.sanity is not None:
+        lines.append(result.sanity.summary())
+    if result.norms is not None:
+        lines.append(result.norms.summary())
+    ablation = result.ablation
     if ablation is not None:
         layer, head, drop = ablation.ranked(1)[0]
         before = ablation.original_logit if ablation.single_score else ablation.original_probability
         shown = "{:.3f}" if ablation.single_score else "{:.1%}"
-        print(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the {ablation.measure} of "
-              f"{analysis.label(ablation.target)!r} most, {shown.format(before)} → {shown.format(before - drop)}", flush=True)
-    progress(npz_note)
-    progress(f"wrote {', '.join(path.name for path in written)} to {out}")
+        lines.append(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the {ablation.measure} of "
+                     f"{analysis.label(ablation.target)!r} most, {shown.format(before)} → {shown.format(before - drop)}")
+    return lines
 
 
 def scoreboard_lines(board) -> list[str]:
@@ -175,9 +162,8 @@ def scoreboard_lines(board) -> list[str]:
     return lines
 
 
-def check_analyze_options(args: argparse.Namespace, model) -> None:
-    """Refuse, before any pass runs, every requested option that ``model`` cannot serve, all in one message:
-    nothing is computed only to be thrown away when a later option fails."""
+def check_full_maps(args: argparse.Namespace, model) -> None:
+    """Refuse ``--full-maps`` before any pass runs where the budget keeps only the compact form."""
     from vit_explorer.core.analysis import choose_storage, map_bytes
 
     full_bytes = map_bytes(model.layout, *model.map_shape)
@@ -185,26 +171,12 @@ def check_analyze_options(args: argparse.Namespace, model) -> None:
         raise VitExplorerError(f"--full-maps: every head's full map takes {full_bytes / 2**20:.0f} MiB in float32, above twice "
                                f"the memory budget of {args.memory_budget_mb:g} MB, so only the compact form is kept; raise "
                                "--memory-budget-mb or leave out --full-maps")
-    if model.num_classes:
-        if args.target is not None and args.target.startswith("patch:"):
-            raise VitExplorerError(f"--target {args.target}: a patch target is for a backbone; {model.name} has classes: name one")
-        return
-    patch_target(args.target)  # a backbone's target is a patch, or none (its own embedding)
 
 
-def patch_target(target: str | None) -> tuple[int, int] | None:
-    """A backbone's ``--target``: None (its own embedding) or ``patch:ROW,COL``."""
-    if target is None:
-        return None
-    try:
-        kind, _, where = target.partition(":")
-        row, col = (int(part) for part in where.split(","))
-        if kind != "patch":
-            raise ValueError
-    except ValueError:
-        raise VitExplorerError(f"--target {target!r}: a backbone has no classes; give patch:ROW,COL (the similarity to that "
-                               "patch's embedding) or no --target (to its own embedding)") from None
-    return (row, col)
+def rollout_options(args: argparse.Namespace):
+    from vit_explorer.core.maps import RolloutOptions
+
+    return RolloutOptions(args.head_fusion, args.discard_ratio, args.start_layer, args.residual_weight)
 
 
 def memory_budget(args: argparse.Namespace) -> int:
@@ -397,10 +369,9 @@ def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
     from vit_explorer.core.maps import CLASS_METHODS
-    from vit_explorer.core.results import ABLATION_MODES, PROTOCOLS
+    from vit_explorer.core.results import ABLATION_MODES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROTOCOLS
     from vit_explorer.core.rollout import HEAD_FUSIONS
     from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
-    from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS
     from vit_explorer.models.builtin import ASSETS
 
     try:

@@ -9,13 +9,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit_explorer.core.analysis import Analysis, analyze, class_evidence, pixels_of
+from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.images import ImageSource
-from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions, class_map, map_strength
-from vit_explorer.core.targets import similarity_model
+from vit_explorer.core.maps import RolloutOptions, map_strength
+from vit_explorer.core.request import Request
+from vit_explorer.core.targets import Target
 from vit_explorer.draw import report
-from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import DEFAULT_MODEL, LoadedModel, load_model
+from vit_explorer.run import run
 
 
 @dataclass(frozen=True)
@@ -68,26 +69,14 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     (``core.targets``): its own embedding (``target`` None) or the output token of the patch at ``target`` = (row,
     column): "what makes the image look like that patch". Its class-agnostic maps (``rollout``, ``cls``) need none.
     """
-    if method not in CLASS_METHODS:
-        raise VitExplorerError(f"unknown method {method!r}; use one of {', '.join(CLASS_METHODS)}")
     loaded = model if isinstance(model, LoadedModel) else load_model(model or DEFAULT_MODEL)
     if isinstance(image, np.ndarray):
         image = Image.fromarray(image)
-    analysis = analyze(loaded, image)
+    request = Request(method=method, target=Target(target), options=options or RolloutOptions())
+    result = run(loaded, image, request)
+    analysis, evidence, grid_map = result.analysis, result.evidence, result.maps[method]
     # a class-agnostic map explains no class: it names none, unless one was asked for
-    explains = method in CLASS_SPECIFIC or target is not None
-    if analysis.num_classes == 0 and explains:
-        if target is not None and not (isinstance(target, tuple) and len(target) == 2):
-            raise VitExplorerError(f"{loaded.name} has no classifier head, so it has no class {target!r}: give no target (the "
-                                   "similarity to the image's own embedding) or a patch as (row, column)")
-        loaded = similarity_model(loaded, pixels_of(loaded, analysis), target)
-        analysis, target = analyze(loaded, image), 0
-    elif isinstance(target, tuple):
-        raise VitExplorerError(f"a patch target (row, column) is for a backbone; {loaded.name} has classes: name one")
-    evidence = class_evidence(loaded, analysis, target) if explains else None
-    grid_map = class_map(analysis, method, evidence, options or RolloutOptions())
-    scored = evidence is not None and not analysis.similarity
-    return Explanation(map=grid_map, method=method,
-                       target=None if evidence is None else analysis.label(evidence.target),
-                       probability=float(analysis.probs[evidence.target]) if scored else None, analysis=analysis,
-                       strength=map_strength(analysis, method, evidence, grid_map))
+    named = evidence is not None and request.explains
+    probability = float(analysis.probs[evidence.target]) if named and not analysis.similarity else None
+    return Explanation(map=grid_map, method=method, target=result.target_label if named else None, probability=probability,
+                       analysis=analysis, strength=map_strength(analysis, method, evidence, grid_map))

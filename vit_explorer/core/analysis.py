@@ -5,14 +5,15 @@ evidence of the top class for the class-specific maps, come from the same pass (
 kept in float32 while they fit the memory budget, in float16 while half of that fits, and beyond
 that compactly (``map_store.compact_layer``, as each layer arrives). The ``Analysis`` holds CPU torch tensors (and the image as a
 numpy picture), never the model: ``maps``, ``rollout``, ``relevance`` and the methods compute in torch, and
-pictures, charts and files (``draw``) convert to numpy once, where they are made. What needs the model again (another target class, a compact analysis's patch
-query) is an explicit call that takes it (``class_evidence``, ``recompute_query_rows``).
+pictures, charts and files (``draw``) convert to numpy once, where they are made. What needs the model again (another target
+class, the maps that take passes of their own: AttnLRP and LeGrad, a compact analysis's patch query) is an explicit call that
+takes it (``class_evidence``, ``recompute_query_rows``); nothing kept here can run the model.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar, TypeVar
@@ -184,9 +185,10 @@ MODEL_MAPS: dict[str, Callable[[LoadedModel, torch.Tensor, int], torch.Tensor]] 
 }
 
 
-def model_maps(model: LoadedModel, pixels: torch.Tensor, target: int) -> Callable[[str], torch.Tensor]:
-    """The function that computes a ``MODEL_MAPS`` map of class ``target`` for one image ``pixels`` ``[1, 3, H, W]``."""
-    return lambda method: MODEL_MAPS[method](model, pixels, target)
+def method_maps(model: LoadedModel, pixels: torch.Tensor, target: int, methods: Iterable[str]) -> dict[str, torch.Tensor]:
+    """The ``MODEL_MAPS`` maps among ``methods`` for class ``target`` of one image ``pixels`` ``[1, 3, H, W]``, each
+    ``[grid_h, grid_w]`` (the others need no pass of their own and are left out)."""
+    return {method: MODEL_MAPS[method](model, pixels, target) for method in dict.fromkeys(methods) if method in MODEL_MAPS}
 
 
 @dataclass(frozen=True)
@@ -198,43 +200,40 @@ class ClassEvidence:
         weighted: Ē = mean over heads of (∇A ⊙ A)⁺ ``[layers, n, n]`` float32, shared by
             gradient-weighted rollout and relevance (``relevance`` module).
         importance: Σ |∇A ⊙ A| per head ``[layers, heads]``.
-        model_map: computes a ``MODEL_MAPS`` map of the target with the model and image this evidence came from
-            (``model_maps``); None where they were not kept.
+        method_maps: the ``MODEL_MAPS`` maps of the target ``[grid_h, grid_w]`` by method, each added when first asked
+            for (``class_evidence``'s ``methods``): tensors, so that drawing them never runs the model.
     """
 
     target: int
     weighted: torch.Tensor
     importance: torch.Tensor
-    model_map: Callable[[str], torch.Tensor] | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def from_gradients(cls, target: int, attentions: torch.Tensor, gradients: torch.Tensor,
-                       model_map: Callable[[str], torch.Tensor] | None = None) -> ClassEvidence:
-        """Reduce one image's maps and their gradients, both ``[layers, heads, n, n]``."""
-        return cls(target=target, weighted=relevance.weighted_attention(attentions, gradients),
-                   importance=relevance.gradient_importance(attentions, gradients), model_map=model_map)
+    method_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0,
-                    model_map: Callable[[str], torch.Tensor] | None = None) -> ClassEvidence:
+                    method_maps: dict[str, torch.Tensor] | None = None) -> ClassEvidence:
         """Image ``image``'s evidence from ``capture``'s per-layer ``relevance.layer_evidence`` pairs."""
         return cls(target=target, weighted=torch.stack([weighted[image] for weighted, _ in layers]),
-                   importance=torch.stack([importance[image] for _, importance in layers]), model_map=model_map)
+                   importance=torch.stack([importance[image] for _, importance in layers]), method_maps=dict(method_maps or {}))
 
 
-def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None) -> ClassEvidence:
-    """The gradient evidence of ``target`` (default: top class). The top class's comes with the analysis;
-    another costs one forward and one backward pass of ``analysis``'s image, and the last few are kept
-    on the analysis so that switching back costs nothing."""
+def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None, methods: Iterable[str] = ()) -> ClassEvidence:
+    """The gradient evidence of ``target`` (default: top class), with the maps of those ``methods`` that take passes of
+    the model of their own (``MODEL_MAPS``: AttnLRP, LeGrad) computed and kept on it. The top class's gradient
+    evidence comes with the analysis; another costs one forward and one backward pass of ``analysis``'s image, and the
+    last few are kept on the analysis so that switching back costs nothing; each method's map is computed once."""
     check_model(model, analysis)
     index = analysis.class_index(target)
 
     def compute() -> ClassEvidence:
-        pixels = pixels_of(model, analysis)
-        captured = capture(model, pixels, target=index, reduce_gradients=relevance.layer_evidence)
-        return ClassEvidence.from_layers(index, captured.gradients, model_map=model_maps(model, pixels, index))
+        captured = capture(model, pixels_of(model, analysis), target=index, reduce_gradients=relevance.layer_evidence)
+        return ClassEvidence.from_layers(index, captured.gradients)
 
-    return bounded(analysis.evidence, analysis.evidence_limit, index, compute)
+    evidence = bounded(analysis.evidence, analysis.evidence_limit, index, compute)
+    missing = [method for method in methods if method in MODEL_MAPS and method not in evidence.method_maps]
+    if missing:
+        evidence.method_maps.update(method_maps(model, pixels_of(model, analysis), index, missing))
+    return evidence
 
 
 def check_model(model: LoadedModel, analysis: Analysis) -> None:
@@ -287,7 +286,7 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
                       token_norms=captured.token_norms[0], similarity=isinstance(model.adapter, SimilarityAdapter))
     if captured.targets is not None:
         target = int(captured.targets[0])
-        result.evidence[target] = ClassEvidence.from_layers(target, captured.gradients, model_map=model_maps(model, pixels, target))
+        result.evidence[target] = ClassEvidence.from_layers(target, captured.gradients)
     return result
 
 

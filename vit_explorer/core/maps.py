@@ -143,8 +143,9 @@ def factors_map(analysis: Analysis, factors: torch.Tensor, query: int | None, st
 def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions) -> torch.Tensor:
     """The map of ``method`` (``CLASS_METHODS``) for the default query (class token) ``[grid_h, grid_w]``.
 
-    ``relevance``, ``attnlrp``, ``legrad`` and ``grad-rollout`` are for ``evidence``'s target class (AttnLRP and
-    LeGrad run the model again, once per analysis and class); ``rollout`` and ``cls`` are class-agnostic. Discard ratio, residual weight and start layer come from ``options``.
+    ``relevance``, ``attnlrp``, ``legrad`` and ``grad-rollout`` are for ``evidence``'s target class (AttnLRP's and
+    LeGrad's maps are read from the evidence, where ``class_evidence`` put them when asked: no view runs the model);
+    ``rollout`` and ``cls`` are class-agnostic. Discard ratio, residual weight and start layer come from ``options``.
     """
     query = default_query(analysis)
     if method == "rollout":
@@ -156,9 +157,11 @@ def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, o
     if evidence is None:  # method is one of CLASS_SPECIFIC
         raise VitExplorerError(f"{CLASS_METHODS[method]} explains a class score, and this model has no classifier head")
     if method in MODEL_MAPS:
-        if evidence.model_map is None:
-            raise VitExplorerError(f"{CLASS_METHODS[method]} runs the model again, and this class evidence was made without it")
-        return memo(analysis, (method, evidence.target), lambda: evidence.model_map(method))
+        if method not in evidence.method_maps:
+            raise VitExplorerError(f"{CLASS_METHODS[method]} takes passes of the model of its own, and they have not run for "
+                                   f"{analysis.label(evidence.target)!r}: ask for it first, class_evidence(model, analysis, "
+                                   f"target, methods=({method!r},))")
+        return evidence.method_maps[method]
     weighted = evidence.weighted
     if method == "relevance":
         factors = memo(analysis, ("relevance_factors", evidence.target), lambda: relevance_factors(weighted))

@@ -97,6 +97,8 @@ class Protocol:
 
 
 BLUR, MEAN, ROAD = Protocol("blur"), Protocol("mean"), Protocol("road")
+DEFAULT_STEPS = 16  # steps of one map's faithfulness curves
+DEFAULT_RANDOM_ORDERS = 3  # random patch orders that stand for chance
 PROBABILITY = "target probability"
 SHARE_OF_SCORE = "share of the image's score"  # the measure of a one-output model (module doc)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -29,6 +30,44 @@ from vit_explorer.models.base import CaptureAdapter, LoadedModel
 from vit_explorer.models.layout import TokenLayout
 
 SIMILARITY = "similarity"  # how a similarity target's label begins: what captions and files name
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the class-specific methods explain: a class of a classifier (``value`` its index or name; None: the top
+    prediction), or for a backbone the similarity of the image's embedding to its own (``value`` None) or to the output
+    token of the patch at (row, column) ``value``. Room for more kinds (a text prompt) as more models have them."""
+
+    value: int | str | tuple[int, int] | None = None
+
+    @property
+    def patch(self) -> tuple[int, int] | None:
+        return self.value if isinstance(self.value, tuple) else None
+
+    @property
+    def given(self) -> bool:
+        """Whether one was asked for (else: the top class, or a backbone's own embedding)."""
+        return self.value is not None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Target:
+        """A command line's ``--target``: a class index or name, ``patch:ROW,COL``, or None."""
+        if text is None or not text.startswith("patch:"):
+            return cls(text)
+        try:
+            row, col = (int(part) for part in text.removeprefix("patch:").split(","))
+        except ValueError:
+            raise VitExplorerError(f"--target {text!r}: a patch is patch:ROW,COL, e.g. patch:3,6") from None
+        return cls((row, col))
+
+    def check(self, model: LoadedModel) -> None:
+        """Refuse, before any pass, a target ``model`` cannot have: a class on a backbone, a patch on a classifier."""
+        if model.num_classes and self.patch is not None:
+            raise VitExplorerError(f"a patch target {self.patch} is for a backbone; {model.name} has classes: name one")
+        if not model.num_classes and self.given and self.patch is None:
+            raise VitExplorerError(f"{model.name} has no classifier head, so it has no class {self.value!r}: give no target (the "
+                                   "similarity to the image's own embedding) or a patch as (row, column), patch:ROW,COL on the "
+                                   "command line")
 
 
 class SimilarityAdapter(CaptureAdapter):

@@ -17,10 +17,11 @@ from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.request import Run
 from vit_explorer.core.results import STATISTIC_UNITS, FaithfulnessCurves, HeadAblation, SanityCurves, TokenNorms
 from vit_explorer.core.statistics import HEAD_STATISTICS
 from vit_explorer.draw import charts, pictures
-from vit_explorer.draw.report import ReportParts, report_html
+from vit_explorer.draw.report import report_html
 from vit_explorer.errors import VitExplorerError
 
 
@@ -119,14 +120,6 @@ def write_views(
     return written, npz_note(analysis, write_npz(analysis, written[2], full_maps), full_maps)
 
 
-def write_class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: maps.RolloutOptions, out_dir: Path,
-                    cmap: str = "inferno", scale: str = "linear") -> Path:
-    """``METHOD.png`` in ``out_dir``: the map of ``method`` (``maps.CLASS_METHODS``) for ``evidence``'s target on the image."""
-    path = out_dir / f"{method}.png"
-    save_png(pictures.class_map_picture(analysis, method, evidence, options, cmap, scale), str(path))
-    return path
-
-
 def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: str, out_dir: Path, **settings) -> list[Path]:
     """``faithfulness.json`` (AUCs, curves, target, ``settings``) and ``faithfulness.png`` (the curves) in ``out_dir``."""
     record = {"model": analysis.model_name, "method": method, "target_label": analysis.label(curves.target), **settings,
@@ -184,30 +177,31 @@ def staged(out: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_analysis(analysis: Analysis, parts: ReportParts, out: Path, *, method: str = "rollout", scale: str = "linear",
-                   full_maps: bool = False, html: bool = False, settings: dict | None = None) -> tuple[list[Path], str]:
+def write_analysis(run: Run, out: Path, *, cmap: str = "inferno", scale: str = "linear", full_maps: bool = False, html: bool = False,
+                   settings: dict | None = None) -> tuple[list[Path], str]:
     """Every file of one ``analyze`` run, in ``out`` (``staged``): the views and ``attention.npz`` (``write_views``); the map
-    of ``method`` unless it is the rollout; and the parts that ran: faithfulness (with ``settings``, e.g. image, steps,
+    asked for unless it is the rollout; and the results that ran: faithfulness (with ``settings``, e.g. image, steps,
     random orders, baseline), sanity, ``scoreboard.json``, norms, ablation (beside its target's gradient importance) and,
-    with ``html``, the report of them all. Returns the paths in ``out``, in that order, and ``npz_note``'s
-    words."""
+    with ``html``, the report of them all. Returns the paths in ``out``, in that order, and ``npz_note``'s words."""
+    analysis, method = run.analysis, run.request.method
     with staged(out) as staging:
-        written, note = write_views(analysis, staging, options=parts.options, cmap=parts.cmap, scale=scale, full_maps=full_maps)
+        written, note = write_views(analysis, staging, options=run.request.options, cmap=cmap, scale=scale, full_maps=full_maps)
         if method != "rollout":
-            written.append(write_class_map(analysis, method, parts.evidence, parts.options, staging, parts.cmap, scale))
-        if parts.curves is not None:
-            written += write_faithfulness(analysis, parts.curves, method, staging, **(settings or {}))
-        if parts.sanity is not None:
-            written += write_sanity(parts.sanity, staging)
-        if parts.scoreboard is not None:
+            written.append(staging / f"{method}.png")
+            save_png(pictures.run_map_picture(run, method, cmap, scale), str(written[-1]))
+        if run.curves is not None:
+            written += write_faithfulness(analysis, run.curves, method, staging, **(settings or {}))
+        if run.sanity is not None:
+            written += write_sanity(run.sanity, staging)
+        if run.scoreboard is not None:
             written.append(staging / "scoreboard.json")
-            written[-1].write_text(json.dumps(parts.scoreboard.as_dict(), indent=2, default=float) + "\n")
-        if parts.norms is not None:
-            written += write_norms(analysis, parts.norms, staging, cmap=parts.cmap)
-        if parts.ablation is not None:
-            written += write_ablation(analysis, parts.ablation, parts.ablation_importance, staging)
+            written[-1].write_text(json.dumps(run.scoreboard.as_dict(), indent=2, default=float) + "\n")
+        if run.norms is not None:
+            written += write_norms(analysis, run.norms, staging, cmap=cmap)
+        if run.ablation is not None:
+            written += write_ablation(analysis, run.ablation, run.ablation_importance, staging)
         if html:
-            written.append(write_report(analysis, parts, staging))
+            written.append(write_report(run, staging, cmap))
     return [out / path.name for path in written], note
 
 
@@ -229,8 +223,8 @@ def write_dataset_outputs(out: Path, rows: list[dict], summary: dict) -> list[Pa
     return sorted(out / name for name in names)
 
 
-def write_report(analysis: Analysis, parts: ReportParts, out_dir: Path) -> Path:
+def write_report(run: Run, out_dir: Path, cmap: str = "inferno") -> Path:
     """``report.html`` in ``out_dir`` (``report.report_html``): one self-contained page."""
     path = out_dir / "report.html"
-    path.write_text(report_html(analysis, parts), encoding="utf-8")
+    path.write_text(report_html(run, cmap), encoding="utf-8")
     return path

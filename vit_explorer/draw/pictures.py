@@ -9,6 +9,7 @@ import torch
 
 from vit_explorer.core.analysis import Analysis, ClassEvidence
 from vit_explorer.core.maps import NEGLIGIBLE, RolloutOptions, class_map, head_order, map_strength, query_rows
+from vit_explorer.core.request import Run
 from vit_explorer.core.results import HeadAblation, TokenNorms
 from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
@@ -134,6 +135,15 @@ def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence |
     """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
     grid_map = class_map(analysis, method, evidence, options)
     return method_picture(analysis, grid_map, method, cmap, scale, strength=map_strength(analysis, method, evidence, grid_map))
+
+
+def run_map_picture(run: Run, method: str, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
+    """The large view of ``method``'s map in ``run``: the map the run kept, else the one its analysis and evidence give
+    (AttnLRP's and LeGrad's are in the evidence once asked for: nothing here runs the model)."""
+    grid_map = run.maps.get(method)
+    if grid_map is None:
+        grid_map = class_map(run.analysis, method, run.evidence, run.options)
+    return method_picture(run.analysis, grid_map, method, cmap, scale, strength=map_strength(run.analysis, method, run.evidence, grid_map))
 
 
 def negligible_note(strength: float | None) -> str:

@@ -8,14 +8,12 @@ import base64
 import html
 import io
 import math
-from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
-import torch
 from PIL import Image
 
-from vit_explorer.core.analysis import Analysis, ClassEvidence, Prediction
+from vit_explorer.core.analysis import Analysis, Prediction
 from vit_explorer.core.maps import (
     CLASS_METHODS,
     CLASS_SPECIFIC,
@@ -24,7 +22,8 @@ from vit_explorer.core.maps import (
     default_query,
     rollout_map,
 )
-from vit_explorer.core.results import FaithfulnessCurves, HeadAblation, SanityCurves, Scoreboard, TokenNorms
+from vit_explorer.core.request import Run
+from vit_explorer.core.results import Scoreboard
 from vit_explorer.draw import charts, pictures
 
 STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;padding:0 16px}
@@ -116,61 +115,40 @@ def analysis_html(analysis: Analysis, cmap: str = "inferno", header: bool = True
 
 
 
-@dataclass
-class ReportParts:
-    """What an ``analyze`` run computed beyond the maps, for its report; each absent part is left out. Every result
-    carries the target it was computed for, and the report names each section by its own result's target.
-
-    ``ablation_importance`` is the gradient importance ``[layers, heads]`` of the ablation's target, which
-    ``ablation.json`` ranks heads by beside the ablation."""
-
-    evidence: ClassEvidence | None = None
-    options: RolloutOptions = field(default_factory=RolloutOptions)
-    scored_method: str | None = None
-    curves: FaithfulnessCurves | None = None
-    sanity: SanityCurves | None = None
-    norms: TokenNorms | None = None
-    ablation: HeadAblation | None = None
-    scoreboard: Scoreboard | None = None
-    ablation_importance: torch.Tensor | None = None
-    cmap: str = "inferno"
-
-
-def report_html(analysis: Analysis, parts: ReportParts) -> str:
+def report_html(run: Run, cmap: str = "inferno") -> str:
     """The whole report of one image: provenance at the top, then the overview, the layers × heads grid, the class maps
-    (the scored one with its deletion and insertion curves), and the sanity check, token norms and head ablation
-    where they ran."""
-    cmap, query = parts.cmap, default_query(analysis)
+    (the scored one with its deletion and insertion curves), and the scoreboard, sanity check, token norms and head
+    ablation where they ran. Every result carries its own target, and each section is named by it."""
+    analysis, query, evidence = run.analysis, default_query(run.analysis), run.evidence
     sections = [f"<h1>vit_explorer report: {html.escape(analysis.model_name)}</h1>{provenance(analysis)}"]
     if analysis.num_classes:
         sections.append(f"<h2>{'Target score' if analysis.similarity else 'Predictions'}</h2>{top_five(analysis)}")
     sections.append(f"<h2>Overview</h2>{analysis_html(analysis, cmap, header=False)}")
     grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap)
     sections.append(f"<h2>Layers × heads</h2>{figure(grid, 'where the class token looks in every layer (rows) and head (columns), each tile on its own scale')}")
-    methods = [method for method in CLASS_METHODS if parts.evidence is not None or method not in CLASS_SPECIFIC]
-    target = "" if parts.evidence is None else f" for {analysis.label(parts.evidence.target)}"
-    maps = "".join(figure(pictures.class_map_picture(analysis, method, parts.evidence, parts.options, cmap), CLASS_METHODS[method])
-                   for method in methods)
+    methods = [method for method in CLASS_METHODS if evidence is not None or method not in CLASS_SPECIFIC]
+    target = "" if evidence is None else f" for {analysis.label(evidence.target)}"
+    maps = "".join(figure(pictures.run_map_picture(run, method, cmap), CLASS_METHODS[method]) for method in methods)
     sections.append(f"<h2>Class maps{html.escape(target)}</h2><div class=\"row\">{maps}</div>")
-    if parts.curves is not None and parts.scored_method is not None:
-        curves = parts.curves
+    if run.curves is not None:
+        curves, scored_method = run.curves, run.request.method
         aucs, (first, second) = curves.aucs, curves.curve_names
         scored = f" for {analysis.label(curves.target)}"  # the curves' own target, whatever the maps above explain
-        words = (f"{CLASS_METHODS[parts.scored_method]}{scored} {curves.verdict}: {first} AUC {aucs['deletion']:.3f} against "
+        words = (f"{CLASS_METHODS[scored_method]}{scored} {curves.verdict}: {first} AUC {aucs['deletion']:.3f} against "
                  f"{aucs['random_deletion']:.3f} for random orders (lower is better), {second} AUC {aucs['insertion']:.3f} against "
                  f"{aucs['random_insertion']:.3f} (higher is better)" + (f". Warning: {curves.warning}" if curves.warning else ""))
-        chart = charts.faithfulness_chart(curves, f"{CLASS_METHODS[parts.scored_method]}{scored}")
+        chart = charts.faithfulness_chart(curves, f"{CLASS_METHODS[scored_method]}{scored}")
         sections.append(f"<h2>Faithfulness{html.escape(scored)}</h2>{figure(chart, words)}")
-    if parts.scoreboard is not None:
-        sections.append(scoreboard_section(parts.scoreboard))
-    if parts.sanity is not None:
-        checked = "" if parts.sanity.target_label is None else f" for {parts.sanity.target_label}"
-        sections.append(f"<h2>Sanity check{html.escape(checked)}</h2>{figure(charts.sanity_chart(parts.sanity), parts.sanity.summary())}")
-    if parts.norms is not None:
-        sections.append(f"<h2>Token norms</h2><div class=\"row\">{figure(pictures.norm_map_picture(parts.norms, cmap), parts.norms.summary())}"
-                        f"{figure(charts.token_norm_chart(parts.norms), 'norms and the attention they draw, per layer')}</div>")
-    if parts.ablation is not None:
-        ablation = parts.ablation
+    if run.scoreboard is not None:
+        sections.append(scoreboard_section(run.scoreboard))
+    if run.sanity is not None:
+        checked = "" if run.sanity.target_label is None else f" for {run.sanity.target_label}"
+        sections.append(f"<h2>Sanity check{html.escape(checked)}</h2>{figure(charts.sanity_chart(run.sanity), run.sanity.summary())}")
+    if run.norms is not None:
+        sections.append(f"<h2>Token norms</h2><div class=\"row\">{figure(pictures.norm_map_picture(run.norms, cmap), run.norms.summary())}"
+                        f"{figure(charts.token_norm_chart(run.norms), 'norms and the attention they draw, per layer')}</div>")
+    if run.ablation is not None:
+        ablation = run.ablation
         layer, head, drop = ablation.ranked(1)[0]
         label = analysis.label(ablation.target)
         if ablation.single_score:  # a similarity score: its own units, never a probability

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vit_explorer.core import relevance
-from vit_explorer.core.analysis import Analysis, ClassEvidence, class_evidence, model_maps
+from vit_explorer.core.analysis import Analysis, ClassEvidence, class_evidence, method_maps
 from vit_explorer.core.capture import TOP, StackingSink, capture
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
 from vit_explorer.core.results import BLUR, Protocol, area_under
@@ -84,11 +84,12 @@ class Labelled:
     objects: tuple[tuple[int, np.ndarray], ...] = ()
 
 
-def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50
+def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50, methods: Sequence[str] = ()
                     ) -> Iterator[tuple[Labelled, Analysis, ClassEvidence | None]]:
     """Each sample's analysis and the class evidence for its true class (its top class when the label is
     unknown; None for a backbone without a classifier head, whose labels must be unknown), from one forward
-    and backward pass per batch; the maps then come from the same ``maps`` the app shows."""
+    and backward pass per batch, with the maps of ``methods`` that take passes of their own; the maps then come from
+    the same ``maps`` the app shows."""
     from vit_explorer.core.images import to_pixels
 
     for start in range(0, len(samples), batch_size):
@@ -105,8 +106,8 @@ def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size:
                 yield sample, analysis, None
                 continue
             target = int(targets[index])
-            yield sample, analysis, ClassEvidence.from_layers(target, captured.gradients, image=index,
-                                                              model_map=model_maps(model, pixels[index : index + 1], target))
+            yield sample, analysis, ClassEvidence.from_layers(
+                target, captured.gradients, image=index, method_maps=method_maps(model, pixels[index : index + 1], target, methods))
 
 
 def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
@@ -114,7 +115,7 @@ def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_si
     uniform random map, against each object's mask dilated by one patch."""
     rng = np.random.default_rng(seed)  # numpy's generator: a seed gives the random maps of the published figures
     correct, hits, energies, shares = 0, {name: 0 for name in (*CLASS_METHODS, "random")}, {name: [] for name in CLASS_METHODS}, []
-    for sample, analysis, evidence in sample_analyses(model, samples, batch_size):
+    for sample, analysis, evidence in sample_analyses(model, samples, batch_size, methods=tuple(CLASS_METHODS)):
         correct += int(analysis.logits.argmax() == sample.label)
         target = patch_mask(sample.mask, model.layout.grid_hw)
         hits["random"] += pointing_hit(torch.from_numpy(rng.random(model.layout.grid_hw)), target)
@@ -138,7 +139,7 @@ def faithfulness_on_shapes(
 ) -> FaithfulnessFigures:
     """Mean deletion / insertion AUCs of each method's map for each image's true class, and of random orders."""
     aucs: dict[str, list] = {name: [] for name in (*methods, "random")}
-    for index, (sample, analysis, evidence) in enumerate(sample_analyses(model, samples)):
+    for index, (sample, analysis, evidence) in enumerate(sample_analyses(model, samples, methods=methods)):
         for method in methods:
             curves = deletion_insertion(model, analysis.image, class_map(analysis, method, evidence, RolloutOptions()), sample.label,
                                         steps=steps, random_orders=random_orders, seed=index)
@@ -180,7 +181,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
 
     def flush() -> None:
         nonlocal index
-        for sample, analysis, evidence in sample_analyses(model, batch, batch_size):
+        for sample, analysis, evidence in sample_analyses(model, batch, batch_size, methods=methods):
             scores["correct"].append(math.nan if sample.label < 0 else float(int(analysis.logits.argmax()) == sample.label))
             target = None if sample.mask is None else patch_mask(sample.mask, model.layout.grid_hw)
             for method in methods:
@@ -197,7 +198,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
                 scores[f"{method}/pointing"].append(math.nan if target is None else float(pointing_hit(grid_map, target)))
                 scores[f"{method}/energy"].append(math.nan if target is None else energy(grid_map, target))
                 if len(sample.objects) > 1:
-                    by_class = [class_map(analysis, method, class_evidence(model, analysis, label), RolloutOptions()) for label, _ in sample.objects]
+                    by_class = [class_map(analysis, method, class_evidence(model, analysis, label, (method,)), RolloutOptions()) for label, _ in sample.objects]
                     scores[f"{method}/class_pointing"].append(float(class_sensitive_hit(by_class, sample.objects, model.layout.grid_hw)))
                 else:
                     scores[f"{method}/class_pointing"].append(math.nan)

@@ -28,14 +28,22 @@ import torch
 from PIL import Image, ImageFilter
 
 from vit_explorer.core.images import to_pixels
-from vit_explorer.core.results import BLUR, PROBABILITY, SHARE_OF_SCORE, FaithfulnessCurves, Protocol, Run, fractions_of
+from vit_explorer.core.results import (
+    BLUR,
+    DEFAULT_RANDOM_ORDERS,
+    DEFAULT_STEPS,
+    PROBABILITY,
+    SHARE_OF_SCORE,
+    FaithfulnessCurves,
+    Protocol,
+    Run,
+    fractions_of,
+)
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.road import impute
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.models.layout import TokenLayout
 
-DEFAULT_STEPS = 16
-DEFAULT_RANDOM_ORDERS = 3
 # images per pass: small batches keep the perturbed images and the attention maps in cache, so on 2 cores 8 a batch
 # scored twice as fast as 64 on the shipped model and a quarter faster than 32 on a ViT-B/16
 BATCH_SIZE = 8

@@ -91,7 +91,7 @@ def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | Non
     sample = Labelled(image=analysis.image, label=-1 if index is None else index)
 
     def current_maps() -> dict[str, torch.Tensor]:
-        _, randomised, evidence = next(sample_analyses(copied, [sample]))
+        _, randomised, evidence = next(sample_analyses(copied, [sample], methods=methods))
         return {name: function(randomised, evidence) for name, function in functions.items()}
 
     trained = current_maps()

@@ -58,7 +58,7 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     unknown = [method for method in methods if method not in CLASS_METHODS]
     if unknown:
         raise VitExplorerError(f"unknown method {', '.join(unknown)}; use some of {', '.join(CLASS_METHODS)}")
-    evidence = class_evidence(model, analysis, target)
+    evidence = class_evidence(model, analysis, target, methods)
     maps = {method: class_map(analysis, method, evidence, options) for method in methods}
     randoms = faithfulness.random_patch_orders(model.layout, random_orders, seed)
     runs = [run for method in methods for run in protocol.map_runs(importance_order(maps[method]))]

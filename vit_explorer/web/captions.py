@@ -9,12 +9,21 @@ import math
 
 from vit_explorer.core import maps, results
 from vit_explorer.core.analysis import Analysis, Prediction
-from vit_explorer.core.results import PROBABILITY, DatasetStatistics, FaithfulnessCurves, HeadAblation, SanityCurves, Scoreboard
+from vit_explorer.core.results import (
+    DEFAULT_RANDOM_ORDERS,
+    DEFAULT_STEPS,
+    PROBABILITY,
+    DatasetStatistics,
+    FaithfulnessCurves,
+    HeadAblation,
+    SanityCurves,
+    Scoreboard,
+)
 from vit_explorer.draw.pictures import signed
 from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import cost_text as ablation_cost_text
 from vit_explorer.methods.comparison import Comparison, Side, same_classes
-from vit_explorer.methods.faithfulness import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, forward_passes
+from vit_explorer.methods.faithfulness import forward_passes
 from vit_explorer.web.session import Controls, Session
 
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."

@@ -165,23 +165,26 @@ class Session:
     # analysis, whose one "class" is the similarity score
     similarity: LoadedModel | None = None
     similarity_choice: str | None = None  # which one: a key of ``SIMILARITY_TARGETS``
+    # the app's shared model cache, for the explicit model work a tab asks for before it draws (``Tab.prepare``)
+    models: ModelCache | None = field(default=None, repr=False, compare=False)
 
     @property
     def target(self) -> int | None:
         """The target class, None for a model without a classifier (and a backbone before a similarity is chosen)."""
         return None if self.evidence is None else self.evidence.target
 
-    def model(self, models: ModelCache) -> LoadedModel:
-        """The model the session's target is scored with: the similarity model where one was chosen, else its spec's."""
-        return self.similarity if self.similarity is not None else models.get(self.model_spec)
+    def model(self, models: ModelCache | None = None) -> LoadedModel:
+        """The model the session's target is scored with: the similarity model where one was chosen, else its spec's (from
+        ``models``, by default the cache the session was made with)."""
+        return self.similarity if self.similarity is not None else (models or self.models).get(self.model_spec)
 
 
 # a backbone's targets, by the target dropdown's value
 SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "similarity to the query patch"}
 
 
-def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None) -> Session:
-    return Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis), layer=analysis.map_shape[0] - 1,
+def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None, models: ModelCache | None = None) -> Session:
+    return Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis), layer=analysis.map_shape[0] - 1, models=models,
                    head=None, evidence=evidence)
 
 

@@ -39,6 +39,8 @@ class Tab:
         ranges: names of its controls whose range or choices follow the analysis.
         set_ranges: ``session -> {name of ranges: gr.update(...)}``, for a new analysis.
         target_ranges: its ranges follow the target too (a backbone's similarity target opens the class-specific maps).
+        prepare: ``(session, controls) -> None``: the model work its views need, done before it draws by an explicit
+            call with the session's model (AttnLRP's and LeGrad's maps); drawing itself never runs the model.
     """
 
     title: str
@@ -50,6 +52,7 @@ class Tab:
     ranges: tuple[str, ...] = ()
     set_ranges: Callable[[Session], dict[str, Any]] | None = None
     target_ranges: bool = False
+    prepare: Callable[[Session, Controls], None] | None = None
 
     @property
     def slug(self) -> str:
@@ -95,6 +98,8 @@ def refresh(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
     key = tab.depends(session, controls)
     if session.screen.shown.get(tab.title) == key:
         return unchanged(tab.outputs)
+    if tab.prepare is not None:
+        tab.prepare(session, controls)
     values = tab.render(session, controls)
     session.screen.shown[tab.title] = key
     return values

@@ -10,6 +10,7 @@ import gradio as gr
 import numpy as np
 
 from vit_explorer.core import maps
+from vit_explorer.core.analysis import MODEL_MAPS, class_evidence
 from vit_explorer.core.results import Protocol
 from vit_explorer.draw import charts, pictures, plots
 from vit_explorer.errors import VitExplorerError
@@ -76,6 +77,13 @@ def render_class(session: Session, controls: Controls) -> np.ndarray:
     """The tab's map."""
     return pictures.class_map_picture(session.analysis, shown_method(session, controls), session.evidence, controls.rollout,
                                       controls.cmap, controls.colour_scale)
+
+
+def prepare(session: Session, controls: Controls) -> None:
+    """AttnLRP and LeGrad take passes of the model of their own: the chosen one's map for the target is computed here,
+    once (``class_evidence`` keeps it on the evidence), before the tab draws."""
+    if session.evidence is not None and controls.method in MODEL_MAPS:
+        session.evidence = class_evidence(session.model(), session.analysis, session.evidence.target, (controls.method,))
 
 
 def set_ranges(session: Session) -> dict:
@@ -210,4 +218,4 @@ def wire(app: Wiring) -> None:
 
 
 TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score", "scoreboard"), set_ranges=set_ranges,
-          target_ranges=True)
+          target_ranges=True, prepare=prepare)

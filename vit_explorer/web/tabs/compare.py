@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import analyze, class_evidence
+from vit_explorer.core.analysis import MODEL_MAPS, analyze, class_evidence
 from vit_explorer.draw import pictures, plots
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.comparison import Comparison, Side, grid_mismatch, relative_depth, sides, target_b
@@ -33,6 +33,7 @@ from vit_explorer.web.captions import (
     statistic_note,
 )
 from vit_explorer.web.session import CACHE_TTL_S, Controls, ModelCache, Session, model_choices
+from vit_explorer.web.tabs import class_maps
 from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, user_errors
 from vit_explorer.web.upload import image_upload
 
@@ -238,4 +239,13 @@ def wire(app: Wiring) -> None:
     app["compare_run"].click(compare, inputs, outputs, api_name="compare", concurrency_limit=2)
 
 
-TAB = Tab("Compare", OUTPUTS, layout, render, depends, wire, ranges=("compare_layer", "compare_head"), set_ranges=set_ranges)
+def prepare(session: Session, controls: Controls) -> None:
+    """Both sides' AttnLRP or LeGrad map, where the class map shows one, computed before drawing (``class_maps.prepare``)."""
+    class_maps.prepare(session, controls)
+    comparison = controls.comparison
+    if controls.method in MODEL_MAPS and comparison is not None and comparison.evidence is not None:
+        class_evidence(session.models.get(comparison.spec), comparison.analysis, comparison.evidence.target, (controls.method,))
+
+
+TAB = Tab("Compare", OUTPUTS, layout, render, depends, wire, ranges=("compare_layer", "compare_head"), set_ranges=set_ranges,
+          prepare=prepare)

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import gradio as gr
 
+from vit_explorer.core.analysis import class_evidence
+from vit_explorer.core.maps import CLASS_METHODS
+from vit_explorer.core.request import Request, Run
 from vit_explorer.draw import files
-from vit_explorer.draw.report import ReportParts
 from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import kept_ablation
 from vit_explorer.web.captions import head_label
 from vit_explorer.web.session import CACHE_TTL_S, Controls, Session, export_dir
+from vit_explorer.web.tabs import class_maps
 from vit_explorer.web.tabs.base import Tab, Wiring, require, user_errors
 from vit_explorer.web.tabs.class_maps import checked, render_class, scored, shown_method
 from vit_explorer.web.tabs.layers_heads import render_head
@@ -59,6 +62,7 @@ def on_export(session: Session | None, full_maps: bool, *control_values, ttl_s: 
     to ``attention.npz``."""
     session = require(session)
     controls = Controls.from_values(control_values)
+    class_maps.prepare(session, controls)  # the class map in the zip is the tab's, AttnLRP and LeGrad included
     with tempfile.TemporaryDirectory() as staging:
         folder = Path(staging)
         written, _ = files.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
@@ -90,13 +94,16 @@ def on_report(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
     sanity = session.screen.sanity if session.screen.sanity is not None and session.screen.sanity[0] == checked(session, controls) else None
     board = session.screen.board if session.screen.board is not None and session.screen.board[0] == checked(session, controls) else None
     ablation = None if session.target is None else kept_ablation(session.analysis, session.target, controls.ablation_mode)
-    parts = ReportParts(evidence=session.evidence, options=controls.rollout, cmap=controls.cmap,
-                        scored_method=None if score is None else score[0][0], curves=None if score is None else score[1],
-                        sanity=None if sanity is None else sanity[1], norms=norms.for_analysis(session.analysis), ablation=ablation,
-                        scoreboard=None if board is None else board[1])
+    # the report shows every class map: AttnLRP's and LeGrad's are computed now, once, if they have not been
+    evidence = (None if session.evidence is None
+                else class_evidence(session.model(), session.analysis, session.evidence.target, tuple(CLASS_METHODS)))
+    run = Run(request=Request(method=controls.method if score is None else score[0][0], options=controls.rollout),
+              analysis=session.analysis, evidence=evidence, maps={}, curves=None if score is None else score[1],
+              scoreboard=None if board is None else board[1], sanity=None if sanity is None else sanity[1], ablation=ablation,
+              ablation_importance=None if ablation is None else evidence.importance, norms=norms.for_analysis(session.analysis))
     folder = export_dir(ttl_s) / f"vit-explorer-report-{uuid.uuid4().hex[:12]}"
     folder.mkdir()
-    return str(files.write_report(session.analysis, parts, folder))
+    return str(files.write_report(run, folder, controls.cmap))
 
 
 def wire(app: Wiring) -> None:

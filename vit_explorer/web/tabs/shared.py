@@ -10,13 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
-from PIL import Image
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import analyze, class_evidence, pixels_of, recompute_query_rows
-from vit_explorer.core.targets import similarity_model
+from vit_explorer.core.analysis import analyze, class_evidence, recompute_query_rows
+from vit_explorer.core.targets import Target
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.run import retarget
 from vit_explorer.web.captions import (
     MEAN_PATCHES,
     model_summary,
@@ -107,8 +107,8 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
         if patch is None:
             raise VitExplorerError("click a patch of the image first: the similarity to the query patch needs a patch as the query")
     base = models.get(session.model_spec)
-    scored = similarity_model(base, pixels_of(base, session.analysis), patch)
-    analysis = analyze(scored, Image.fromarray(session.analysis.image), memory_budget=models.memory_budget)
+    # only the image is read from the analysis shown, which may be another similarity's
+    scored, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget)
     query, layer, head = session.query, session.layer, session.head
     session.analysis, session.similarity, session.similarity_choice = analysis, scored, choice
     session.evidence = class_evidence(scored, analysis, 0)
@@ -147,7 +147,7 @@ def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *
     model = models.get(spec)
     controls = replace(Controls.from_values(control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
     analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit)
-    session = new_session(analysis, spec, class_evidence(model, analysis) if analysis.num_classes else None)
+    session = new_session(analysis, spec, class_evidence(model, analysis) if analysis.num_classes else None, models)
     # a backbone has no predictions: no empty box (the summary says "Backbone: no classifier head")
     top5 = gr.update(value=top_predictions(analysis), visible=True) if analysis.num_classes else gr.update(value=None, visible=False)
     values = {"state": session, "summary": model_summary(analysis), "top5": top5,
