@@ -184,7 +184,7 @@ def test_a_backbone_refuses_class_options_before_any_pass(tmp_path, capsys, imag
     assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--scoreboard",
                  "--target", "cat"]) == 1
     error = capsys.readouterr().err
-    assert "--target 'cat'" in error and "patch:ROW,COL" in error
+    assert "has no class 'cat'" in error and "patch:ROW,COL" in error
     assert "analysing" not in error and "sanity check" not in error and not out.exists()  # before any pass
     # a backbone's class-specific map, ablation, sanity, faithfulness and scoreboard explain a similarity: to a patch's here
     assert main(["analyze", str(image_file), "--model", str(backbone), "--out", str(out), "--sanity", "--norms", "--ablation",

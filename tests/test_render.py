@@ -119,7 +119,10 @@ def test_colorbar_adds_a_strip_below_with_ticks_and_unit():
     assert render.tick_labels([0.025, 0.05, 0.075]) == ["0.025", "0.050", "0.075"]  # not "0.03", "0.05", "0.08"
     assert render.tick_labels([0.0123, 0.05, 0.1, 0.1377]) == ["0.012", "0.050", "0.100", "0.138"]  # ends need not be round
     assert render.tick_labels([0.30, 0.3004]) == ["0.3000", "0.3004"]  # enough decimals to tell neighbours apart
-    assert isinstance(GridGeometry(1, 1, 4, 1, 0, 0).size_hw, tuple)
+    # 2 × 3 tiles of 4 px with 1 px gaps after each, below 7 px of labels and right of 5: counted by hand
+    geometry = GridGeometry(rows=2, cols=3, tile=4, gap=1, left=5, top=7)
+    assert geometry.size_hw == (7 + 2 * 5, 5 + 3 * 5) == (17, 20)
+    assert geometry.hit(5, 7) == (0, 0) and geometry.hit(5 + 5 + 3, 7 + 5 + 3) == (1, 1) and geometry.hit(5 + 4, 7) is None
 
 
 def glyph(font, character: str) -> np.ndarray:

@@ -82,7 +82,8 @@ def test_a_run_answers_exactly_what_was_asked(tmp_path):
     steps = []
     run(model, image, Request(method="relevance", ablation="zero"), progress=lambda text, total, unit: steps.append((text, total, unit)) or
         (lambda: None))
-    assert [(total, unit) for _, total, unit in steps] == [(3, "layer")] and steps[0][0].startswith("head ablation (zero)")
+    assert steps[0] == ("analysing the image", 0, "")  # a line, before the pass
+    assert [(total, unit) for _, total, unit in steps[1:]] == [(3, "layer")] and steps[1][0].startswith("head ablation (zero)")
 
 
 def test_a_backbone_gets_its_similarity_target_in_one_place(tmp_path):

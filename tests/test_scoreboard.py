@@ -1,13 +1,14 @@
 """The per-image scoreboard: each entry equals the single-map score computed on its own, chance equals the random
 orders' curves, the badge equals the sanity check's end point."""
 
+import numpy as np
 import pytest
 from conftest import TINY, photo, write_backbone_checkpoint, write_checkpoint
 
 from vit_explorer import VitExplorerError, analyze, load_model
 from vit_explorer.core.analysis import class_evidence
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
-from vit_explorer.core.results import BLUR, ROAD
+from vit_explorer.core.results import BLUR, ROAD, Entry
 from vit_explorer.methods.faithfulness import deletion_insertion
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.methods.scoreboard import batches, scoreboard
@@ -35,12 +36,18 @@ def test_entries_equal_each_maps_own_score_and_are_ranked(tiny, protocol):
         tolerance = 0.05 if protocol == ROAD else 1e-5
         assert entry.deletion == pytest.approx(aucs["deletion"], abs=tolerance)
         assert entry.insertion == pytest.approx(aucs["insertion"], abs=tolerance)
-        assert entry.score == pytest.approx((entry.insertion - entry.deletion) / (2 if protocol == ROAD else 1))
+        # the areas by the trapezoid rule written out over the curves computed alone; the score as the protocol's paper defines it
+        step = np.diff(curves.fractions.numpy())
+        curves_area = {name: float((step * (getattr(curves, name).numpy()[1:] + getattr(curves, name).numpy()[:-1]) / 2).sum())
+                       for name in ("deletion", "insertion")}
+        expected = {"blur": curves_area["insertion"] - curves_area["deletion"], "road": (curves_area["insertion"] - curves_area["deletion"]) / 2}
+        assert entry.score == pytest.approx(expected[protocol.name], abs=2 * tolerance)
     if protocol == BLUR:  # chance: the mean of the random orders' insertion − deletion
         assert board.chance_mean == pytest.approx(aucs["random_insertion"] - aucs["random_deletion"], abs=1e-5)
     assert board.chance_sd > 0
     record = board.as_dict()
-    assert record["curves"] == ({"deletion": "MoRF", "insertion": "LeRF"} if protocol == ROAD else {"deletion": "deletion", "insertion": "insertion"})
+    assert record["curves"] == {"blur": {"deletion": "deletion", "insertion": "insertion"},
+                                "road": {"deletion": "MoRF", "insertion": "LeRF"}}[protocol.name]
     assert [row["method"] for row in record["ranking"]] == [entry.method for entry in board.entries]
 
 
@@ -50,7 +57,10 @@ def test_the_badge_is_the_sanity_checks_end_point(tiny):
     final = sanity_check(model, analysis, 1, seed=3).final  # the cascade, every layer: the same draws
     for entry in board.entries:
         assert entry.randomised_rho == pytest.approx(final[entry.method], abs=1e-6)
-        assert entry.depends_on_weights == (not final[entry.method] >= 0.5)
+    # the badge by hand: a map still ranked like the trained one (ρ ≥ 0.5) does not depend on the weights; a constant one
+    # (NaN: no ranking) is not called independent of them
+    badges = [Entry("m", 0.0, 0.0, 0.0, 0.0, rho).depends_on_weights for rho in (0.49, 0.5, 0.93, -0.2, float("nan"))]
+    assert badges == [True, False, False, True, True]
 
 
 def test_a_backbone_is_scored_by_its_similarity_target(tmp_path):

@@ -78,7 +78,6 @@ def run_analyze(args: argparse.Namespace) -> None:
     for note in model.notes:
         progress(f"{args.model}: {note}")
     check_full_maps(args, model)
-    progress(f"analysing {args.image}")
     with Stages() as stages:
         result = run(model, image, request, name=str(args.image), progress=stages)
     analysis = result.analysis

@@ -96,6 +96,7 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     similarity target where anything asked needs a target, the target's evidence with every map asked for, and each
     result asked for. A target the model cannot have is refused before any pass."""
     request.target.check(model)
+    progress(f"analysing {name or 'the image'}", 0, "")
     analysis = analyze(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit)
     target = request.target.value
     if not analysis.num_classes and request.explains:
