@@ -79,8 +79,8 @@ def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
     from vit_explorer import analyze
     from vit_explorer.core.analysis import class_evidence
     from vit_explorer.core.maps import RolloutOptions, class_map
-    from vit_explorer.draw import plots
     from vit_explorer.core.request import Request, Run
+    from vit_explorer.draw import plots
     from vit_explorer.draw.report import report_html
 
     model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))

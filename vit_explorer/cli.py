@@ -367,7 +367,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
-    from vit_explorer.core.maps import CLASS_METHODS
+    from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions
     from vit_explorer.core.results import ABLATION_MODES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROTOCOLS
     from vit_explorer.core.rollout import HEAD_FUSIONS
     from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
@@ -415,10 +415,12 @@ def parser() -> argparse.ArgumentParser:
                          "logit and probability when each head is removed (one pass per layer)")
     analyze.add_argument("--ablation-mode", default="zero", choices=list(ABLATION_MODES),
                          help="zero: the head's output set to 0; mean: its map replaced by uniform attention")
-    analyze.add_argument("--head-fusion", default="mean", choices=list(HEAD_FUSIONS), help="how rollout combines the heads of a layer")
-    analyze.add_argument("--discard-ratio", type=float, default=0.0, help="share of the weakest attention links rollout drops per layer")
-    analyze.add_argument("--start-layer", type=int, default=0, help="first layer rollout multiplies in")
-    analyze.add_argument("--residual-weight", type=float, default=0.5, help="weight of the identity (the skip connection) in rollout")
+    rollout = RolloutOptions()  # the defaults, stated once there
+    analyze.add_argument("--head-fusion", default=rollout.head_fusion, choices=list(HEAD_FUSIONS), help="how rollout combines the heads of a layer")
+    analyze.add_argument("--discard-ratio", type=float, default=rollout.discard_ratio, help="share of the weakest attention links rollout drops per layer")
+    analyze.add_argument("--start-layer", type=int, default=rollout.start_layer, help="first layer rollout multiplies in")
+    analyze.add_argument("--residual-weight", type=float, default=rollout.residual_weight,
+                         help="weight of the identity (the skip connection) in rollout")
     analyze.add_argument("--cmap", default="inferno", choices=list(COLORMAPS), help="colour map of the pictures")
     analyze.add_argument("--scale", default="linear", choices=list(COLOUR_SCALES),
                          help="what the colour map's ends stand for: " + "; ".join(f"{key}: {name}" for key, name in COLOUR_SCALES.items())

@@ -74,10 +74,11 @@ class Controls:
     overlay: bool = True
     normalisation: str = "per tile"
     order_by: str = "none"
-    head_fusion: str = "mean"
-    discard_ratio: float = 0.0
-    start_layer: int = 0
-    residual_weight: float = 0.5
+    # the rollout options' defaults are ``maps.RolloutOptions``'s
+    head_fusion: str = maps.RolloutOptions.head_fusion
+    discard_ratio: float = maps.RolloutOptions.discard_ratio
+    start_layer: int = maps.RolloutOptions.start_layer
+    residual_weight: float = maps.RolloutOptions.residual_weight
     method: str = "relevance"  # the class-maps tab's map
     colour_scale: str = "linear"  # what the colormap's ends stand for (``render.COLOUR_SCALES``)
     ablation_mode: str = "zero"  # how the head ablation tab removes a head (``results.ABLATION_MODES``)

@@ -134,6 +134,17 @@ def counter(progress: Callable | None, total: int, description: str, unit: str) 
     return step
 
 
+def stages(progress: Callable | None) -> Callable[[str, int, str], Callable[[], None]]:
+    """Gradio's progress bar as the run layer's ``Progress``: each stage moves the bar through its steps (``counter``),
+    its description the bar's words."""
+
+    def stage(description: str, total: int, unit: str) -> Callable[[], None]:
+        step = counter(progress, total, description, unit) if total else None
+        return step or (lambda: None)
+
+    return stage
+
+
 def require(session: Session | None) -> Session:
     """The session, or a message that there is nothing to show yet."""
     if session is None:

@@ -14,10 +14,7 @@ from vit_explorer.core.analysis import MODEL_MAPS, class_evidence
 from vit_explorer.core.results import Protocol
 from vit_explorer.draw import charts, pictures, plots
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.faithfulness import batches, deletion_insertion
-from vit_explorer.methods.sanity import sanity_check
-from vit_explorer.methods.scoreboard import batches as board_batches
-from vit_explorer.methods.scoreboard import scoreboard
+from vit_explorer.run import check, rank, score
 from vit_explorer.web.captions import (
     NO_CLASSIFIER,
     board_rows,
@@ -29,7 +26,7 @@ from vit_explorer.web.captions import (
     score_text,
 )
 from vit_explorer.web.session import Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, require, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, stages, user_errors
 
 OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart", "board_text", "board_table")
 BOARD_COLUMNS = ["#", "method", "score", "vs chance", "del. AUC", "ins. AUC", "random-model ρ", "uses weights"]
@@ -163,10 +160,8 @@ def on_score(models: ModelCache, session: Session | None, baseline: str, *contro
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
-    grid_map = maps.class_map(session.analysis, controls.method, session.evidence, controls.rollout)
-    protocol = Protocol(baseline)
-    curves = deletion_insertion(session.model(models), session.analysis.image, grid_map, session.evidence.target,
-                                protocol=protocol, step=counter(progress, batches(protocol=protocol), "faithfulness", "batch"))
+    curves = score(session.model(models), session.analysis, session.evidence, controls.method, Protocol(baseline),
+                       options=controls.rollout, progress=stages(progress))
     session.screen.score = (scored(session, controls), curves)
     values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
               "class_text": score_text(session.analysis, controls.method, curves)}
@@ -178,8 +173,7 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values, prog
     """Cascading randomisation of a copy of the model: layers + 1 forward and backward passes; the chart and its
     summary (``SANITY``), kept for this target and these rollout options."""
     session, controls = require(session), Controls.from_values(control_values)
-    curves = sanity_check(session.model(models), session.analysis, session.target, options=controls.rollout,
-                          step=counter(progress, session.analysis.map_shape[0], "sanity check: randomising layers", "layer"))
+    curves = check(session.model(models), session.analysis, session.evidence, options=controls.rollout, progress=stages(progress))
     session.screen.sanity = (checked(session, controls), curves)
     return in_order(sanity_views(session, controls), SANITY)
 
@@ -190,10 +184,8 @@ def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *c
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(NO_CLASSIFIER)
-    protocol = Protocol(baseline)
-    total = board_batches(len(maps.CLASS_METHODS), protocol=protocol) + session.analysis.map_shape[0]
-    board = scoreboard(session.model(models), session.analysis, session.evidence.target, protocol=protocol,
-                       options=controls.rollout, step=counter(progress, total, "scoring every method", "step"))
+    board = rank(session.model(models), session.analysis, session.evidence, Protocol(baseline), options=controls.rollout,
+                     progress=stages(progress))
     session.screen.board = (checked(session, controls), board)
     return in_order(board_views(session, controls), BOARD)
 

@@ -14,10 +14,11 @@ from vit_explorer.core.results import HeadAblation, forward_equivalents
 from vit_explorer.draw import pictures
 from vit_explorer.draw.render import GridGeometry, grid_tile_px
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.ablation import ablation_of, kept_ablation, prediction_without
+from vit_explorer.methods.ablation import kept_ablation, prediction_without
+from vit_explorer.run import ablate
 from vit_explorer.web.captions import ABLATION_NAMES, NO_CLASS_SCORE, ablation_note, ablation_text, predictions, top_predictions
 from vit_explorer.web.session import Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, unchanged, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, stages, unchanged, user_errors
 
 OUTPUTS = ("ablation_view", "ablation_text", "ablation_original", "ablation_without")
 TILE_PX = 56  # a tile shows one colour and one number: smaller than the attention grid's, so that deep models fit the screen
@@ -95,8 +96,7 @@ def on_run(models: ModelCache, session: Session | None, *control_values, progres
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(NO_CLASS_SCORE)
-    ablation_of(session.model(models), session.analysis, session.target, controls.ablation_mode,
-                step=counter(progress, session.analysis.map_shape[0], "head ablation: layer by layer", "layer"))
+    ablate(session.model(models), session.analysis, session.evidence, controls.ablation_mode, progress=stages(progress))
     return in_order(refresh(TAB, session, controls), OUTPUTS)
 
 

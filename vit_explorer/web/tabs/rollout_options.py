@@ -13,11 +13,12 @@ from vit_explorer.web.tabs.base import Tab, map_image
 
 
 def layout() -> dict:
+    defaults = Controls()  # the rollout defaults, as ``maps.RolloutOptions`` states them
     with gr.Row():
-        head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
-        discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio")
-        start_layer = gr.Slider(0, 1, value=0, step=1, label="Start layer")
-        residual_weight = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Residual weight")
+        head_fusion = gr.Radio(list(HEAD_FUSIONS), value=defaults.head_fusion, label="Head fusion")
+        discard_ratio = gr.Slider(0.0, 0.95, value=defaults.discard_ratio, step=0.05, label="Discard ratio")
+        start_layer = gr.Slider(0, 1, value=defaults.start_layer, step=1, label="Start layer")
+        residual_weight = gr.Slider(0.0, 1.0, value=defaults.residual_weight, step=0.05, label="Residual weight")
     gr.Markdown("**Attention rollout of the query** (Abnar & Zuidema 2020): attention multiplied through the "
                 "layers from the start layer on, with the residual weight as the skip connection's share")
     rollout_view = map_image("rollout-view", "Attention rollout of the query")
