@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -228,6 +227,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
 
     from vit_explorer.core.maps import CLASS_METHODS
     from vit_explorer.core.results import Protocol
+    from vit_explorer.draw import files
     from vit_explorer.methods.dataset import (
         ImageList,
         contiguous_share,
@@ -271,16 +271,13 @@ def run_evaluate(args: argparse.Namespace) -> None:
             return
         rows = score_table(scores, methods)
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         weights = "random" if model.random_weights else "trained"
         report = {"model": model.name, "weights": weights, "source": str(args.source), "images": len(scores["correct"]), "processes": world, "skipped": skipped,
                   "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
                   "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline,
                   "curves": dict(zip(("deletion", "insertion"), protocol.curve_names)),
                   "table": rows, "per_image": scores}
-        partial = out / "evaluation.json.partial"
-        partial.write_text(json.dumps(report, indent=2, default=float))
-        partial.replace(out / "evaluation.json")
+        files.write_evaluation(report, out)
         print(f"{model.name}: {weights} weights" + (" (nothing learned: every figure below is a control, not a finding)"
                                                      if model.random_weights else "") + f", {report['images']} images")
         print("method | " + " | ".join(SCORES))

@@ -223,6 +223,14 @@ def write_dataset_outputs(out: Path, rows: list[dict], summary: dict) -> list[Pa
     return sorted(out / name for name in names)
 
 
+def write_evaluation(report: dict, out: Path) -> Path:
+    """``evaluation.json`` in ``out`` (made if needed), written beside and moved in place, so that no reader sees half of it."""
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "evaluation.json.partial"
+    partial.write_text(json.dumps(report, indent=2, default=float))
+    return partial.replace(out / "evaluation.json")
+
+
 def write_report(run: Run, out_dir: Path, cmap: str = "inferno") -> Path:
     """``report.html`` in ``out_dir`` (``report.report_html``): one self-contained page."""
     path = out_dir / "report.html"
