@@ -49,9 +49,9 @@ def retarget(model: LoadedModel, analysis: Analysis, target: Target, memory_budg
     target.check(model)
     if model.num_classes:
         return model, analysis, target.value
-    scored = similarity_model(model, pixels_of(model, analysis), target.patch)
+    similarity = similarity_model(model, pixels_of(model, analysis), target.patch)
     # the image as the model saw it, fitted already: analysing it again fits nothing
-    return scored, analyze(scored, Image.fromarray(analysis.image), memory_budget=memory_budget), 0
+    return similarity, analyze(similarity, Image.fromarray(analysis.image), memory_budget=memory_budget), 0
 
 
 def score(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, method: str, protocol: Protocol, *,

@@ -119,7 +119,7 @@ class SimilarityAdapter(CaptureAdapter):
         embedding = self.pool(module, self.final_tokens(module, hidden))  # [b, dim]
         return embedding @ self.reference.to(embedding.device, embedding.dtype)[:, None]
 
-    def scored(self, module: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def score_of(self, module: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` (pixels → the base's outputs) made to return the score, read from the last layer's stream."""
 
         def score(pixels: torch.Tensor) -> torch.Tensor:
@@ -131,17 +131,17 @@ class SimilarityAdapter(CaptureAdapter):
         return score
 
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-        return self.scored(module, lambda images: self.base.logits(module, images))(pixels)
+        return self.score_of(module, lambda images: self.base.logits(module, images))(pixels)
 
     @contextmanager
     def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         with self.base.attached(module, sink) as forward:
-            yield self.scored(module, forward)
+            yield self.score_of(module, forward)
 
     @contextmanager
     def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         with self.base.edited(module, edits) as forward:
-            yield self.scored(module, forward)
+            yield self.score_of(module, forward)
 
 
 def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int, int] | None = None) -> LoadedModel:

@@ -133,12 +133,12 @@ def report_html(run: Run, cmap: str = "inferno") -> str:
     if run.curves is not None:
         curves, scored_method = run.curves, run.request.method
         aucs, (first, second) = curves.aucs, curves.curve_names
-        scored = f" for {analysis.label(curves.target)}"  # the curves' own target, whatever the maps above explain
-        words = (f"{CLASS_METHODS[scored_method]}{scored} {curves.verdict}: {first} AUC {aucs['deletion']:.3f} against "
+        for_target = f" for {analysis.label(curves.target)}"  # the curves' own target, whatever the maps above explain
+        words = (f"{CLASS_METHODS[scored_method]}{for_target} {curves.verdict}: {first} AUC {aucs['deletion']:.3f} against "
                  f"{aucs['random_deletion']:.3f} for random orders (lower is better), {second} AUC {aucs['insertion']:.3f} against "
                  f"{aucs['random_insertion']:.3f} (higher is better)" + (f". Warning: {curves.warning}" if curves.warning else ""))
-        chart = charts.faithfulness_chart(curves, f"{CLASS_METHODS[scored_method]}{scored}")
-        sections.append(f"<h2>Faithfulness{html.escape(scored)}</h2>{figure(chart, words)}")
+        chart = charts.faithfulness_chart(curves, f"{CLASS_METHODS[scored_method]}{for_target}")
+        sections.append(f"<h2>Faithfulness{html.escape(for_target)}</h2>{figure(chart, words)}")
     if run.scoreboard is not None:
         sections.append(scoreboard_section(run.scoreboard))
     if run.sanity is not None:

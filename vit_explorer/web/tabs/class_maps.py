@@ -94,7 +94,7 @@ def set_ranges(session: Session) -> dict:
     return {"method": gr.update(choices=[(name, key) for key, name in maps.CLASS_METHODS.items()]), **scoring}
 
 
-def scored(session: Session, controls: Controls) -> tuple:
+def score_key(session: Session, controls: Controls) -> tuple:
     """Which map a faithfulness score is of: the method, the target, the rollout options."""
     return controls.method, session.target, controls.rollout
 
@@ -110,7 +110,7 @@ def faithfulness_plot(session: Session, method: str, curves) -> dict:
 def render(session: Session, controls: Controls) -> dict:
     """The map, and the last score where it is of this map (else the note of what scoring does)."""
     score = session.screen.score
-    if score is not None and score[0] == scored(session, controls):
+    if score is not None and score[0] == score_key(session, controls):
         plot, text = faithfulness_plot(session, controls.method, score[1]), score_text(session.analysis, controls.method, score[1])
     else:
         plot, text = NO_PLOT, class_note(session)
@@ -125,7 +125,7 @@ def depends(session: Session, controls: Controls) -> tuple:
     return session.target, controls.method, controls.rollout, controls.cmap, controls.colour_scale
 
 
-def checked(session: Session, controls: Controls) -> tuple:
+def check_key(session: Session, controls: Controls) -> tuple:
     """What a sanity check ran for: the target (its class-specific maps) and the rollout options."""
     return session.target, controls.rollout
 
@@ -133,7 +133,7 @@ def checked(session: Session, controls: Controls) -> tuple:
 def sanity_views(session: Session, controls: Controls) -> dict:
     """The last sanity check's chart and summary where it ran for this target and these options; else what it would do."""
     sanity = session.screen.sanity
-    if sanity is None or sanity[0] != checked(session, controls):
+    if sanity is None or sanity[0] != check_key(session, controls):
         return {"sanity_text": sanity_note(session), "sanity_chart": gr.update(value=None, visible=False)}
     return {"sanity_text": sanity_text(sanity[1]), "sanity_chart": gr.update(value=charts.sanity_chart(sanity[1]), visible=True)}
 
@@ -141,7 +141,7 @@ def sanity_views(session: Session, controls: Controls) -> dict:
 def board_views(session: Session, controls: Controls) -> dict:
     """The last scoreboard where it ran for this target and these rollout options; else nothing (no empty table)."""
     board = session.screen.board
-    if board is None or board[0] != checked(session, controls):
+    if board is None or board[0] != check_key(session, controls):
         return {"board_text": "", "board_table": gr.update(value=None, visible=False)}
     return {"board_text": board_text(session.analysis, board[1]),
             "board_table": gr.update(value=board_rows(board[1]), headers=BOARD_COLUMNS, visible=True)}
@@ -162,7 +162,7 @@ def on_score(models: ModelCache, session: Session | None, baseline: str, *contro
         raise VitExplorerError(NO_CLASSIFIER)
     curves = score(session.model(models), session.analysis, session.evidence, controls.method, Protocol(baseline),
                        options=controls.rollout, progress=stages(progress))
-    session.screen.score = (scored(session, controls), curves)
+    session.screen.score = (score_key(session, controls), curves)
     values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
               "class_text": score_text(session.analysis, controls.method, curves)}
     return in_order(values, SCORED)
@@ -174,7 +174,7 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values, prog
     summary (``SANITY``), kept for this target and these rollout options."""
     session, controls = require(session), Controls.from_values(control_values)
     curves = check(session.model(models), session.analysis, session.evidence, options=controls.rollout, progress=stages(progress))
-    session.screen.sanity = (checked(session, controls), curves)
+    session.screen.sanity = (check_key(session, controls), curves)
     return in_order(sanity_views(session, controls), SANITY)
 
 
@@ -186,7 +186,7 @@ def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *c
         raise VitExplorerError(NO_CLASSIFIER)
     board = rank(session.model(models), session.analysis, session.evidence, Protocol(baseline), options=controls.rollout,
                      progress=stages(progress))
-    session.screen.board = (checked(session, controls), board)
+    session.screen.board = (check_key(session, controls), board)
     return in_order(board_views(session, controls), BOARD)
 
 

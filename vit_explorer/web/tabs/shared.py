@@ -108,10 +108,10 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
             raise VitExplorerError("click a patch of the image first: the similarity to the query patch needs a patch as the query")
     base = models.get(session.model_spec)
     # only the image is read from the analysis shown, which may be another similarity's
-    scored, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget)
+    similarity, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget)
     query, layer, head = session.query, session.layer, session.head
-    session.analysis, session.similarity, session.similarity_choice = analysis, scored, choice
-    session.evidence = class_evidence(scored, analysis, 0)
+    session.analysis, session.similarity, session.similarity_choice = analysis, similarity, choice
+    session.evidence = class_evidence(similarity, analysis, 0)
     session.query, session.layer, session.head = query, layer, head
     session.screen = type(session.screen)()  # every result on screen was for another target
 
