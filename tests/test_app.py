@@ -475,7 +475,7 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     assert "Change of the score of **similarity to the image's own embedding**" in ran["ablation_text"]
     session.query = session.analysis.layout.patch_token(1, 2)
     shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)
-    assert session.analysis.label(0) == "similarity to patch (row 1, col 2)" and session.query == session.analysis.layout.patch_token(1, 2)
+    assert session.analysis.label(0) == "patch (row 1, col 2): its own output token" and session.query == session.analysis.layout.patch_token(1, 2)
 
 
 def test_every_tab_is_wired_by_name():

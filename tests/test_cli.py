@@ -191,14 +191,14 @@ def test_a_backbone_refuses_class_options_before_any_pass(tmp_path, capsys, imag
                  "--scoreboard", "--method", "attnlrp", "--target", "patch:2,3"]) == 0
     assert {"sanity.json", "norms.json", "attention.npz", "attnlrp.png", "ablation.json", "faithfulness.json",
             "scoreboard.json"} <= {path.name for path in out.iterdir()}
-    assert json.loads((out / "sanity.json").read_text())["target_label"] == "similarity to patch (row 2, col 3)"
+    assert json.loads((out / "sanity.json").read_text())["target_label"] == "patch (row 2, col 3): its own output token"
     faithfulness = json.loads((out / "faithfulness.json").read_text())
     board = json.loads((out / "scoreboard.json").read_text())
     assert faithfulness["measure"] == board["measure"] == "share of the image's score"
     assert abs(faithfulness["deletion"][0]) == pytest.approx(1.0)  # the unchanged image, over its own score's magnitude
     captured = capsys.readouterr()
-    assert "target: similarity to patch (row 2, col 3)" in captured.err
-    assert "(curves of the share of the image's score)" in captured.out and "scoreboard for 'similarity to patch" in captured.out
+    assert "target: patch (row 2, col 3): its own output token" in captured.err
+    assert "(curves of the share of the image's score)" in captured.out and "scoreboard for 'patch (row 2, col 3)" in captured.out
 
 
 def test_full_maps_on_request_equal_a_fresh_capture(tmp_path, capsys, cli_checkpoint, image_file):

@@ -122,7 +122,7 @@ def test_a_similarity_report_shows_scores_never_probabilities(tmp_path):
     assert main(["analyze", str(SQUARE), "--model", str(backbone), "--out", str(out), "--target", "patch:1,2", "--ablation",
                  "--html", "--no-faithfulness"]) == 0
     text = (out / "report.html").read_text()
-    assert "<h2>Target score</h2>" in text and "similarity to patch (row 1, col 2): <b>" in text
+    assert "<h2>Target score</h2>" in text and "patch (row 1, col 2): its own output token: <b>" in text
     assert "100.0%" not in text and "probability" not in text.split("<h2>Head ablation")[1]
     ablation = json.loads((out / "ablation.json").read_text())
     assert re.search(r"lowers it most, by -?\d+\.\d{3} \(-?\d+\.\d{3} → -?\d+\.\d{3}\)", text), text.split("<h2>Head ablation")[1][-400:]

@@ -94,7 +94,7 @@ def test_a_backbone_gets_its_similarity_target_in_one_place(tmp_path):
     agnostic = run(backbone, image, Request(method="rollout"))
     assert agnostic.evidence is None and not agnostic.analysis.similarity  # nothing asked needs a target
     patch = run(backbone, image, Request(method="attnlrp", target=Target((1, 2))))
-    assert patch.analysis.similarity and patch.target_label == "similarity to patch (row 1, col 2)"
+    assert patch.analysis.similarity and patch.target_label == "patch (row 1, col 2): its own output token"
     own = run(backbone, image, Request(method="relevance", score=True, steps=2, random_orders=1))
     assert own.target_label == "similarity to the image's own embedding" and own.curves.measure == "share of the image's score"
     classifier = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))

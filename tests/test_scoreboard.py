@@ -84,15 +84,21 @@ def test_a_backbone_is_scored_by_its_similarity_target(tmp_path):
 
 
 def similarity_of_patch(backbone, image, want_negative: bool):
-    """The similarity model and analysis of the first patch whose score on ``image`` is negative (or positive)."""
+    """A similarity model and its analysis whose score on ``image`` is negative (or positive): the image's embedding
+    projected on the direction of a patch's output token, the first patch whose sign is the one wanted (a patch's own
+    token projected on its own direction is its length, never negative)."""
+    import dataclasses
+
     from vit_explorer.core.analysis import pixels_of
-    from vit_explorer.core.targets import similarity_model
+    from vit_explorer.core.targets import SimilarityAdapter, similarity_model
 
     analysis = analyze(backbone, image)
     rows, cols = analysis.grid
     for row in range(rows):
         for col in range(cols):
-            similarity = similarity_model(backbone, pixels_of(backbone, analysis), (row, col))
+            patch = similarity_model(backbone, pixels_of(backbone, analysis), (row, col))
+            # the same direction, read off the pooled embedding instead of the patch's token
+            similarity = dataclasses.replace(patch, adapter=SimilarityAdapter(backbone.adapter, patch.adapter.reference))
             scored = analyze(similarity, image)
             if (float(scored.logits[0]) < 0) == want_negative:
                 return similarity, scored
@@ -129,8 +135,8 @@ def test_a_positive_reference_is_ranked(tmp_path):
 
 @pytest.mark.timm
 def test_chance_without_spread_gives_no_distance_from_it():
-    """The issue's case: random-weight DINOv2 (LayerScale 1e-5: every block adds almost nothing), a patch target; chance
-    scores 0.000 ± 0.000, and no method may be said to stand 41 sd from it."""
+    """The issue's case: random-weight DINOv2 (LayerScale 1e-5: every block adds almost nothing), explained for its own
+    embedding; chance scores 0.000 ± 0.000, and no method may be said to stand 41 sd from it."""
     pytest.importorskip("timm")
     from vit_explorer.cli import scoreboard_lines
     from vit_explorer.core.analysis import pixels_of
@@ -139,7 +145,8 @@ def test_chance_without_spread_gives_no_distance_from_it():
 
     backbone = load_model("timm:vit_small_patch14_dinov2@random", input_hw=(56, 56))
     image = photo((56, 56), seed=3)
-    similarity = similarity_model(backbone, pixels_of(backbone, analyze(backbone, image)), (1, 2))
+    # its own embedding, which the near-identity blocks leave at the class token's own value whatever the patches show
+    similarity = similarity_model(backbone, pixels_of(backbone, analyze(backbone, image)))
     scored = analyze(similarity, image)
     board = scoreboard(similarity, scored, steps=4, seed=5)
     assert board.chance_sd < 1e-3 and board.notes and "do not spread" in board.notes[0]

@@ -24,7 +24,7 @@ def tokens_apart(model, pixels):
     return module.transformer(x)[0]  # the Transformer ends in its norm
 
 
-def test_the_own_embedding_score_is_the_embeddings_length_and_a_patch_score_its_projection(backbone):
+def test_the_own_embedding_score_is_the_embeddings_length_and_a_patch_score_its_own_tokens(backbone):
     image = photo((64, 64), seed=3)
     pixels = pixels_of(backbone, analyze(backbone, image))
     with torch.no_grad():
@@ -33,13 +33,17 @@ def test_the_own_embedding_score_is_the_embeddings_length_and_a_patch_score_its_
     assert own.labels == ["similarity to the image's own embedding"] and own.num_classes == 1
     assert float(own.logits(pixels)[0, 0]) == pytest.approx(float(tokens[0].norm()), rel=1e-5)
     patch = similarity_model(backbone, pixels, (2, 1))
-    token = tokens[backbone.layout.patch_token(2, 1)]
-    assert float(patch.logits(pixels)[0, 0]) == pytest.approx(float(tokens[0] @ token / token.norm()), rel=1e-5, abs=1e-6)
+    index = backbone.layout.patch_token(2, 1)
+    token = tokens[index]
+    assert patch.labels == ["patch (row 2, col 1): its own output token"]
+    # on the image, the patch's own token on its own direction: its length; on another image, that image's token there
+    assert float(patch.logits(pixels)[0, 0]) == pytest.approx(float(token.norm()), rel=1e-5)
     # the reference stays fixed: another image is scored against the same direction
     other = pixels_of(backbone, analyze(backbone, photo((64, 64), seed=9)))
     with torch.no_grad():
         other_tokens = tokens_apart(backbone, other)
     assert float(own.logits(other)[0, 0]) == pytest.approx(float(other_tokens[0] @ tokens[0] / tokens[0].norm()), rel=1e-5)
+    assert float(patch.logits(other)[0, 0]) == pytest.approx(float(other_tokens[index] @ token / token.norm()), rel=1e-5, abs=1e-6)
     with pytest.raises(VitExplorerError, match="outside the 4×4 patch grid"):
         similarity_model(backbone, pixels, (4, 0))
 
@@ -50,7 +54,7 @@ def test_every_class_specific_method_explains_a_backbone(backbone):
         for target in (None, (1, 2)):
             explanation = explain(image, backbone, method, target)
             assert explanation.map.shape == (4, 4) and explanation.map.isfinite().all() and explanation.map.abs().sum() > 0
-            assert explanation.probability is None and explanation.target.startswith("similarity to")
+            assert explanation.probability is None and explanation.target.startswith("similarity to" if target is None else "patch (row 1")
     html = explain(image, backbone, "attnlrp")._repr_html_()
     assert "not a probability" in html and "100.0%" not in html
     with pytest.raises(VitExplorerError, match="no class 'cat'"):

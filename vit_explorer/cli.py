@@ -393,7 +393,7 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--method", default="rollout", choices=list(CLASS_METHODS),
                          help="the map to write as METHOD.png and score: " + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
     analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction); for a "
-                         "backbone, patch:ROW,COL: the similarity of the image's embedding to that patch's (default: to its own)")
+                         "backbone, patch:ROW,COL: what that patch's own output token is made of (default: the image's own embedding)")
     analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
     analyze.add_argument("--baseline", default="blur", choices=list(PROTOCOLS),

@@ -26,8 +26,8 @@ class Explanation:
     Attributes:
         map: the map over the patch grid ``[grid_h, grid_w]`` (prefix tokens removed), a CPU tensor.
         method: its method (``CLASS_METHODS`` key).
-        target: the label of what it explains: a class, or for a backbone a similarity ("similarity to the image's own
-            embedding", "similarity to patch (row r, col c)"); None for a class-agnostic map (rollout, cls) asked for no
+        target: the label of what it explains: a class, or for a backbone its score ("similarity to the image's own
+            embedding", "patch (row r, col c): its own output token"); None for a class-agnostic map (rollout, cls) asked for no
             target.
         probability: the target class's probability; None where there is no class.
         analysis: the analysis it was read from (every layer's maps, logits, layout).
@@ -65,9 +65,9 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     ``"timm:vit_base_patch16_224"``, a loaded model, or None for the built-in one) by ``method`` (``CLASS_METHODS``),
     for ``target`` (a class name or index; None: the top class).
 
-    A backbone has no class: its class-specific maps explain the similarity of the image's embedding to a reference
-    (``core.targets``): its own embedding (``target`` None) or the output token of the patch at ``target`` = (row,
-    column): "what makes the image look like that patch". Its class-agnostic maps (``rollout``, ``cls``) need none.
+    A backbone has no class: its class-specific maps explain a projection (``core.targets``): of the image's embedding on
+    its own direction (``target`` None), or of the output token of the patch at ``target`` = (row, column) on its own
+    direction: what that patch's representation is made of. Its class-agnostic maps (``rollout``, ``cls``) need none.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model or DEFAULT_MODEL)
     if isinstance(image, np.ndarray):

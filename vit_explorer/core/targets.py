@@ -1,12 +1,17 @@
 """Targets beyond classes: what a backbone's class-specific maps explain.
 
 A backbone has no class scores, so relevance, AttnLRP, LeGrad, gradient-weighted rollout, head ablation and the sanity
-check have nothing to differentiate. ``similarity_model`` gives them one score instead: the projection of the image's
-embedding (the backbone's own pooling of its final tokens: the class token, or the mean patch for a model without
-one) on a unit reference direction r̂, s(x) = ⟨embed(x), r̂⟩. The reference is the image's own embedding (what makes
-the image look like itself) or the output token of one patch (what makes the image look like that patch). The
-reference is computed once, from the unchanged image, and held fixed: a perturbed or randomised model is scored
-against the same direction.
+check have nothing to differentiate. ``similarity_model`` gives them one score instead, a projection on a unit
+reference direction r̂ computed once from the unchanged image and held fixed (a perturbed or randomised model is
+scored against the same direction):
+
+- *the image*: s(x) = ⟨embed(x), r̂⟩, embed the backbone's own pooling of its final tokens (the class token, or the mean
+  patch for a model without one) and r̂ the image's own embedding: on the image itself, the embedding's length;
+- *this patch*: s(x) = ⟨token_p(x), r̂⟩, token_p the clicked patch's own output token and r̂ its direction on the
+  image: which parts of the image that patch's representation is made of. It replaced the image's embedding
+  projected on the patch's token, a quantity no user asks about, whose AttnLRP map on a real photo (DINOv2, the
+  astronaut's eye) ranked the clicked eye the least relevant patch of the image; on this target it ranks it first or
+  second (``tests/test_real_weights.py``).
 
 The score is served through an adapter that wraps the model's own (``SimilarityAdapter``) and reports it as a
 model with one "class", so every method reaches it through the same interface as a class logit. It is a score,
@@ -71,12 +76,14 @@ class Target:
 
 
 class SimilarityAdapter(CaptureAdapter):
-    """The adapter of ``base``'s model with one score in place of class logits: ⟨embed(x), ``reference``⟩
-    ``[b, 1]``, ``reference`` ``[dim]`` a unit vector. Everything else is ``base``'s."""
+    """The adapter of ``base``'s model with one score in place of class logits ``[b, 1]``: ⟨embed(x), ``reference``⟩, or
+    with ``token`` the output token at that sequence index, ⟨token(x), ``reference``⟩; ``reference`` ``[dim]`` a unit
+    vector. Everything else is ``base``'s."""
 
-    def __init__(self, base: CaptureAdapter, reference: torch.Tensor) -> None:
+    def __init__(self, base: CaptureAdapter, reference: torch.Tensor, token: int | None = None) -> None:
         self.base = base
         self.reference = reference
+        self.token = token
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -116,8 +123,9 @@ class SimilarityAdapter(CaptureAdapter):
         return self.base.pool(module, tokens)
 
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        embedding = self.pool(module, self.final_tokens(module, hidden))  # [b, dim]
-        return embedding @ self.reference.to(embedding.device, embedding.dtype)[:, None]
+        tokens = self.final_tokens(module, hidden)  # [b, n, dim]
+        read = self.pool(module, tokens) if self.token is None else tokens[:, self.token]  # [b, dim]
+        return read @ self.reference.to(read.device, read.dtype)[:, None]
 
     def score_of(self, module: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` (pixels → the base's outputs) made to return the score, read from the last layer's stream."""
@@ -145,8 +153,10 @@ class SimilarityAdapter(CaptureAdapter):
 
 
 def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int, int] | None = None) -> LoadedModel:
-    """``model`` scored by the similarity of an image's embedding to the embedding of the image ``pixels``
-    ``[1, 3, H, W]`` (``patch`` None) or to the output token of its patch at (row, column) ``patch``."""
+    """``model`` scored, for ``patch`` None, by the projection of an image's embedding on the unit direction of the
+    embedding of the image ``pixels`` ``[1, 3, H, W]`` (on that image: the embedding's length); for a ``patch`` (row,
+    column), by the projection of that patch's own output token on the direction of the same token of ``pixels``:
+    which parts of the image the clicked patch's representation is made of, the question a user clicking a patch asks."""
     module, layout = model.module, model.layout
     streams: dict[int, torch.Tensor] = {}
     with capture_lock(module), torch.inference_mode(), model.adapter.layer_outputs(module, streams.__setitem__):
@@ -158,14 +168,11 @@ def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int,
             row, col = patch
             if not (0 <= row < layout.grid_hw[0] and 0 <= col < layout.grid_hw[1]):
                 raise VitExplorerError(f"patch ({row}, {col}) is outside the {layout.grid_hw[0]}×{layout.grid_hw[1]} patch grid")
-            token = tokens[0, layout.patch_token(row, col)]
-            pooled = model.adapter.pool(module, tokens)
-            if token.shape != pooled.shape[1:]:
-                raise VitExplorerError(f"{model.name}'s embedding ({pooled.shape[1]} values) is not in its tokens' space "
-                                       f"({token.shape[0]}): it has no patch to compare with; use its own embedding")
-            reference, label = token, f"{SIMILARITY} to patch (row {row}, col {col})"
+            index = layout.patch_token(row, col)
+            reference, label = tokens[0, index], f"patch (row {row}, col {col}): its own output token"
     reference = reference.float().clone()
     norm = float(reference.norm())
     if norm == 0:
         raise VitExplorerError(f"{model.name} gives this reference an embedding of zero length: there is no direction to explain")
-    return dataclasses.replace(model, adapter=SimilarityAdapter(model.adapter, reference / norm), labels=[label], ood=None)
+    return dataclasses.replace(model, adapter=SimilarityAdapter(model.adapter, reference / norm, None if patch is None else index),
+                               labels=[label], ood=None)

@@ -181,7 +181,7 @@ class Session:
 
 
 # a backbone's targets, by the target dropdown's value
-SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "similarity to the query patch"}
+SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "the query patch: its own output token"}
 
 
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None, models: ModelCache | None = None) -> Session:

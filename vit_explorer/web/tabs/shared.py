@@ -80,8 +80,8 @@ def target_update(session: Session) -> dict:
 
 TARGET_INFO = "what Class maps, Head ablation and Compare explain; type to search"
 NO_TARGET = "this model has no classifier head: there is no class to explain"
-SIMILARITY_INFO = ("a backbone has no classes: its class maps and head ablation can explain what makes the image's embedding "
-                   "like its own, or like the query patch's (click a patch first)")
+SIMILARITY_INFO = ("a backbone has no classes: its class maps and head ablation can explain the image's embedding, or what the "
+                   "query patch's own output token is made of (click a patch first)")
 
 
 @user_errors
@@ -105,7 +105,7 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
     if choice == "patch":
         patch = None if session.query is None else session.analysis.layout.token_patch(session.query)
         if patch is None:
-            raise VitExplorerError("click a patch of the image first: the similarity to the query patch needs a patch as the query")
+            raise VitExplorerError("click a patch of the image first: the query patch's target needs a patch as the query")
     base = models.get(session.model_spec)
     # only the image is read from the analysis shown, which may be another similarity's
     similarity, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget)
