@@ -238,3 +238,19 @@ def test_a_signed_map_lies_over_the_image_in_grey(analysis):
     height, width = view_hw(blue)
     centre = picture[height // 2 - 4 : height // 2 + 4, width // 2 - 4 : width // 2 + 4].reshape(-1, 3).astype(int)
     assert np.abs(centre[:, 2] - centre[:, 0]).max() <= 12, centre[:3]  # grey, not the image's blue
+
+
+def test_attnlrp_says_how_its_relevance_adds_up_to_the_score(model, analysis):
+    """AttnLRP's map carries its conservation: the sum of its patches over the logit it explains, each read here
+    independently; far from 1 the colour bar says red and blue do not add up to the score."""
+    from vit_explorer.core.maps import RolloutOptions, class_map, conservation
+    from vit_explorer.draw.pictures import negligible_note
+
+    evidence = class_evidence(model, analysis, None, ("attnlrp",))
+    grid_map = class_map(analysis, "attnlrp", evidence, RolloutOptions())
+    ratio = conservation(analysis, "attnlrp", evidence, grid_map)
+    expected = float(grid_map.double().sum()) / float(model.logits(to_pixels(analysis.image, model.preprocess))[0, evidence.target])
+    assert ratio == pytest.approx(expected, rel=1e-4)
+    assert conservation(analysis, "relevance", evidence, grid_map) is None
+    assert negligible_note(None, 1.1) == "relevance sums to 1.10× the score"
+    assert negligible_note(None, 3.0).endswith("(not conserved: red and blue do not add up to it)")

@@ -11,7 +11,7 @@ from PIL import Image
 
 from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.images import ImageSource
-from vit_explorer.core.maps import RolloutOptions, map_strength
+from vit_explorer.core.maps import RolloutOptions, conservation, map_strength
 from vit_explorer.core.request import Request
 from vit_explorer.core.targets import Target
 from vit_explorer.draw import report
@@ -33,6 +33,7 @@ class Explanation:
         analysis: the analysis it was read from (every layer's maps, logits, layout).
         strength: the share of its target's score the map carries (``maps.map_strength``; below ``maps.NEGLIGIBLE`` its
             pattern is noise, and its display says so); None for a class-agnostic map.
+        conserved: for AttnLRP, its relevance summed over the patches over the score (``maps.conservation``); else None.
     """
 
     map: torch.Tensor
@@ -41,6 +42,7 @@ class Explanation:
     probability: float | None
     analysis: Analysis
     strength: float | None = None
+    conserved: float | None = None
 
     def __repr__(self) -> str:
         # one line: the map's shape and range, not its values (the dataclass default printed ~20 KB of tensors)
@@ -50,7 +52,8 @@ class Explanation:
                 f"in [{low:.3g}, {high:.3g}], model={self.analysis.model_name!r})")
 
     def _repr_html_(self) -> str:
-        return report.explanation_html(self.analysis, self.map, self.method, self.target, self.probability, strength=self.strength)
+        return report.explanation_html(self.analysis, self.map, self.method, self.target, self.probability, strength=self.strength,
+                                       conserved=self.conserved)
 
     def save_html(self, path: str | Path) -> Path:
         """The same display as a self-contained HTML file (pictures embedded, nothing fetched)."""
@@ -79,4 +82,5 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     named = evidence is not None and request.explains
     probability = float(analysis.probs[evidence.target]) if named and not analysis.similarity else None
     return Explanation(map=grid_map, method=method, target=result.target_label if named else None, probability=probability,
-                       analysis=analysis, strength=map_strength(analysis, method, evidence, grid_map))
+                       analysis=analysis, strength=map_strength(analysis, method, evidence, grid_map),
+                       conserved=conservation(analysis, method, evidence, grid_map))

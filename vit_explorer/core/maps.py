@@ -195,6 +195,21 @@ def map_strength(analysis: Analysis, method: str, evidence: ClassEvidence | None
     return magnitude / score if score > 0 else float("inf")
 
 
+# AttnLRP's relevance sums to its score where conservation holds; beyond this distance from 1 its red and blue do not add
+# up to the score, and the map says so
+CONSERVATION_TOLERANCE = 0.25
+
+
+def conservation(analysis: Analysis, method: str, evidence: ClassEvidence | None, grid_map: torch.Tensor) -> float | None:
+    """AttnLRP's relevance summed over the patches over the score it explains (1 where conservation holds); None for
+    another method or a score of 0. Biases, the class token and the position embedding keep relevance the rules do not
+    pass on to the pixels, so on real weights it can be far from 1."""
+    if method != "attnlrp" or evidence is None:
+        return None
+    score = float(analysis.logits[evidence.target])
+    return float(grid_map.sum()) / score if score != 0 else None
+
+
 def attention_map(analysis: Analysis, query: int | None, layer: int, head: int | None) -> torch.Tensor:
     """Where the query looks in one layer, one head or the mean of heads ``[grid_h, grid_w]``."""
     rows = query_rows(analysis, query)[layer]  # [heads, n]

@@ -8,7 +8,16 @@ import numpy as np
 import torch
 
 from vit_explorer.core.analysis import Analysis, ClassEvidence
-from vit_explorer.core.maps import NEGLIGIBLE, RolloutOptions, class_map, head_order, map_strength, query_rows
+from vit_explorer.core.maps import (
+    CONSERVATION_TOLERANCE,
+    NEGLIGIBLE,
+    RolloutOptions,
+    class_map,
+    conservation,
+    head_order,
+    map_strength,
+    query_rows,
+)
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import HeadAblation, TokenNorms
 from vit_explorer.draw import render
@@ -134,7 +143,8 @@ def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence |
                       cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
     """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
     grid_map = class_map(analysis, method, evidence, options)
-    return method_picture(analysis, grid_map, method, cmap, scale, strength=map_strength(analysis, method, evidence, grid_map))
+    return method_picture(analysis, grid_map, method, cmap, scale, strength=map_strength(analysis, method, evidence, grid_map),
+                          conserved=conservation(analysis, method, evidence, grid_map))
 
 
 def run_map_picture(run: Run, method: str, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
@@ -143,24 +153,30 @@ def run_map_picture(run: Run, method: str, cmap: str = "inferno", scale: str = "
     grid_map = run.maps.get(method)
     if grid_map is None:
         grid_map = class_map(run.analysis, method, run.evidence, run.options)
-    return method_picture(run.analysis, grid_map, method, cmap, scale, strength=map_strength(run.analysis, method, run.evidence, grid_map))
+    return method_picture(run.analysis, grid_map, method, cmap, scale, strength=map_strength(run.analysis, method, run.evidence, grid_map),
+                          conserved=conservation(run.analysis, method, run.evidence, grid_map))
 
 
-def negligible_note(strength: float | None) -> str:
-    """The colour bar's warning for a map that carries a negligible share of its score (``maps.map_strength``), or ""."""
-    if strength is None or strength >= NEGLIGIBLE:
-        return ""
-    return f"negligible: the map carries {strength:.1e} of the score, pattern is noise"
+def negligible_note(strength: float | None, conserved: float | None = None) -> str:
+    """The colour bar's words on what a map can be trusted for: negligible against its score (``maps.map_strength``),
+    and for AttnLRP how its relevance adds up to the score (``maps.conservation``); "" when there is nothing to say."""
+    notes = []
+    if strength is not None and strength < NEGLIGIBLE:
+        notes.append(f"negligible: the map carries {strength:.1e} of the score, pattern is noise")
+    if conserved is not None:
+        far = abs(conserved - 1) > CONSERVATION_TOLERANCE
+        notes.append(f"relevance sums to {conserved:.2f}× the score" + (" (not conserved: red and blue do not add up to it)" if far else ""))
+    return " · ".join(notes)
 
 
 def method_picture(analysis: Analysis, grid_map: torch.Tensor, method: str, cmap: str = "inferno", scale: str = "linear",
-                   strength: float | None = None) -> np.ndarray:
+                   strength: float | None = None, conserved: float | None = None) -> np.ndarray:
     """A class map's large view. A signed map (AttnLRP's relevance also speaks against the class) goes on a diverging
     scale symmetric about 0, red for the target and blue against it, over the image in grey (so that a blue object is
     not read as evidence against), since a sequential scale would paint the strongest evidence against as the least
-    important; any other map on ``cmap``. ``strength`` (``maps.map_strength``) below ``maps.NEGLIGIBLE`` is said on the
-    colour bar."""
-    note = negligible_note(strength)
+    important; any other map on ``cmap``. ``strength`` (``maps.map_strength``) below ``maps.NEGLIGIBLE``, and AttnLRP's
+    conservation (``maps.conservation``), are said on the colour bar."""
+    note = negligible_note(strength, conserved)
     if float(grid_map.min()) < 0:
         bound = float(grid_map.abs().max())
         return map_picture(analysis, grid_map, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),

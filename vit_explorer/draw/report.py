@@ -88,12 +88,12 @@ def page(title: str, body: str) -> str:
 
 
 def explanation_html(analysis: Analysis, grid_map, method: str, target: str | None, probability: float | None,
-                     cmap: str = "inferno", strength: float | None = None) -> str:
+                     cmap: str = "inferno", strength: float | None = None, conserved: float | None = None) -> str:
     """The rich display of one explanation: the image, its map overlaid with a colour bar, the method, the target and
     the top-5 predictions (a fragment, as Jupyter embeds it)."""
     title = f"{CLASS_METHODS[method]}" + (f" · target {target}" + (f" ({probability:.1%})" if probability is not None else "")
                                          if target is not None else "")
-    map_view = pictures.method_picture(analysis, grid_map, method, cmap, strength=strength)
+    map_view = pictures.method_picture(analysis, grid_map, method, cmap, strength=strength, conserved=conserved)
     return (f'<div><h3 style="margin:4px 0">{html.escape(title)}</h3>{provenance(analysis)}<div class="row">'
             f"{figure(pictures.image_picture(analysis, None), 'the image as the model saw it')}"
             f"{figure(map_view, CLASS_METHODS[method])}<div>{top_five(analysis)}</div></div></div>")
