@@ -34,7 +34,6 @@ def test_analyze_accepts_pil_images_and_bytes(tiny_checkpoint, image_file):
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # capture left no global mode behind
 
 
-from vit_explorer import VitExplorerError
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import choose_storage, map_bytes
 from vit_explorer.draw import pictures
