@@ -929,3 +929,21 @@ def test_a_report_never_shows_one_targets_results_under_anothers_name(models, up
     assert f"<h2>Head ablation for {html.escape(session.analysis.label(other))}</h2>" in report
     assert "<h2>Faithfulness" not in report and "<h2>Sanity check" not in report and "<h2>Scoreboard" not in report
     assert "percentage points" in report and "% probability" not in report
+
+
+def test_the_tokens_tab_follows_the_query_patch_from_the_upload_pass(models, upload, checkpoint):
+    """Cosine similarity to the clicked patch's output token and the tokens' principal components, drawn from the
+    upload's pass: no model pass when the tab opens or the query moves."""
+    session, _ = analysed(models, upload, checkpoint)
+    forwards = forward_counter(models, checkpoint)
+    tokens_tab = "Tokens"
+    first = opened(tokens_tab, session)
+    assert first["token_similarity"].ndim == 3 and first["token_components"].shape[2] == 3 and forwards == []
+    moved = by_name(shared.on_patch_click(models, click(100, 60), session, tokens_tab, *CONTROLS), shared.QUERIED)
+    assert session.analysis.layout.token_patch(session.query) is not None  # a patch is the query now
+    assert not np.array_equal(moved["token_similarity"], first["token_similarity"]) and forwards == []
+    np.testing.assert_array_equal(moved["token_components"], first["token_components"])  # the components do not follow a click
+    # the similarity of the clicked patch to itself is the top of the scale: its tile is the colour map's brightest
+    row, col = session.analysis.layout.token_patch(session.query)
+    similarity = maps.token_similarity(session.analysis, session.query)
+    assert float(similarity[row, col]) == pytest.approx(1.0, abs=1e-5) and float(similarity.max()) == pytest.approx(1.0, abs=1e-5)

@@ -254,3 +254,37 @@ def test_attnlrp_says_how_its_relevance_adds_up_to_the_score(model, analysis):
     assert conservation(analysis, "relevance", evidence, grid_map) is None
     assert negligible_note(None, 1.1) == "relevance sums to 1.10× the score"
     assert negligible_note(None, 3.0).endswith("(not conserved: red and blue do not add up to it)")
+
+
+@pytest.mark.timm
+def test_token_views_are_the_output_tokens_of_one_independent_pass():
+    """The Tokens tab's numbers: cosine similarity and principal components of the output tokens, against tokens taken
+    from a separate forward pass of the timm model (its own ``forward_features``, which ends in the final norm)."""
+    timm = pytest.importorskip("timm")
+    from PIL import Image
+
+    from vit_explorer.core.maps import token_components, token_similarity
+
+    model = load_model("timm:vit_small_patch14_reg4_dinov2@random", input_hw=(56, 56))
+    image = Image.fromarray(np.random.default_rng(7).integers(0, 255, (56, 56, 3), dtype=np.uint8))
+    analysis = analyze(model, image)
+    with torch.no_grad():
+        tokens = model.module.forward_features(to_pixels(analysis.image, model.preprocess))[0]  # [n, dim], registers included
+    assert isinstance(model.module, timm.models.VisionTransformer) and analysis.output_tokens.shape == tokens.shape
+    query = analysis.layout.patch_token(2, 1)
+    expected = torch.nn.functional.cosine_similarity(tokens[5:], tokens[query][None], dim=-1).reshape(4, 4)  # 1 class + 4 registers
+    torch.testing.assert_close(token_similarity(analysis, query), expected, rtol=1e-4, atol=1e-5)
+    assert float(token_similarity(analysis, query)[2, 1]) == pytest.approx(1.0, abs=1e-5)
+    # the components: numpy's SVD of the centred patch tokens, each scaled to 0…1, up to the sign of each component
+    patches = tokens[5:].double().numpy()
+    centred = patches - patches.mean(axis=0)
+    _, _, directions = np.linalg.svd(centred, full_matrices=False)
+    components = token_components(analysis).reshape(16, 3).double().numpy()
+    for index in range(3):
+        raw = centred @ directions[index]
+        for signed in (raw, -raw):
+            scaled = (signed - signed.min()) / (signed.max() - signed.min())
+            if np.allclose(scaled, components[:, index], atol=1e-4):
+                break
+        else:
+            raise AssertionError(f"component {index} is not the SVD's, either sign")

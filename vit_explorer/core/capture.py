@@ -180,18 +180,23 @@ class RowSink(LayerSink):
 # ---- the one call ------------------------------------------------------------------------------
 
 
+LAST = "last"  # where ``recording_norms`` keeps the last layer's stream
+
+
 @contextmanager
-def recording_norms(module: nn.Module, adapter: CaptureAdapter, active: bool) -> Iterator[dict[int, torch.Tensor]]:
+def recording_norms(module: nn.Module, adapter: CaptureAdapter, active: bool) -> Iterator[dict]:
     """While active, the L2 norm of every token of the residual stream after each layer ``[b, n]`` (float32,
-    detached) lands in the yielded dict by layer. Only the norms are kept: a hidden state is never held
-    past its layer."""
-    norms: dict[int, torch.Tensor] = {}
+    detached) lands in the yielded dict by layer, and the last layer's stream itself ``[b, n, dim]`` under the key
+    ``LAST`` (for the output tokens). No other hidden state is held past its layer."""
+    norms: dict = {}
     if not active:
         yield norms
         return
 
     def record(layer: int, hidden: torch.Tensor) -> None:
         norms[layer] = torch.linalg.vector_norm(hidden.detach(), dim=-1, dtype=torch.float32)
+        if layer >= norms.get(LAST, (-1, None))[0]:
+            norms[LAST] = (layer, hidden.detach())
 
     with adapter.layer_outputs(module, record):
         yield norms
@@ -210,6 +215,8 @@ class Captured:
             (or when a backbone has no class for a ``TOP`` target).
         token_norms: the L2 norm of every token of the residual stream after each layer ``[b, layers, n]``
             (float32, on the CPU) when asked for, else None.
+        output_tokens: with the norms, every token as the model outputs it (after its final norm) ``[b, n, dim]``
+            (float32, on the CPU), else None.
     """
 
     logits: torch.Tensor
@@ -217,6 +224,7 @@ class Captured:
     targets: torch.Tensor | None = None
     gradients: Any = None
     token_norms: torch.Tensor | None = None
+    output_tokens: torch.Tensor | None = None
 
 
 def capture(
@@ -265,9 +273,14 @@ def capture(
                 else:
                     gradients = [reduce_gradients(attention.detach(), gradient) for attention, gradient in zip(maps, layer_gradients)]
             del maps, graph
+    output_tokens = None
+    if norms:
+        _, last = layer_norms.pop(LAST)
+        with torch.no_grad():
+            output_tokens = adapter.final_tokens(module, last).float().cpu()
     token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu() if norms else None
     return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets, gradients=gradients,
-                    token_norms=token_norms)
+                    token_norms=token_norms, output_tokens=output_tokens)
 
 
 def class_targets(logits: torch.Tensor, target: str | int | torch.Tensor) -> torch.Tensor | None:

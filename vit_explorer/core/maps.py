@@ -175,6 +175,41 @@ def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, o
     return factors_map(analysis, factors, query, options.start_layer)
 
 
+def output_tokens(analysis: Analysis) -> torch.Tensor:
+    """The analysis's output tokens ``[n, dim]``, or a message where it was made without them."""
+    if analysis.output_tokens is None:
+        raise VitExplorerError("this analysis was made without its output tokens; analyse the image again")
+    return analysis.output_tokens
+
+
+def token_similarity(analysis: Analysis, query: int | None) -> torch.Tensor:
+    """The cosine similarity of every patch's output token to the query token's (None: to the mean patch token)
+    ``[grid_h, grid_w]``: the plain view of a clicked patch that DINOv2's users know, beside which any method that
+    explains a patch target is to be read."""
+    tokens = output_tokens(analysis)  # [n, dim]
+    layout = analysis.layout
+    reference = tokens[layout.num_prefix_tokens :].mean(dim=0) if query is None else tokens[check_query(analysis, query)]
+    return layout.patch_map(torch.nn.functional.cosine_similarity(tokens, reference[None], dim=-1))
+
+
+def token_components(analysis: Analysis) -> torch.Tensor:
+    """The first three principal components of the patch tokens, each scaled to 0…1 over the patches
+    ``[grid_h, grid_w, 3]`` (DINOv2's own picture of its features: patches alike in colour are alike in representation).
+    A component's sign is arbitrary (the SVD's); it is fixed so that its largest value is positive."""
+    def compute() -> torch.Tensor:
+        patches = output_tokens(analysis)[analysis.layout.num_prefix_tokens :].double()  # [patches, dim]
+        centred = patches - patches.mean(dim=0)
+        _, _, directions = torch.linalg.svd(centred, full_matrices=False)  # rows: principal directions
+        components = centred @ directions[:3].T  # [patches, 3]
+        components = components * torch.where(components.max(dim=0).values >= -components.min(dim=0).values, 1.0, -1.0)
+        low, high = components.min(dim=0).values, components.max(dim=0).values
+        scaled = ((components - low) / (high - low).clamp_min(1e-12)).float()
+        rows, cols = analysis.grid
+        return scaled.reshape(rows, cols, 3)
+
+    return memo(analysis, ("token_components",), compute)
+
+
 # below this share of the score, a class-specific map explains nothing: measured on the shipped model's six examples and
 # real DINOv2 (astronaut, chelsea; own embedding and an eye patch) every map carries 0.6 to 450 times its score, on
 # random-weight DINOv2 (LayerScale 1e-5: the blocks add almost nothing) 2e-7 to 2.4e-3 of it

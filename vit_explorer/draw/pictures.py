@@ -202,6 +202,14 @@ def difference_picture(analysis: Analysis, difference: torch.Tensor | np.ndarray
     return render.with_colorbar(picture, DIFFERENCE_CMAP, -bound, bound, unit)
 
 
+def components_picture(analysis: Analysis, components: torch.Tensor | np.ndarray) -> np.ndarray:
+    """The patch tokens' first three principal components ``[grid_h, grid_w, 3]`` (0…1, ``maps.token_components``) as
+    red, green and blue at the size of the large views, smooth between patch centres."""
+    channels = np.moveaxis(render.to_numpy(components, np.float32), -1, 0)  # [3, grid_h, grid_w]
+    picture = np.moveaxis(render.upsample(channels, view_hw(analysis)), 0, -1)  # [H, W, 3]
+    return (np.clip(picture, 0.0, 1.0) * 255).round().astype(np.uint8)
+
+
 NORM_RATIO = "token norm ÷ its layer's median patch norm"
 
 

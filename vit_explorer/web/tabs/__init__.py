@@ -17,8 +17,9 @@ from vit_explorer.web.tabs import (
     overview,
     rollout_options,
     token_norms,
+    tokens,
 )
 from vit_explorer.web.tabs.base import Tab
 
 TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB, head_ablation.TAB,
-                         token_norms.TAB, compare.TAB, export.TAB)
+                         token_norms.TAB, tokens.TAB, compare.TAB, export.TAB)
