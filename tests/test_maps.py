@@ -205,7 +205,7 @@ def test_maps_that_carry_a_negligible_share_of_their_score_say_so_and_trained_on
     from vit_explorer.core.analysis import pixels_of
     from vit_explorer.core.maps import CLASS_SPECIFIC, NEGLIGIBLE, RolloutOptions, class_map, map_strength
     from vit_explorer.core.targets import similarity_model
-    from vit_explorer.draw.pictures import negligible_note
+    from vit_explorer.draw.pictures import trust_note
     from vit_explorer.models.builtin import EXAMPLES
 
     backbone = load_model("timm:vit_small_patch14_dinov2@random", input_hw=(56, 56))
@@ -216,7 +216,7 @@ def test_maps_that_carry_a_negligible_share_of_their_score_say_so_and_trained_on
     evidence = class_evidence(scored, analysis, None, CLASS_SPECIFIC)
     for method in CLASS_SPECIFIC:
         strength = map_strength(analysis, method, evidence, class_map(analysis, method, evidence, RolloutOptions()))
-        assert strength < NEGLIGIBLE and negligible_note(strength).startswith("negligible"), (method, strength)
+        assert strength < NEGLIGIBLE and trust_note(strength).startswith("negligible"), (method, strength)
     assert map_strength(analysis, "rollout", evidence, class_map(analysis, "rollout", evidence, RolloutOptions())) is None
     shipped = load_model("builtin:shapes")
     for path in sorted(EXAMPLES.glob("*.png")):
@@ -224,7 +224,7 @@ def test_maps_that_carry_a_negligible_share_of_their_score_say_so_and_trained_on
         evidence = class_evidence(shipped, trained, None, CLASS_SPECIFIC)
         for method in CLASS_SPECIFIC:
             strength = map_strength(trained, method, evidence, class_map(trained, method, evidence, RolloutOptions()))
-            assert strength >= NEGLIGIBLE and negligible_note(strength) == "", (path.name, method, strength)
+            assert strength >= NEGLIGIBLE and trust_note(strength) == "", (path.name, method, strength)
 
 
 def test_a_signed_map_lies_over_the_image_in_grey(analysis):
@@ -244,7 +244,7 @@ def test_attnlrp_says_how_its_relevance_adds_up_to_the_score(model, analysis):
     """AttnLRP's map carries its conservation: the sum of its patches over the logit it explains, each read here
     independently; far from 1 the colour bar says red and blue do not add up to the score."""
     from vit_explorer.core.maps import RolloutOptions, class_map, conservation
-    from vit_explorer.draw.pictures import negligible_note
+    from vit_explorer.draw.pictures import trust_note
 
     evidence = class_evidence(model, analysis, None, ("attnlrp",))
     grid_map = class_map(analysis, "attnlrp", evidence, RolloutOptions())
@@ -252,8 +252,8 @@ def test_attnlrp_says_how_its_relevance_adds_up_to_the_score(model, analysis):
     expected = float(grid_map.double().sum()) / float(model.logits(to_pixels(analysis.image, model.preprocess))[0, evidence.target])
     assert ratio == pytest.approx(expected, rel=1e-4)
     assert conservation(analysis, "relevance", evidence, grid_map) is None
-    assert negligible_note(None, 1.1) == "relevance sums to 1.10× the score"
-    assert negligible_note(None, 3.0).endswith("(not conserved: red and blue do not add up to it)")
+    assert trust_note(None, 1.1) == "relevance sums to 1.10× the score"
+    assert trust_note(None, 3.0).endswith("(not conserved: red and blue do not add up to it)")
 
 
 @pytest.mark.timm

@@ -102,12 +102,12 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     if not analysis.num_classes and request.explains:
         model, analysis, target = retarget(model, analysis, request.target, request.memory_budget)
         progress(f"target: {analysis.label(0)} (a backbone has no classes)", 0, "")
+    options = request.options
     wanted = request.maps if request.every_map or request.method in maps.CLASS_SPECIFIC else ()
     evidence = (class_evidence(model, analysis, target, wanted)
                 if analysis.num_classes and (request.explains or request.score or request.every_map) else None)
-    shown = {method: maps.class_map(analysis, method, evidence, request.options) for method in request.maps
+    shown = {method: maps.class_map(analysis, method, evidence, options) for method in request.maps
              if evidence is not None or method not in maps.CLASS_SPECIFIC}
-    options = request.options
     curves = (score(model, analysis, evidence, request.method, request.protocol, options=options, steps=request.steps,
                     random_orders=request.random_orders, progress=progress) if request.score and evidence is not None else None)
     sanity = check(model, analysis, evidence, options=options, progress=progress) if request.sanity else None

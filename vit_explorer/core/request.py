@@ -100,7 +100,3 @@ class Run:
     def target_label(self) -> str | None:
         """What the class-specific maps explain, in words; None where nothing has a target."""
         return None if self.evidence is None else self.analysis.label(self.evidence.target)
-
-    @property
-    def options(self) -> RolloutOptions:
-        return self.request.options

@@ -142,9 +142,7 @@ def grid_picture(
 def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions,
                       cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
     """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
-    grid_map = class_map(analysis, method, evidence, options)
-    return method_picture(analysis, grid_map, method, cmap, scale, strength=map_strength(analysis, method, evidence, grid_map),
-                          conserved=conservation(analysis, method, evidence, grid_map))
+    return evidence_picture(analysis, method, evidence, class_map(analysis, method, evidence, options), cmap, scale)
 
 
 def run_map_picture(run: Run, method: str, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
@@ -152,12 +150,19 @@ def run_map_picture(run: Run, method: str, cmap: str = "inferno", scale: str = "
     (AttnLRP's and LeGrad's are in the evidence once asked for: nothing here runs the model)."""
     grid_map = run.maps.get(method)
     if grid_map is None:
-        grid_map = class_map(run.analysis, method, run.evidence, run.options)
-    return method_picture(run.analysis, grid_map, method, cmap, scale, strength=map_strength(run.analysis, method, run.evidence, grid_map),
-                          conserved=conservation(run.analysis, method, run.evidence, grid_map))
+        return class_map_picture(run.analysis, method, run.evidence, run.request.options, cmap, scale)
+    return evidence_picture(run.analysis, method, run.evidence, grid_map, cmap, scale)
 
 
-def negligible_note(strength: float | None, conserved: float | None = None) -> str:
+def evidence_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, grid_map: torch.Tensor, cmap: str,
+                     scale: str) -> np.ndarray:
+    """``method_picture`` of ``grid_map`` with what its colour bar must say of it against its target's evidence: how much
+    of the score it carries (``maps.map_strength``) and, for AttnLRP, how its relevance adds up (``maps.conservation``)."""
+    return method_picture(analysis, grid_map, method, cmap, scale, strength=map_strength(analysis, method, evidence, grid_map),
+                          conserved=conservation(analysis, method, evidence, grid_map))
+
+
+def trust_note(strength: float | None, conserved: float | None = None) -> str:
     """The colour bar's words on what a map can be trusted for: negligible against its score (``maps.map_strength``),
     and for AttnLRP how its relevance adds up to the score (``maps.conservation``); "" when there is nothing to say."""
     notes = []
@@ -176,7 +181,7 @@ def method_picture(analysis: Analysis, grid_map: torch.Tensor, method: str, cmap
     not read as evidence against), since a sequential scale would paint the strongest evidence against as the least
     important; any other map on ``cmap``. ``strength`` (``maps.map_strength``) below ``maps.NEGLIGIBLE``, and AttnLRP's
     conservation (``maps.conservation``), are said on the colour bar."""
-    note = negligible_note(strength, conserved)
+    note = trust_note(strength, conserved)
     if float(grid_map.min()) < 0:
         bound = float(grid_map.abs().max())
         return map_picture(analysis, grid_map, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),

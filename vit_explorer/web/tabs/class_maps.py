@@ -4,7 +4,8 @@ mean or ROAD), the scoreboard of every method, and a sanity check that the maps 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 import gradio as gr
 import numpy as np
@@ -28,6 +29,7 @@ from vit_explorer.web.captions import (
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, stages, user_errors
 
+T = TypeVar("T")
 OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart", "board_text", "board_table")
 BOARD_COLUMNS = ["#", "method", "score", "vs chance", "del. AUC", "ins. AUC", "random-model ρ", "uses weights"]
 
@@ -107,11 +109,17 @@ def faithfulness_plot(session: Session, method: str, curves) -> dict:
                      y_title=curves.measure, y_lim=list(charts.curve_limits(curves)), x_title=curves.protocol.axis_title)
 
 
+def shown(kept: tuple[Hashable, T] | None, key: Hashable) -> T | None:
+    """A kept result (``Screen.score``, ``sanity``, ``board``: (what it was computed for, the result)) where it was
+    computed for ``key``, the page's current target and options; else None, never another target's."""
+    return kept[1] if kept is not None and kept[0] == key else None
+
+
 def render(session: Session, controls: Controls) -> dict:
     """The map, and the last score where it is of this map (else the note of what scoring does)."""
-    score = session.screen.score
-    if score is not None and score[0] == score_key(session, controls):
-        plot, text = faithfulness_plot(session, controls.method, score[1]), score_text(session.analysis, controls.method, score[1])
+    curves = shown(session.screen.score, score_key(session, controls))
+    if curves is not None:
+        plot, text = faithfulness_plot(session, controls.method, curves), score_text(session.analysis, controls.method, curves)
     else:
         plot, text = NO_PLOT, class_note(session)
     method = shown_method(session, controls)
@@ -132,19 +140,19 @@ def check_key(session: Session, controls: Controls) -> tuple:
 
 def sanity_views(session: Session, controls: Controls) -> dict:
     """The last sanity check's chart and summary where it ran for this target and these options; else what it would do."""
-    sanity = session.screen.sanity
-    if sanity is None or sanity[0] != check_key(session, controls):
+    sanity = shown(session.screen.sanity, check_key(session, controls))
+    if sanity is None:
         return {"sanity_text": sanity_note(session), "sanity_chart": gr.update(value=None, visible=False)}
-    return {"sanity_text": sanity_text(sanity[1]), "sanity_chart": gr.update(value=charts.sanity_chart(sanity[1]), visible=True)}
+    return {"sanity_text": sanity_text(sanity), "sanity_chart": gr.update(value=charts.sanity_chart(sanity), visible=True)}
 
 
 def board_views(session: Session, controls: Controls) -> dict:
     """The last scoreboard where it ran for this target and these rollout options; else nothing (no empty table)."""
-    board = session.screen.board
-    if board is None or board[0] != check_key(session, controls):
+    board = shown(session.screen.board, check_key(session, controls))
+    if board is None:
         return {"board_text": "", "board_table": gr.update(value=None, visible=False)}
-    return {"board_text": board_text(session.analysis, board[1]),
-            "board_table": gr.update(value=board_rows(board[1]), headers=BOARD_COLUMNS, visible=True)}
+    return {"board_text": board_text(session.analysis, board),
+            "board_table": gr.update(value=board_rows(board), headers=BOARD_COLUMNS, visible=True)}
 
 
 NO_PLOT = gr.update(value=None, visible=False)  # no empty chart box before a score: the caption says what scoring draws

@@ -20,7 +20,7 @@ from vit_explorer.web.captions import head_label
 from vit_explorer.web.session import CACHE_TTL_S, Controls, Session, export_dir
 from vit_explorer.web.tabs import class_maps
 from vit_explorer.web.tabs.base import Tab, Wiring, require, user_errors
-from vit_explorer.web.tabs.class_maps import check_key, render_class, score_key, shown_method
+from vit_explorer.web.tabs.class_maps import check_key, render_class, score_key, shown, shown_method
 from vit_explorer.web.tabs.layers_heads import render_head
 
 
@@ -90,16 +90,16 @@ def on_report(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
     controls = Controls.from_values(control_values)
     # only what the page shows for this target and these options: a score, sanity check or scoreboard made for another
     # target (the session keeps the last of each) would be shown under this target's name
-    score = session.screen.score if session.screen.score is not None and session.screen.score[0] == score_key(session, controls) else None
-    sanity = session.screen.sanity if session.screen.sanity is not None and session.screen.sanity[0] == check_key(session, controls) else None
-    board = session.screen.board if session.screen.board is not None and session.screen.board[0] == check_key(session, controls) else None
+    curves = shown(session.screen.score, score_key(session, controls))
+    sanity = shown(session.screen.sanity, check_key(session, controls))
+    board = shown(session.screen.board, check_key(session, controls))
     ablation = None if session.target is None else kept_ablation(session.analysis, session.target, controls.ablation_mode)
     # the report shows every class map: AttnLRP's and LeGrad's are computed now, once, if they have not been
     evidence = (None if session.evidence is None
                 else class_evidence(session.model(), session.analysis, session.evidence.target, tuple(CLASS_METHODS)))
-    run = Run(request=Request(method=controls.method if score is None else score[0][0], options=controls.rollout),
-              analysis=session.analysis, evidence=evidence, maps={}, curves=None if score is None else score[1],
-              scoreboard=None if board is None else board[1], sanity=None if sanity is None else sanity[1], ablation=ablation,
+    # a score shown is the chosen method's (``score_key``)
+    run = Run(request=Request(method=controls.method, options=controls.rollout), analysis=session.analysis, evidence=evidence,
+              maps={}, curves=curves, scoreboard=board, sanity=sanity, ablation=ablation,
               ablation_importance=None if ablation is None else evidence.importance, norms=norms.for_analysis(session.analysis))
     folder = export_dir(ttl_s) / f"vit-explorer-report-{uuid.uuid4().hex[:12]}"
     folder.mkdir()
