@@ -95,3 +95,30 @@ def open_and_upload(page, url: str, image: Path, timeout_ms: int = 90_000) -> No
     page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
     page.locator("#upload input[type=file]").set_input_files(str(image))
     page.wait_for_selector("#overview-rollout img", timeout=timeout_ms)
+
+
+def image_bytes(page, elem_id: str) -> bytes:
+    source = page.locator(f"#{elem_id} img").first.get_attribute("src")
+    assert source, f"#{elem_id} shows no image"
+    return page.request.get(source).body()
+
+
+def wait_for_change(page, elem_id: str, before: bytes, timeout_s: float = 30.0) -> bytes:
+    for _ in range(int(timeout_s * 4)):
+        page.wait_for_timeout(250)
+        after = image_bytes(page, elem_id)
+        if after != before:
+            return after
+    raise AssertionError(f"#{elem_id} did not change")
+
+
+def click_natural(page, elem_id: str, x: float, y: float) -> None:
+    """Click the pixel (x, y) of the image's natural size, wherever the page scaled it to."""
+    image = page.locator(f"#{elem_id} img").first
+    image.scroll_into_view_if_needed()  # a mouse click lands only inside the viewport
+    natural_w, natural_h = image.evaluate("(img) => [img.naturalWidth, img.naturalHeight]")
+    box = image.bounding_box()
+    scale = min(1.0, box["width"] / natural_w, box["height"] / natural_h)  # object-fit: scale-down
+    left = box["x"] + (box["width"] - natural_w * scale) / 2
+    top = box["y"] + (box["height"] - natural_h * scale) / 2
+    page.mouse.click(left + x * scale, top + y * scale)

@@ -380,7 +380,9 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     top = session.analysis.top_k(1)[0]
     assert session.evidence.target == top.index and target_update["value"] == top.index
     assert target_update["choices"][0] == (f"{top.label} ({top.prob:.1%})", top.index) and len(target_update["choices"]) == 4
-    assert isinstance(class_view, np.ndarray) and hidden(plot) and top.label in note
+    assert isinstance(class_view, np.ndarray) and hidden(plot) and top.label in note and "takes no target" not in note
+    untargeted = opened(CLASS_MAPS, session, controls(method="rollout"))["class_text"]
+    assert untargeted.startswith("**attention rollout** takes no target") and top.label in untargeted
     top_heads = opened(STATISTICS, session)["top_heads"]
     assert top_heads["headers"][-1] == "gradient importance (highest first)" and len(top_heads["data"]) == 5
     assert top_heads["data"][0][0] == 1 and top_heads["data"][0][-1].startswith("L")

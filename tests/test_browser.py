@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint, write_stats_folder
-from serving import chromium_page, open_and_upload, running_app
+from serving import chromium_page, click_natural, image_bytes, open_and_upload, running_app, wait_for_change
 
 from vit_explorer import analyze, load_model
 from vit_explorer.draw import pictures
@@ -20,33 +20,6 @@ from vit_explorer.web.tabs import TABS as APP_TABS
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("playwright.sync_api")
 OUTPUT = Path(__file__).resolve().parent.parent / "test-output" / "browser"
-
-
-def image_bytes(page, elem_id: str) -> bytes:
-    source = page.locator(f"#{elem_id} img").first.get_attribute("src")
-    assert source, f"#{elem_id} shows no image"
-    return page.request.get(source).body()
-
-
-def wait_for_change(page, elem_id: str, before: bytes, timeout_s: float = 30.0) -> bytes:
-    for _ in range(int(timeout_s * 4)):
-        page.wait_for_timeout(250)
-        after = image_bytes(page, elem_id)
-        if after != before:
-            return after
-    raise AssertionError(f"#{elem_id} did not change")
-
-
-def click_natural(page, elem_id: str, x: float, y: float) -> None:
-    """Click the pixel (x, y) of the image's natural size, wherever the page scaled it to."""
-    image = page.locator(f"#{elem_id} img").first
-    image.scroll_into_view_if_needed()  # a mouse click lands only inside the viewport
-    natural_w, natural_h = image.evaluate("(img) => [img.naturalWidth, img.naturalHeight]")
-    box = image.bounding_box()
-    scale = min(1.0, box["width"] / natural_w, box["height"] / natural_h)  # object-fit: scale-down
-    left = box["x"] + (box["width"] - natural_w * scale) / 2
-    top = box["y"] + (box["height"] - natural_h * scale) / 2
-    page.mouse.click(left + x * scale, top + y * scale)
 
 
 def shown_scale(page, elem_id: str) -> float:

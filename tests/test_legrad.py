@@ -17,8 +17,10 @@ def min_max(logits: torch.Tensor) -> torch.Tensor:  # legrad/utils.py
     return (logits - low) / (high - low)
 
 
-def reference_legrad(model: torch.nn.Module, image: torch.Tensor, target: int, layer_index: int = -2) -> torch.Tensor:
-    """``compute_legrad_clip`` with the class score of the classifier in place of the text similarity."""
+def reference_legrad(model: torch.nn.Module, image: torch.Tensor, target: int, layer_index: int = -2,
+                     read_out=None) -> torch.Tensor:
+    """``compute_legrad_clip`` with the class score of the classifier in place of the text similarity, or ``read_out``'s
+    score of the normed tokens ``[b, n, dim]``."""
     blocks = list(model.blocks)
     starting_depth = layer_index if layer_index >= 0 else len(blocks) + layer_index
     # the hooked forward: each block keeps its attention map and its output (feat_post_mlp)
@@ -40,7 +42,8 @@ def reference_legrad(model: torch.nn.Module, image: torch.Tensor, target: int, l
     accum_expl_map = 0
     for layer in range(starting_depth, len(blocks)):
         model.zero_grad()
-        one_hot = model.head(model.norm(feats[layer])[:, 0])[0, target]
+        tokens = model.norm(feats[layer])
+        one_hot = model.head(tokens[:, 0])[0, target] if read_out is None else read_out(tokens)
         grad = torch.autograd.grad(one_hot, [attention_maps[layer]], retain_graph=True, create_graph=True)[0]
         grad = torch.clamp(grad, min=0.0)
         image_relevance = grad.mean(dim=1).mean(dim=1)[:, 1:]  # average attn over [CLS] + patch tokens
@@ -72,3 +75,25 @@ def test_legrad_equals_the_reference_formula_on_the_same_weights(small_timm):
 def test_legrad_refuses_more_layers_than_the_model_has(small_timm):
     with pytest.raises(VitExplorerError, match="1…4 layers"):
         legrad(small_timm, torch.randn(1, 3, 64, 64), 0, last_layers=5)
+
+
+def test_a_clicked_patch_is_read_out_from_its_own_token_in_every_layer():
+    """For the target *this patch*, every layer's read-out is the clicked token's projection on its own direction, and
+    all layers are aggregated (``legrad.default_layers``); the caption says so."""
+    timm = pytest.importorskip("timm")
+    from vit_explorer.core.legrad import variant
+    from vit_explorer.core.targets import similarity_model
+
+    torch.manual_seed(0)
+    module = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=64, depth=4).eval()
+    backbone = from_timm_module(module, "small backbone")
+    image = torch.randn(1, 3, 64, 64)
+    target = similarity_model(backbone, image, (2, 1))
+    token = 1 + 2 * 4 + 1
+    reference = module.forward_features(image)[0, token].detach()
+    ours = legrad(target, image, 0)
+    direction = reference / reference.norm()
+    expected = reference_legrad(module, image, 0, layer_index=0, read_out=lambda tokens: tokens[0, token] @ direction)
+    torch.testing.assert_close((ours - ours.min()) / (ours.max() - ours.min()), expected.detach(), rtol=1e-4, atol=1e-5)
+    assert variant(target) == "all 4 layers' read-outs"
+    assert variant(similarity_model(backbone, image)) == "the last 2 of 4 layers' read-outs, the authors' default"

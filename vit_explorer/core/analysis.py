@@ -188,6 +188,10 @@ MODEL_MAPS: dict[str, Callable[[LoadedModel, torch.Tensor, int], torch.Tensor]] 
 }
 
 
+# the words a caption needs on how a ``MODEL_MAPS`` method was run for a model's target, where it varies with the target
+MODEL_MAP_VARIANTS: dict[str, Callable[[LoadedModel], str]] = {"legrad": legrad.variant}
+
+
 def method_maps(model: LoadedModel, pixels: torch.Tensor, target: int, methods: Iterable[str]) -> dict[str, torch.Tensor]:
     """The ``MODEL_MAPS`` maps among ``methods`` for class ``target`` of one image ``pixels`` ``[1, 3, H, W]``, each
     ``[grid_h, grid_w]`` (the others need no pass of their own and are left out)."""
@@ -205,12 +209,14 @@ class ClassEvidence:
         importance: Σ |∇A ⊙ A| per head ``[layers, heads]``.
         method_maps: the ``MODEL_MAPS`` maps of the target ``[grid_h, grid_w]`` by method, each added when first asked
             for (``class_evidence``'s ``methods``): tensors, so that drawing them never runs the model.
+        variants: for those of them whose way of running depends on the target (``MODEL_MAP_VARIANTS``), its words.
     """
 
     target: int
     weighted: torch.Tensor
     importance: torch.Tensor
     method_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    variants: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0,
@@ -236,6 +242,7 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
     missing = [method for method in methods if method in MODEL_MAPS and method not in evidence.method_maps]
     if missing:
         evidence.method_maps.update(method_maps(model, pixels_of(model, analysis), index, missing))
+        evidence.variants.update({method: MODEL_MAP_VARIANTS[method](model) for method in missing if method in MODEL_MAP_VARIANTS})
     return evidence
 
 

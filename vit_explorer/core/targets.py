@@ -83,7 +83,7 @@ class SimilarityAdapter(CaptureAdapter):
     def __init__(self, base: CaptureAdapter, reference: torch.Tensor, token: int | None = None) -> None:
         self.base = base
         self.reference = reference
-        self.token = token
+        self.read_token = token
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -124,7 +124,7 @@ class SimilarityAdapter(CaptureAdapter):
 
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         tokens = self.final_tokens(module, hidden)  # [b, n, dim]
-        read = self.pool(module, tokens) if self.token is None else tokens[:, self.token]  # [b, dim]
+        read = self.pool(module, tokens) if self.read_token is None else tokens[:, self.read_token]  # [b, dim]
         return read @ self.reference.to(read.device, read.dtype)[:, None]
 
     def score_of(self, module: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:

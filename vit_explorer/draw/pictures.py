@@ -158,8 +158,9 @@ def evidence_picture(analysis: Analysis, method: str, evidence: ClassEvidence | 
                      scale: str) -> np.ndarray:
     """``method_picture`` of ``grid_map`` with what its colour bar must say of it against its target's evidence: how much
     of the score it carries (``maps.map_strength``) and, for AttnLRP, how its relevance adds up (``maps.conservation``)."""
+    variant = None if evidence is None else evidence.variants.get(method)
     return method_picture(analysis, grid_map, method, cmap, scale, strength=map_strength(analysis, method, evidence, grid_map),
-                          conserved=conservation(analysis, method, evidence, grid_map))
+                          conserved=conservation(analysis, method, evidence, grid_map), variant=variant)
 
 
 def trust_note(strength: float | None, conserved: float | None = None) -> str:
@@ -175,18 +176,20 @@ def trust_note(strength: float | None, conserved: float | None = None) -> str:
 
 
 def method_picture(analysis: Analysis, grid_map: torch.Tensor, method: str, cmap: str = "inferno", scale: str = "linear",
-                   strength: float | None = None, conserved: float | None = None) -> np.ndarray:
+                   strength: float | None = None, conserved: float | None = None, variant: str | None = None) -> np.ndarray:
     """A class map's large view. A signed map (AttnLRP's relevance also speaks against the class) goes on a diverging
     scale symmetric about 0, red for the target and blue against it, over the image in grey (so that a blue object is
     not read as evidence against), since a sequential scale would paint the strongest evidence against as the least
     important; any other map on ``cmap``. ``strength`` (``maps.map_strength``) below ``maps.NEGLIGIBLE``, and AttnLRP's
-    conservation (``maps.conservation``), are said on the colour bar."""
+    conservation (``maps.conservation``), are said on the colour bar, as is how the method was run for this target
+    (``variant``: LeGrad's layers)."""
     note = trust_note(strength, conserved)
+    unit = UNITS[method] if variant is None else f"{UNITS[method]} ({variant})"
     if float(grid_map.min()) < 0:
         bound = float(grid_map.abs().max())
         return map_picture(analysis, grid_map, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),
-                           unit=f"{UNITS[method]}: red for the target, blue against", note=note, muted=True)
-    return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=UNITS[method], scale=scale, note=note)
+                           unit=f"{unit}: red for the target, blue against", note=note, muted=True)
+    return map_picture(analysis, grid_map, cmap=cmap, overlay=True, query=None, unit=unit, scale=scale, note=note)
 
 
 DIFFERENCE_CMAP = "RdBu_r"  # diverging: red where the first map is higher, blue where the second is, white where they agree

@@ -112,6 +112,10 @@ class CaptureAdapter(ABC):
         its last layer: the final norm, the model's pooling and its classifier head (``[b, 0]`` for a backbone).
         LeGrad reads every layer's stream through it."""
 
+    # The sequence index of the one token whose output ``classify`` reads (a clicked patch's own token), or None
+    # where it reads the model's pooling of all of them: a class head, a backbone's embedding.
+    read_token: int | None = None
+
     @abstractmethod
     def final_tokens(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """Every token's output embedding ``[b, n, dim]`` if ``hidden`` ``[b, n, dim]`` were the residual stream after the

@@ -165,18 +165,23 @@ def top_heads_table(session: Session, ablation: HeadAblation | None = None) -> d
     return {"headers": headers, "data": rows}
 
 
-def class_note(session: Session) -> str:
-    """The class-maps tab's line before a score: the target, and what scoring costs."""
+def class_note(session: Session, method: str) -> str:
+    """The class-maps tab's line before a score: the target, and what scoring costs; for a map that takes no target
+    (rollout, class attention), that it is the same for every target, which only its score is measured against."""
     if session.evidence is None:
         return NO_CLASSIFIER
+    untargeted = "" if method in maps.CLASS_SPECIFIC else (
+        f"**{maps.CLASS_METHODS[method]}** takes no target: its map is the same whatever the target, and only its score is "
+        "measured against it. ")
     if session.analysis.similarity:
-        return (f"Target: **{session.analysis.label(0)}** = {float(session.analysis.logits[0]):.3f}, the projection of the "
-                "image's embedding on that direction: a score, not a probability. *Score faithfulness* follows it as a share "
-                "of the whole image's score (1 on the unchanged image, −1 if that score is negative) while patches are "
-                f"deleted and inserted in the map's order and in {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} "
-                "forward passes).")
-    return (f"Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and inserts patches in "
-            f"the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward passes).")
+        return (f"{untargeted}Target: **{session.analysis.label(0)}** = {float(session.analysis.logits[0]):.3f}, its projection "
+                "on its own direction on the unchanged image (there: its length): a score, not a probability. *Score "
+                "faithfulness* follows it as a share of the whole image's score (1 on the unchanged image, −1 if that score is "
+                f"negative) while patches are deleted and inserted in the map's order and in {DEFAULT_RANDOM_ORDERS} random "
+                f"orders ({forward_passes()} forward passes).")
+    return (f"{untargeted}Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and "
+            f"inserts patches in the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward "
+            "passes).")
 
 
 def negligible_text(strength: float | None) -> str:

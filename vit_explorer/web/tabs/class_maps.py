@@ -121,7 +121,7 @@ def render(session: Session, controls: Controls) -> dict:
     if curves is not None:
         plot, text = faithfulness_plot(session, controls.method, curves), score_text(session.analysis, controls.method, curves)
     else:
-        plot, text = NO_PLOT, class_note(session)
+        plot, text = NO_PLOT, class_note(session, controls.method)
     method = shown_method(session, controls)
     grid_map = maps.class_map(session.analysis, method, session.evidence, controls.rollout)
     text = negligible_text(maps.map_strength(session.analysis, method, session.evidence, grid_map)) + text
