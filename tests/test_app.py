@@ -949,3 +949,31 @@ def test_the_tokens_tab_follows_the_query_patch_from_the_upload_pass(models, upl
     row, col = session.analysis.layout.token_patch(session.query)
     similarity = maps.token_similarity(session.analysis, session.query)
     assert float(similarity[row, col]) == pytest.approx(1.0, abs=1e-5) and float(similarity.max()) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.hf
+def test_why_two_images_match_explains_each_embedding_on_the_others_direction(upload, backbone_models, tmp_path):
+    """A backbone compared on two images: *Why they match* gives A's map for the similarity of its embedding to B's and
+    B's for the similarity of its embedding to A's; both scores are the same dot product over the other's length, and
+    every method then draws from the two analyses without a pass."""
+    models = backbone_models
+    session = by_name(shared.run_analysis(models, upload, "hf:test-backbone", COMPARE, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    with pytest.raises(gr.Error, match="upload a second image"):
+        compare_tab.on_match(models, session, *CONTROLS)
+    comparison = compared(models, session, upload, second_upload(tmp_path))["comparison"]
+    matched = by_name(compare_tab.on_match(models, session, *controls(comparison=comparison, method="attnlrp")),
+                      compare_tab.MATCHED)
+    match = matched["comparison"].match
+    assert matched["compare_view"] == "class map"
+    assert match.a.label(0) == "similarity to B · second.png's embedding" and match.b.label(0) == "similarity to A · the main image's embedding"
+    assert "similarity to B · second.png's embedding" in matched["compare_title_a"]
+    assert "Why they match" in matched["compare_caption"]
+    # ⟨a, b⟩ / |b| and ⟨a, b⟩ / |a|: each times the other's own-embedding length is the same dot product
+    own = {side: float(analysis.output_tokens[0].norm()) for side, analysis in (("a", session.analysis), ("b", comparison.analysis))}
+    assert float(match.a.logits[0]) * own["b"] == pytest.approx(float(match.b.logits[0]) * own["a"], rel=1e-4)
+    calls = forward_counter(models, "hf:test-backbone")
+    for method in maps.CLASS_SPECIFIC:
+        views = compare_views(session, matched["comparison"], compare_view="class map", method=method)
+        assert isinstance(views["compare_view_a"], np.ndarray) and isinstance(views["compare_view_b"], np.ndarray)
+        assert not np.array_equal(views["compare_view_a"], views["compare_view_b"])
+    assert calls == []

@@ -75,3 +75,33 @@ def test_a_classifier_takes_classes_not_patches(tmp_path):
     model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
     with pytest.raises(VitExplorerError, match="patch target"):
         explain(photo((64, 64)), model, "relevance", (1, 1))
+
+
+def test_another_image_target_is_the_embedding_on_the_second_images_direction(backbone, tmp_path):
+    """The retrieval question: image A's embedding projected on the direction of B's, checked against both images'
+    embeddings computed apart; the same question asked of B gives a map of B; a classifier refuses it."""
+    from vit_explorer.core.request import Request
+    from vit_explorer.core.targets import OtherImage, Target
+    from vit_explorer.run import run
+
+    first, second = photo((64, 64), seed=3), photo((64, 64), seed=9)
+    second_path = tmp_path / "second.png"
+    second.save(second_path)
+    target = Target.parse(f"image:{second_path}")
+    assert target.other == OtherImage(second_path, "second.png")
+    result = run(backbone, first, Request(method="attnlrp", target=target))
+    with torch.no_grad():
+        embedding_a = tokens_apart(backbone, pixels_of(backbone, analyze(backbone, first)))[0]
+        embedding_b = tokens_apart(backbone, pixels_of(backbone, analyze(backbone, second)))[0]
+    assert result.target_label == "similarity to second.png's embedding"
+    assert float(result.analysis.logits[0]) == pytest.approx(float(embedding_a @ embedding_b / embedding_b.norm()), rel=1e-5)
+    assert result.maps["attnlrp"].shape == (4, 4) and result.maps["attnlrp"].abs().sum() > 0
+    # asked of B about A: B's embedding on A's direction, another map
+    back = run(backbone, second, Request(method="attnlrp", target=Target(OtherImage(first, "first"))))
+    assert float(back.analysis.logits[0]) == pytest.approx(float(embedding_a @ embedding_b / embedding_a.norm()), rel=1e-5)
+    assert not torch.allclose(back.maps["attnlrp"], result.maps["attnlrp"])
+    with pytest.raises(VitExplorerError, match="no image file"):
+        Target.parse(f"image:{tmp_path / 'missing.png'}")
+    classifier = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
+    with pytest.raises(VitExplorerError, match="second image as the target is for a backbone"):
+        run(classifier, first, Request(method="relevance", target=target))

@@ -1,15 +1,16 @@
 """vit_explorer: see what a Vision Transformer looks at.
 
 Public API: ``explain`` (an image to one map, shown in a notebook), ``Request`` and ``Run`` (everything asked about one
-image, answered by ``vit_explorer.run.run``), ``load_model``, ``analyze``, ``record_attention``, ``attention_rollout``, and the one exception
-type ``VitExplorerError``. Importing this package does not import gradio or build models, and assigns nothing onto the
-types of the modules below it.
+image, answered by ``vit_explorer.run.run``), ``load_model``, ``analyze``, ``record_attention``, ``attention_rollout``,
+``OtherImage`` (a second image as a backbone's target), and the one exception type ``VitExplorerError``. Importing this
+package does not import gradio or build models, and assigns nothing onto the types of the modules below it.
 """
 
 from vit_explorer.core.analysis import Analysis, analyze
 from vit_explorer.core.capture import AttentionRecorder, record_attention
 from vit_explorer.core.request import Request, Run
 from vit_explorer.core.rollout import attention_rollout
+from vit_explorer.core.targets import OtherImage
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.explain import Explanation, explain
 from vit_explorer.models import load_model
@@ -19,6 +20,7 @@ __all__ = [
     "Analysis",
     "AttentionRecorder",
     "Explanation",
+    "OtherImage",
     "Request",
     "Run",
     "TokenLayout",

@@ -88,8 +88,8 @@ def run_analyze(args: argparse.Namespace) -> None:
     for line in result_lines(result):
         print(line, flush=True)
     if analysis.num_classes == 0:
-        progress("no classifier head, so the map was not scored: a class-specific --method or --target patch:ROW,COL "
-                 "scores a similarity instead")
+        progress("no classifier head, so the map was not scored: a class-specific --method, --target patch:ROW,COL or "
+                 "--target image:PATH scores a similarity instead")
     progress(npz_note)
     progress(f"wrote {', '.join(path.name for path in written)} to {args.out}")
 
@@ -393,7 +393,8 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--method", default="rollout", choices=list(CLASS_METHODS),
                          help="the map to write as METHOD.png and score: " + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
     analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction); for a "
-                         "backbone, patch:ROW,COL: what that patch's own output token is made of (default: the image's own embedding)")
+                         "backbone, patch:ROW,COL: what that patch's own output token is made of, or image:PATH: why the image's embedding "
+                         "matches that second image's (default: the image's own embedding)")
     analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
     analyze.add_argument("--baseline", default="blur", choices=list(PROTOCOLS),

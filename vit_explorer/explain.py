@@ -13,7 +13,7 @@ from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.images import ImageSource
 from vit_explorer.core.maps import RolloutOptions, conservation, map_strength
 from vit_explorer.core.request import Request
-from vit_explorer.core.targets import Target
+from vit_explorer.core.targets import OtherImage, Target
 from vit_explorer.draw import report
 from vit_explorer.models import DEFAULT_MODEL, LoadedModel, load_model
 from vit_explorer.run import run
@@ -63,14 +63,15 @@ class Explanation:
 
 
 def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None, method: str = "relevance",
-            target: int | str | tuple[int, int] | None = None, options: RolloutOptions | None = None) -> Explanation:
+            target: int | str | tuple[int, int] | OtherImage | None = None, options: RolloutOptions | None = None) -> Explanation:
     """Explain ``image`` (a path, bytes, a PIL image or an ``[H, W, 3]`` uint8 array) with ``model`` (a spec such as
     ``"timm:vit_base_patch16_224"``, a loaded model, or None for the built-in one) by ``method`` (``CLASS_METHODS``),
     for ``target`` (a class name or index; None: the top class).
 
     A backbone has no class: its class-specific maps explain a projection (``core.targets``): of the image's embedding on
-    its own direction (``target`` None), or of the output token of the patch at ``target`` = (row, column) on its own
-    direction: what that patch's representation is made of. Its class-agnostic maps (``rollout``, ``cls``) need none.
+    its own direction (``target`` None), of the output token of the patch at ``target`` = (row, column) on its own
+    direction (what that patch's representation is made of), or of the embedding on a second image's, ``target`` =
+    ``OtherImage(source, name)`` (why the two match). Its class-agnostic maps (``rollout``, ``cls``) need none.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model or DEFAULT_MODEL)
     if isinstance(image, np.ndarray):

@@ -15,7 +15,7 @@ from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence, pixels_of
-from vit_explorer.core.images import ImageSource
+from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
 from vit_explorer.core.request import Request, Run
 from vit_explorer.core.results import (
     DEFAULT_RANDOM_ORDERS,
@@ -41,15 +41,19 @@ def silent(description: str, total: int, unit: str) -> Callable[[], None]:
     return lambda: None
 
 
-def retarget(model: LoadedModel, analysis: Analysis, target: Target, memory_budget: int = DEFAULT_MEMORY_BUDGET
-             ) -> tuple[LoadedModel, Analysis, int | str | None]:
+def retarget(model: LoadedModel, analysis: Analysis, target: Target, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+             fit: str = "stretch") -> tuple[LoadedModel, Analysis, int | str | None]:
     """The model, analysis and class that ``target`` is explained with: as they are for a classifier; for a backbone, its
-    similarity model (``targets.similarity_model``: one score, the similarity of the image's embedding to its own or to
-    the patch's) and the analysis of the same image through it, whose one "class" is 0."""
+    similarity model (``targets.similarity_model``: one score, the similarity of the image's embedding to its own, of the
+    patch's token to its own, or of the embedding to a second image's, fitted by ``fit`` as the first was) and the
+    analysis of the same image through it, whose one "class" is 0."""
     target.check(model)
     if model.num_classes:
         return model, analysis, target.value
-    similarity = similarity_model(model, pixels_of(model, analysis), target.patch)
+    other = target.other
+    second = None if other is None else (to_pixels(model_view(load_image(other.source, other.name), model.preprocess, fit),
+                                                    model.preprocess), other.name)
+    similarity = similarity_model(model, pixels_of(model, analysis), target.patch, second)
     # the image as the model saw it, fitted already: analysing it again fits nothing
     return similarity, analyze(similarity, Image.fromarray(analysis.image), memory_budget=memory_budget), 0
 
@@ -100,7 +104,7 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     analysis = analyze(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit)
     target = request.target.value
     if not analysis.num_classes and request.explains:
-        model, analysis, target = retarget(model, analysis, request.target, request.memory_budget)
+        model, analysis, target = retarget(model, analysis, request.target, request.memory_budget, request.fit)
         progress(f"target: {analysis.label(0)} (a backbone has no classes)", 0, "")
     options = request.options
     wanted = request.maps if request.every_map or request.method in maps.CLASS_SPECIFIC else ()

@@ -11,7 +11,9 @@ scored against the same direction):
   image: which parts of the image that patch's representation is made of. It replaced the image's embedding
   projected on the patch's token, a quantity no user asks about, whose AttnLRP map on a real photo (DINOv2, the
   astronaut's eye) ranked the clicked eye the least relevant patch of the image; on this target it ranks it first or
-  second (``tests/test_real_weights.py``).
+  second (``tests/test_real_weights.py``);
+- *another image*: s(x) = ⟨embed(x), r̂⟩ with r̂ the direction of a second image's embedding: the retrieval question,
+  why these two images match, asked of each image in turn (``OtherImage``).
 
 The score is served through an adapter that wraps the model's own (``SimilarityAdapter``) and reports it as a
 model with one "class", so every method reaches it through the same interface as a class logit. It is a score,
@@ -24,12 +26,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from vit_explorer.core.capture import capture_lock
+from vit_explorer.core.images import ImageSource
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import CaptureAdapter, LoadedModel
 from vit_explorer.models.layout import TokenLayout
@@ -38,16 +42,30 @@ SIMILARITY = "similarity"  # how a similarity target's label begins: what captio
 
 
 @dataclass(frozen=True)
+class OtherImage:
+    """A second image, whose embedding a backbone's target compares the image's with: ``source`` a path, bytes or a PIL
+    image, fitted to the model as the first one is; ``name`` how captions call it."""
+
+    source: ImageSource = field(compare=False)
+    name: str
+
+
+@dataclass(frozen=True)
 class Target:
     """What the class-specific methods explain: a class of a classifier (``value`` its index or name; None: the top
-    prediction), or for a backbone the similarity of the image's embedding to its own (``value`` None) or to the output
-    token of the patch at (row, column) ``value``. Room for more kinds (a text prompt) as more models have them."""
+    prediction), or for a backbone the similarity of the image's embedding to its own (``value`` None), of the output
+    token of the patch at (row, column) ``value`` to its own, or of the embedding to that of an ``OtherImage``. Room for
+    more kinds (a text prompt) as more models have them."""
 
-    value: int | str | tuple[int, int] | None = None
+    value: int | str | tuple[int, int] | OtherImage | None = None
 
     @property
     def patch(self) -> tuple[int, int] | None:
         return self.value if isinstance(self.value, tuple) else None
+
+    @property
+    def other(self) -> OtherImage | None:
+        return self.value if isinstance(self.value, OtherImage) else None
 
     @property
     def given(self) -> bool:
@@ -56,7 +74,12 @@ class Target:
 
     @classmethod
     def parse(cls, text: str | None) -> Target:
-        """A command line's ``--target``: a class index or name, ``patch:ROW,COL``, or None."""
+        """A command line's ``--target``: a class index or name, ``patch:ROW,COL``, ``image:PATH``, or None."""
+        if text is not None and text.startswith("image:"):
+            path = Path(text.removeprefix("image:"))
+            if not path.is_file():
+                raise VitExplorerError(f"--target {text!r}: no image file at {path}")
+            return cls(OtherImage(path, path.name))
         if text is None or not text.startswith("patch:"):
             return cls(text)
         try:
@@ -66,13 +89,17 @@ class Target:
         return cls((row, col))
 
     def check(self, model: LoadedModel) -> None:
-        """Refuse, before any pass, a target ``model`` cannot have: a class on a backbone, a patch on a classifier."""
+        """Refuse, before any pass, a target ``model`` cannot have: a class on a backbone, a patch or another image on a
+        classifier."""
         if model.num_classes and self.patch is not None:
             raise VitExplorerError(f"a patch target {self.patch} is for a backbone; {model.name} has classes: name one")
-        if not model.num_classes and self.given and self.patch is None:
+        if model.num_classes and self.other is not None:
+            raise VitExplorerError(f"a second image as the target is for a backbone's embedding; {model.name} has classes: "
+                                   "name one")
+        if not model.num_classes and self.given and self.patch is None and self.other is None:
             raise VitExplorerError(f"{model.name} has no classifier head, so it has no class {self.value!r}: give no target (the "
-                                   "similarity to the image's own embedding) or a patch as (row, column), patch:ROW,COL on the "
-                                   "command line")
+                                   "similarity to the image's own embedding), a patch as (row, column), patch:ROW,COL on the "
+                                   "command line, or a second image, image:PATH")
 
 
 class SimilarityAdapter(CaptureAdapter):
@@ -152,27 +179,39 @@ class SimilarityAdapter(CaptureAdapter):
             yield self.score_of(module, forward)
 
 
-def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int, int] | None = None) -> LoadedModel:
-    """``model`` scored, for ``patch`` None, by the projection of an image's embedding on the unit direction of the
-    embedding of the image ``pixels`` ``[1, 3, H, W]`` (on that image: the embedding's length); for a ``patch`` (row,
-    column), by the projection of that patch's own output token on the direction of the same token of ``pixels``:
-    which parts of the image the clicked patch's representation is made of, the question a user clicking a patch asks."""
+def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int, int] | None = None,
+                     other: tuple[torch.Tensor, str] | None = None) -> LoadedModel:
+    """``model`` scored, for ``patch`` and ``other`` None, by the projection of an image's embedding on the unit direction
+    of the embedding of the image ``pixels`` ``[1, 3, H, W]`` (on that image: the embedding's length); for a ``patch``
+    (row, column), by the projection of that patch's own output token on the direction of the same token of ``pixels``:
+    which parts of the image the clicked patch's representation is made of, the question a user clicking a patch asks;
+    for ``other`` (a second image's pixels ``[1, 3, H, W]``, its name), by the projection of the embedding on the
+    direction of the second image's: why the two match."""
     module, layout = model.module, model.layout
-    streams: dict[int, torch.Tensor] = {}
-    with capture_lock(module), torch.inference_mode(), model.adapter.layer_outputs(module, streams.__setitem__):
-        model.adapter.logits(module, pixels.to(model.device))
-        tokens = model.adapter.final_tokens(module, streams[max(streams)])  # [1, n, dim]
-        if patch is None:
-            reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to the image's own embedding"
-        else:
-            row, col = patch
-            if not (0 <= row < layout.grid_hw[0] and 0 <= col < layout.grid_hw[1]):
-                raise VitExplorerError(f"patch ({row}, {col}) is outside the {layout.grid_hw[0]}×{layout.grid_hw[1]} patch grid")
-            index = layout.patch_token(row, col)
-            reference, label = tokens[0, index], f"patch (row {row}, col {col}): its own output token"
+    index = None
+    if patch is not None:
+        row, col = patch
+        if not (0 <= row < layout.grid_hw[0] and 0 <= col < layout.grid_hw[1]):
+            raise VitExplorerError(f"patch ({row}, {col}) is outside the {layout.grid_hw[0]}×{layout.grid_hw[1]} patch grid")
+        index = layout.patch_token(row, col)
+    tokens = output_tokens(model, pixels if other is None else other[0])  # [1, n, dim]
+    if other is not None:
+        reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to {other[1]}'s embedding"
+    elif patch is None:
+        reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to the image's own embedding"
+    else:
+        reference, label = tokens[0, index], f"patch (row {patch[0]}, col {patch[1]}): its own output token"
     reference = reference.float().clone()
     norm = float(reference.norm())
     if norm == 0:
         raise VitExplorerError(f"{model.name} gives this reference an embedding of zero length: there is no direction to explain")
-    return dataclasses.replace(model, adapter=SimilarityAdapter(model.adapter, reference / norm, None if patch is None else index),
-                               labels=[label], ood=None)
+    return dataclasses.replace(model, adapter=SimilarityAdapter(model.adapter, reference / norm, index), labels=[label], ood=None)
+
+
+def output_tokens(model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+    """Every output token of the image ``pixels`` ``[1, 3, H, W]`` after the model's final norm ``[1, n, dim]``: one pass."""
+    module = model.module
+    streams: dict[int, torch.Tensor] = {}
+    with capture_lock(module), torch.inference_mode(), model.adapter.layer_outputs(module, streams.__setitem__):
+        model.adapter.logits(module, pixels.to(model.device))
+        return model.adapter.final_tokens(module, streams[max(streams)])

@@ -6,13 +6,26 @@ Bookkeeping and tensor arithmetic only; nothing here runs a model or draws."""
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import Analysis, ClassEvidence
 from vit_explorer.errors import VitExplorerError
+
+
+@dataclass(frozen=True)
+class Match:
+    """Why two images match, for a backbone: A's analysis and evidence for the similarity of its embedding to B's
+    direction, and B's for its similarity to A's (``core.targets``: *another image*), each side's one "class" 0, every
+    map that takes passes of its own already in the evidence; made beside the main analysis ``paired``."""
+
+    a: Analysis = field(repr=False)
+    a_evidence: ClassEvidence = field(repr=False)
+    b: Analysis = field(repr=False)
+    b_evidence: ClassEvidence = field(repr=False)
+    paired: weakref.ReferenceType = field(repr=False)
 
 
 @dataclass(eq=False)  # compared by identity: a new comparison is a new key for the views drawn from it
@@ -29,6 +42,7 @@ class Comparison:
         paired: the main analysis B was made beside (a weak reference: the main session owns it).
         evidence: B's class evidence for its target when B was made (``target_b``), as ``class_evidence``
             returned it; None for a backbone.
+        match: for a backbone, why A and B match (``Match``), once asked for.
     """
 
     analysis: Analysis = field(repr=False)
@@ -39,6 +53,7 @@ class Comparison:
     second_model: bool
     paired: weakref.ReferenceType = field(repr=False)
     evidence: ClassEvidence | None = field(default=None, repr=False)
+    match: Match | None = field(default=None, repr=False)
 
     def made_from(self, source: str, spec: str, fit: str) -> bool:
         """Whether B is the analysis of ``source`` by ``spec`` with ``fit``: then a new comparison reuses it."""
@@ -118,7 +133,13 @@ def sides(main: Analysis, evidence: ClassEvidence | None, comparison: Comparison
           head: int | None, start_layer: int) -> tuple[Side, Side]:
     """A (the main analysis, its target's ``evidence``, the chosen query, layer, head and rollout start layer) and B
     lined up with it: the counterpart query, the layers at the same relative depth, the same head where B has it
-    (else B's mean of heads), and B's target class (``target_b``)."""
+    (else B's mean of heads), and B's target class (``target_b``). Where the comparison holds why the two match for
+    this main analysis (``Match``), each side is that similarity's analysis with its evidence: the same maps, one
+    target."""
+    match = comparison.match
+    if match is not None and match.paired() is main:
+        main, evidence = match.a, match.a_evidence
+        comparison = replace(comparison, analysis=match.b, evidence=match.b_evidence)
     b = comparison.analysis
     query_a, query_b = queries(main, b, query)
     layers_a, layers_b = main.map_shape[0], b.map_shape[0]

@@ -340,7 +340,8 @@ def sanity_text(curves: SanityCurves) -> str:
 
 COMPARE_NOTE = ("Upload a second image or choose a second model (or both) to compare with the main one: the other side stays the "
                 "main image or model. It is analysed once (one forward and one backward pass); every view here then redraws from "
-                "the two analyses.")
+                "the two analyses. For a backbone and two images, *Why they match* explains each image's embedding on the "
+                "other's direction, the score a retrieval ranks by.")
 
 
 def side_names(session: Session, comparison: Comparison) -> tuple[str, str]:
@@ -399,6 +400,9 @@ def comparison_caption(session: Session, a: Side, b: Side, view: str, method: st
                   for name, side in (("A", a), ("B", b)) if side.target is None]
         if b.target is not None and b.evidence is None:
             lines.append(f"B's evidence for {b.analysis.label(b.target)} is not computed yet: press **Compare** to compute it.")
+        elif a.analysis.similarity and b.analysis.similarity:
+            lines.append(f"Why they match: A's map explains **{a.analysis.label(a.target)}**, B's **{b.analysis.label(b.target)}** "
+                         "(each embedding projected on the other's direction, the score a retrieval ranks by).")
         elif a.target is not None and b.target is not None:
             lines.append(f"Both maps are for **{a.analysis.label(a.target)}**." if same_classes(a.analysis, b.analysis) else
                          f"The models' classes differ: B's map is for its top prediction, **{b.analysis.label(b.target)}**.")

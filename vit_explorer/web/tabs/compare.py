@@ -13,14 +13,17 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 import torch
+from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import MODEL_MAPS, analyze, class_evidence
+from vit_explorer.core.targets import OtherImage, Target
 from vit_explorer.draw import pictures, plots
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.comparison import Comparison, Side, grid_mismatch, relative_depth, sides, target_b
+from vit_explorer.methods.comparison import Comparison, Match, Side, grid_mismatch, relative_depth, sides, target_b
 from vit_explorer.methods.comparison import difference as map_difference
 from vit_explorer.models import DEFAULT_MODEL
+from vit_explorer.run import retarget
 from vit_explorer.web.captions import (
     COMPARE_NOTE,
     MEAN_HEADS,
@@ -59,7 +62,9 @@ def layout() -> dict:
                 layer = gr.Slider(0, 1, value=0, step=1, label="Layer of A", info="B: the layer at the same relative depth",
                                   min_width=160, elem_id="compare-layer")
                 head = gr.Dropdown([MEAN_HEADS], value=MEAN_HEADS, label="Head of both", min_width=120, elem_id="compare-head")
-            run = gr.Button("Compare", size="sm", elem_id="compare-run")
+            with gr.Row():
+                run = gr.Button("Compare", size="sm", elem_id="compare-run")
+                match = gr.Button("Why they match", size="sm", elem_id="compare-match")
     caption = gr.Markdown(COMPARE_NOTE, elem_id="compare-caption")
     with gr.Row(equal_height=False):
         with gr.Column(min_width=300):
@@ -84,6 +89,7 @@ def layout() -> dict:
                                   buttons=["fullscreen", "export"], tooltip="all", elem_id="compare-plot")
     return {"comparison": gr.State(None, time_to_live=CACHE_TTL_S), "compare_upload": second_image,
             "compare_model": second_model, "compare_view": view, "compare_layer": layer, "compare_head": head, "compare_run": run,
+            "compare_match": match,
             "compare_statistic": statistic, "compare_caption": caption, "compare_title_a": title_a, "compare_view_a": view_a,
             "compare_title_b": title_b, "compare_view_b": view_b, "compare_difference_note": difference_text,
             "compare_difference": difference, "compare_plot_note": plot_note, "compare_plot": plot}
@@ -193,6 +199,7 @@ def set_ranges(session: Session) -> dict:
 
 
 COMPARED = ("comparison", *OUTPUTS)
+MATCHED = ("comparison", "compare_view", *OUTPUTS)
 
 
 @user_errors
@@ -227,6 +234,32 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     return in_order({"comparison": comparison, **refresh(TAB, session, controls.with_inputs(comparison=comparison))}, COMPARED)
 
 
+@user_errors
+def on_match(models: ModelCache, session: Session | None, *control_values, progress: Callable | None = None) -> tuple:
+    """Why A and B match, for a backbone compared on two images: A's embedding explained on B's direction and B's on
+    A's (``core.targets``: *another image*), each with every map that takes passes of its own; then the class map view
+    shows both (``MATCHED``). Per side: a pass for the other's embedding, one for the similarity's analysis, and one
+    forward and backward pass per map method."""
+    session, controls = require(session), Controls.from_values(control_values)
+    comparison = controls.comparison
+    if comparison is None or comparison.image_name is None or comparison.second_model:
+        raise VitExplorerError("why two images match compares their embeddings by one model: upload a second image (B) "
+                               "with the main model first")
+    base = models.get(session.model_spec)
+    step = counter(progress, 2, "why A and B match: each embedding explained on the other's direction", "side")
+    named = ((session.analysis, OtherImage(Image.fromarray(comparison.analysis.image), f"B · {comparison.image_name}")),
+             (comparison.analysis, OtherImage(Image.fromarray(session.analysis.image), "A · the main image")))
+    matched_sides = []
+    for analysis, other in named:
+        model, retargeted, _ = retarget(base, analysis, Target(other), models.memory_budget)
+        matched_sides += [retargeted, class_evidence(model, retargeted, 0, tuple(MODEL_MAPS))]
+        if step is not None:
+            step()
+    matched = replace(comparison, match=Match(*matched_sides, weakref.ref(session.analysis)))
+    controls = replace(controls.with_inputs(comparison=matched), compare_view="class map")
+    return in_order({"comparison": matched, "compare_view": "class map", **refresh(TAB, session, controls)}, MATCHED)
+
+
 def wire(app: Wiring) -> None:
     inputs = [app["state"], app["upload"], app["compare_upload"], app["compare_model"], *app.controls]
 
@@ -237,6 +270,12 @@ def wire(app: Wiring) -> None:
     app["compare_upload"].change(compare, inputs, outputs, api_name="compare_image", concurrency_limit=2, show_progress="full")
     app["compare_model"].input(compare, inputs, outputs, api_name="compare_model", concurrency_limit=2)
     app["compare_run"].click(compare, inputs, outputs, api_name="compare", concurrency_limit=2)
+
+    def match(session, progress=gr.Progress(), *values):
+        return on_match(app.models, session, *values, progress=progress)
+
+    app["compare_match"].click(match, [app["state"], *app.controls], app.all(MATCHED), api_name="compare_match",
+                               concurrency_limit=2, show_progress="full")
 
 
 def prepare(session: Session, controls: Controls) -> None:
