@@ -10,6 +10,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import CLI_MODEL, photo, write_checkpoint, write_stats_folder
 
 from vit_explorer.core import maps
@@ -25,6 +26,7 @@ from vit_explorer.web.tabs import TABS, class_maps, export, head_statistics, lay
 from vit_explorer.web.tabs import compare as compare_tab
 from vit_explorer.web.tabs import head_ablation as ablation_tab
 from vit_explorer.web.tabs import token_norms as norms_tab
+from vit_explorer.web.tabs import tokens as tokens_tab_module
 
 # by title, so that a tab added to ``TABS`` leaves these tests as they are
 OVERVIEW, GRID, ROLLOUT, CLASS_MAPS, STATISTICS, ABLATION, NORMS, EXPORT = (
@@ -949,6 +951,18 @@ def test_the_tokens_tab_follows_the_query_patch_from_the_upload_pass(models, upl
     row, col = session.analysis.layout.token_patch(session.query)
     similarity = maps.token_similarity(session.analysis, session.query)
     assert float(similarity[row, col]) == pytest.approx(1.0, abs=1e-5) and float(similarity.max()) == pytest.approx(1.0, abs=1e-5)
+    # the layer slider: both views at an earlier layer's tokens, still without a pass, and back at the last layer
+    last = session.analysis.map_shape[0] - 1
+    assert tokens_tab_module.set_ranges(session)["token_layer"]["value"] == last
+    early = by_name(tokens_tab_module.on_layer(session, 0, *CONTROLS), tokens_tab_module.OUTPUTS)
+    assert forwards == [] and not np.array_equal(early["token_similarity"], moved["token_similarity"])
+    assert not np.array_equal(early["token_components"], first["token_components"])
+    first_layer = session.analysis.layer_tokens[0].float()  # [n, dim]
+    cosine = torch.nn.functional.cosine_similarity(first_layer, first_layer[session.query][None], dim=-1)
+    torch.testing.assert_close(maps.token_similarity(session.analysis, session.query, 0), cosine[1:].reshape(session.analysis.grid))
+    assert all(is_unchanged(value) for value in opened(tokens_tab, session).values())  # drawn already, for layer 0
+    back = by_name(tokens_tab_module.on_layer(session, last, *CONTROLS), tokens_tab_module.OUTPUTS)
+    np.testing.assert_array_equal(back["token_similarity"], moved["token_similarity"])
 
 
 @pytest.mark.hf

@@ -266,6 +266,10 @@ def test_token_views_are_the_output_tokens_of_one_independent_pass():
     from vit_explorer.core.maps import token_components, token_similarity
 
     model = load_model("timm:vit_small_patch14_reg4_dinov2@random", input_hw=(56, 56))
+    with torch.no_grad():  # random DINOv2 blocks add almost nothing (LayerScale 1e-5): let them, so that layers differ
+        for block in model.module.blocks:
+            block.ls1.gamma.fill_(0.5)
+            block.ls2.gamma.fill_(0.5)
     image = Image.fromarray(np.random.default_rng(7).integers(0, 255, (56, 56, 3), dtype=np.uint8))
     analysis = analyze(model, image)
     with torch.no_grad():
@@ -288,3 +292,14 @@ def test_token_views_are_the_output_tokens_of_one_independent_pass():
                 break
         else:
             raise AssertionError(f"component {index} is not the SVD's, either sign")
+    # at an earlier layer: timm's own intermediate features (that layer's tokens through the final norm), kept in float16
+    pixels = to_pixels(analysis.image, model.preprocess)
+    with torch.no_grad():
+        (early, early_prefix), = model.module.get_intermediate_layers(pixels, n=[1], norm=True, return_prefix_tokens=True)
+    early = torch.cat([early_prefix, early], dim=1)[0]  # [n, dim]
+    expected = torch.nn.functional.cosine_similarity(early[5:], early[query][None], dim=-1).reshape(4, 4)
+    torch.testing.assert_close(token_similarity(analysis, query, layer=1), expected, rtol=0, atol=2e-3)
+    assert float((token_similarity(analysis, query) - expected).abs().max()) > 0.03  # the layer is not the output
+    assert token_components(analysis, layer=1).shape == (4, 4, 3)
+    with pytest.raises(VitExplorerError, match="layers 0 to 11"):
+        token_similarity(analysis, query, layer=12)

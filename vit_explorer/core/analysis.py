@@ -69,6 +69,8 @@ class Analysis:
             float32, from the same pass (the ``norms`` module reads it); None when not captured.
         output_tokens: every token as the model outputs it (after its final norm) ``[n, dim]`` float32, from the same
             pass (``maps.token_similarity``, ``maps.token_components``); None when not captured.
+        layer_tokens: every token after each layer through the final norm ``[layers, n, dim]`` float16, from the same
+            pass (the same views at an earlier layer); None when not captured.
         similarity: the one "class" is a backbone's similarity score (``targets``), not a class: its logit is the score
             and its softmax means nothing.
     """
@@ -86,6 +88,7 @@ class Analysis:
     random_weights: bool = False
     token_norms: torch.Tensor | None = None
     output_tokens: torch.Tensor | None = None
+    layer_tokens: torch.Tensor | None = None
     similarity: bool = False
     # tensors that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
@@ -160,7 +163,8 @@ class Analysis:
     @property
     def nbytes(self) -> int:
         """Bytes of arrays this analysis holds (image, maps, logits), derived caches excluded."""
-        arrays = [self.image, self.logits] + [array for array in (self.token_norms, self.output_tokens) if array is not None]
+        arrays = [self.image, self.logits] + [array for array in (self.token_norms, self.output_tokens, self.layer_tokens)
+                                              if array is not None]
         return sum(array.nbytes for array in arrays) + self.store.nbytes
 
 
@@ -294,6 +298,7 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
                       view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), model_notes=tuple(model.notes),
                       random_weights=model.random_weights,
                       token_norms=captured.token_norms[0], output_tokens=captured.output_tokens[0],
+                      layer_tokens=captured.layer_tokens[0],
                       similarity=isinstance(model.adapter, SimilarityAdapter))
     if captured.targets is not None:
         target = int(captured.targets[0])

@@ -181,22 +181,28 @@ class RowSink(LayerSink):
 
 
 LAST = "last"  # where ``recording_norms`` keeps the last layer's stream
+LAYER_TOKENS = "layer tokens"  # where it keeps every layer's tokens through the final norm, by layer
 
 
 @contextmanager
 def recording_norms(module: nn.Module, adapter: CaptureAdapter, active: bool) -> Iterator[dict]:
     """While active, the L2 norm of every token of the residual stream after each layer ``[b, n]`` (float32,
-    detached) lands in the yielded dict by layer, and the last layer's stream itself ``[b, n, dim]`` under the key
-    ``LAST`` (for the output tokens). No other hidden state is held past its layer."""
-    norms: dict = {}
+    detached) lands in the yielded dict by layer, the last layer's stream itself ``[b, n, dim]`` under the key
+    ``LAST`` (for the output tokens), and each layer's tokens through the model's final norm ``[b, n, dim]`` (float16,
+    as DINOv2's intermediate features are read) under ``LAYER_TOKENS``, by layer. No other hidden state is held past
+    its layer."""
+    norms: dict = {LAYER_TOKENS: {}}
     if not active:
         yield norms
         return
 
     def record(layer: int, hidden: torch.Tensor) -> None:
-        norms[layer] = torch.linalg.vector_norm(hidden.detach(), dim=-1, dtype=torch.float32)
+        hidden = hidden.detach()
+        norms[layer] = torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32)
         if layer >= norms.get(LAST, (-1, None))[0]:
-            norms[LAST] = (layer, hidden.detach())
+            norms[LAST] = (layer, hidden)
+        with torch.no_grad():
+            norms[LAYER_TOKENS][layer] = adapter.final_tokens(module, hidden).to(torch.float16)
 
     with adapter.layer_outputs(module, record):
         yield norms
@@ -217,6 +223,8 @@ class Captured:
             (float32, on the CPU) when asked for, else None.
         output_tokens: with the norms, every token as the model outputs it (after its final norm) ``[b, n, dim]``
             (float32, on the CPU), else None.
+        layer_tokens: with the norms, every token after each layer through the final norm ``[b, layers, n, dim]``
+            (float16, on the CPU), else None.
     """
 
     logits: torch.Tensor
@@ -225,6 +233,7 @@ class Captured:
     gradients: Any = None
     token_norms: torch.Tensor | None = None
     output_tokens: torch.Tensor | None = None
+    layer_tokens: torch.Tensor | None = None
 
 
 def capture(
@@ -273,14 +282,16 @@ def capture(
                 else:
                     gradients = [reduce_gradients(attention.detach(), gradient) for attention, gradient in zip(maps, layer_gradients)]
             del maps, graph
-    output_tokens = None
+    output_tokens = token_norms = layer_tokens = None
     if norms:
         _, last = layer_norms.pop(LAST)
+        by_layer = layer_norms.pop(LAYER_TOKENS)
         with torch.no_grad():
             output_tokens = adapter.final_tokens(module, last).float().cpu()
-    token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu() if norms else None
+        token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu()
+        layer_tokens = torch.stack([by_layer[layer] for layer in range(len(by_layer))], dim=1).cpu()
     return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets, gradients=gradients,
-                    token_norms=token_norms, output_tokens=output_tokens)
+                    token_norms=token_norms, output_tokens=output_tokens, layer_tokens=layer_tokens)
 
 
 def class_targets(logits: torch.Tensor, target: str | int | torch.Tensor) -> torch.Tensor | None:

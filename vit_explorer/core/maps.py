@@ -175,29 +175,39 @@ def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, o
     return factors_map(analysis, factors, query, options.start_layer)
 
 
-def output_tokens(analysis: Analysis) -> torch.Tensor:
-    """The analysis's output tokens ``[n, dim]``, or a message where it was made without them."""
-    if analysis.output_tokens is None:
+def output_tokens(analysis: Analysis, layer: int | None = None) -> torch.Tensor:
+    """Every token ``[n, dim]`` float32 as the model outputs it (``layer`` None or the last), or after an earlier layer
+    through the model's final norm (how DINOv2's intermediate features are read); a message where the analysis was
+    made without them."""
+    layers = analysis.map_shape[0]
+    if layer is not None and not 0 <= layer < layers:
+        raise VitExplorerError(f"layer {layer} is out of range: this model has layers 0 to {layers - 1}")
+    if layer is None or layer == layers - 1:
+        tokens = analysis.output_tokens
+    else:
+        tokens = None if analysis.layer_tokens is None else analysis.layer_tokens[layer].float()
+    if tokens is None:
         raise VitExplorerError("this analysis was made without its output tokens; analyse the image again")
-    return analysis.output_tokens
+    return tokens
 
 
-def token_similarity(analysis: Analysis, query: int | None) -> torch.Tensor:
-    """The cosine similarity of every patch's output token to the query token's (None: to the mean patch token)
-    ``[grid_h, grid_w]``: the plain view of a clicked patch that DINOv2's users know, beside which any method that
-    explains a patch target is to be read."""
-    tokens = output_tokens(analysis)  # [n, dim]
+def token_similarity(analysis: Analysis, query: int | None, layer: int | None = None) -> torch.Tensor:
+    """The cosine similarity of every patch's token after ``layer`` (None: the output tokens) to the query token's
+    (None: to the mean patch token) ``[grid_h, grid_w]``: the plain view of a clicked patch that DINOv2's users know,
+    beside which any method that explains a patch target is to be read."""
+    tokens = output_tokens(analysis, layer)  # [n, dim]
     layout = analysis.layout
     reference = tokens[layout.num_prefix_tokens :].mean(dim=0) if query is None else tokens[check_query(analysis, query)]
     return layout.patch_map(torch.nn.functional.cosine_similarity(tokens, reference[None], dim=-1))
 
 
-def token_components(analysis: Analysis) -> torch.Tensor:
-    """The first three principal components of the patch tokens, each scaled to 0…1 over the patches
-    ``[grid_h, grid_w, 3]`` (DINOv2's own picture of its features: patches alike in colour are alike in representation).
-    A component's sign is arbitrary (the SVD's); it is fixed so that its largest value is positive."""
+def token_components(analysis: Analysis, layer: int | None = None) -> torch.Tensor:
+    """The first three principal components of the patch tokens after ``layer`` (None: the output tokens), each scaled
+    to 0…1 over the patches ``[grid_h, grid_w, 3]`` (DINOv2's own picture of its features: patches alike in colour are
+    alike in representation). A component's sign is arbitrary (the SVD's); it is fixed so that its largest value is
+    positive."""
     def compute() -> torch.Tensor:
-        patches = output_tokens(analysis)[analysis.layout.num_prefix_tokens :].double()  # [patches, dim]
+        patches = output_tokens(analysis, layer)[analysis.layout.num_prefix_tokens :].double()  # [patches, dim]
         centred = patches - patches.mean(dim=0)
         _, _, directions = torch.linalg.svd(centred, full_matrices=False)  # rows: principal directions
         components = centred @ directions[:3].T  # [patches, 3]
@@ -207,7 +217,8 @@ def token_components(analysis: Analysis) -> torch.Tensor:
         rows, cols = analysis.grid
         return scaled.reshape(rows, cols, 3)
 
-    return memo(analysis, ("token_components",), compute)
+    last = analysis.map_shape[0] - 1
+    return memo(analysis, ("token_components", last if layer is None else layer), compute)
 
 
 # below this share of the score, a class-specific map explains nothing: measured on the shipped model's six examples and

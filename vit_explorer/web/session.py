@@ -143,6 +143,7 @@ class Screen:
     # the head clicked in the ablation heat map: (mode, (layer, head), top-5 with that head removed)
     ablated: tuple[str, tuple[int, int], list[Prediction]] | None = None
     norm_layer: int | None = None  # the token norms tab's layer (None: the layer with the most outliers)
+    token_layer: int | None = None  # the tokens tab's layer (None: the last, the output tokens)
 
 
 @dataclass(eq=False)
