@@ -401,3 +401,27 @@ def test_analyze_scoreboard_writes_the_ranking_and_prints_it(tmp_path, capsys, i
     assert scores == sorted(scores, reverse=True) and len(scores) == 6
     printed = capsys.readouterr().out
     assert f"1. {record['ranking'][0]['method']}: score {scores[0]:.3f}" in printed and "chance (random orders)" in printed
+
+
+def test_decompose_writes_every_part_and_the_lens_for_the_target(tmp_path, capsys, cli_checkpoint, image_file):
+    """``--decompose``: the JSON's parts add up to its score, which is the target's logit as the model gives it; its heads
+    are ``vit_explorer.decompose``'s for the same image and target; the pictures are written."""
+    from vit_explorer import decompose, load_model
+    from vit_explorer.core.images import load_image, model_view, to_pixels
+
+    out = tmp_path / "out"
+    assert main(["analyze", str(image_file), "--model", str(cli_checkpoint), "--out", str(out), "--no-faithfulness",
+                 "--decompose", "--target", "thing 1"]) == 0
+    record = json.loads((out / "decomposition.json").read_text())
+    model = load_model(str(cli_checkpoint))
+    logits = model.logits(to_pixels(model_view(load_image(str(image_file)), model.preprocess, "stretch"), model.preprocess))[0]
+    assert record["target"] == 1 and record["target_label"] == "thing 1"
+    assert record["score"] == pytest.approx(float(logits[1]), abs=1e-5)
+    parts = np.sum(record["heads"]) + np.sum(record["mlps"]) + sum(record["rest"].values())
+    assert parts == pytest.approx(record["score"], abs=1e-4 * max(1.0, np.abs(record["heads"]).max()))
+    assert record["lens"][-1] == pytest.approx(record["score"], abs=1e-5) and len(record["lens"]) == CLI_MODEL["depth"]
+    assert len(record["lens_top"][-1]) == 4 and record["lens_top"][-1][0]["class"] == model.labels[int(logits.argmax())]
+    np.testing.assert_allclose(record["heads"], decompose(str(image_file), model, "thing 1").heads.numpy(), atol=1e-6)
+    for name in ("contributions.png", "contributions_chart.png", "lens.png"):
+        assert Image.open(out / name).size[0] > 300
+    assert "decomposition of 'thing 1'" in capsys.readouterr().out

@@ -71,7 +71,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     request = Request(method=args.method, target=Target.parse(args.target), every_map=args.html, score=not args.no_faithfulness,
                       protocol=Protocol(args.baseline), steps=args.steps, random_orders=args.random_orders, scoreboard=args.scoreboard,
                       sanity=args.sanity, ablation=args.ablation_mode if args.ablation else None, norms=args.norms,
-                      options=rollout_options(args), memory_budget=memory_budget(args), fit=args.fit)
+                      decompose=args.decompose, options=rollout_options(args), memory_budget=memory_budget(args), fit=args.fit)
     progress(f"loading {args.model}")
     model = load_model(args.model, input_hw=args.input_size, device=args.device)
     for note in model.notes:
@@ -136,6 +136,11 @@ def result_lines(result) -> list[str]:
         shown = "{:.3f}" if ablation.single_score else "{:.1%}"
         lines.append(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the {ablation.measure} of "
                      f"{analysis.label(ablation.target)!r} most, {shown.format(before)} → {shown.format(before - drop)}")
+    decomposition = result.decomposition
+    if decomposition is not None:
+        parts = ", ".join(f"{name} {value:+.3g}" for name, value in decomposition.top_parts(3))
+        lines.append(f"decomposition of {decomposition.label!r} ({decomposition.score:.3g}): largest direct contributions "
+                     f"{parts}; the parts add up to {decomposition.total:.6g}")
     return lines
 
 
@@ -411,6 +416,9 @@ def parser() -> argparse.ArgumentParser:
                          "(Darcet et al. 2023; no extra pass)")
     analyze.add_argument("--ablation", action="store_true", help="write ablation.json and ablation.png: the change in the target's "
                          "logit and probability when each head is removed (one pass per layer)")
+    analyze.add_argument("--decompose", action="store_true", help="write decomposition.json, contributions.png, "
+                         "contributions_chart.png and lens.png: the target's score split exactly over each head, MLP, the "
+                         "embeddings and biases (direct contributions), and the score read after every layer (logit lens)")
     analyze.add_argument("--ablation-mode", default="zero", choices=list(ABLATION_MODES),
                          help="zero: the head's output set to 0; mean: its map replaced by uniform attention")
     rollout = RolloutOptions()  # the defaults, stated once there

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from vit_explorer.core.analysis import Analysis
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource
 from vit_explorer.core.maps import RolloutOptions, conservation, map_strength
 from vit_explorer.core.request import Request
@@ -62,6 +63,12 @@ class Explanation:
         return path
 
 
+def loaded_inputs(image: ImageSource | np.ndarray, model: str | LoadedModel | None) -> tuple[LoadedModel, ImageSource]:
+    """The model (loaded from its spec, or the built-in one) and the image, an array made a PIL image."""
+    loaded = model if isinstance(model, LoadedModel) else load_model(model or DEFAULT_MODEL)
+    return loaded, Image.fromarray(image) if isinstance(image, np.ndarray) else image
+
+
 def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None, method: str = "relevance",
             target: int | str | tuple[int, int] | OtherImage | None = None, options: RolloutOptions | None = None) -> Explanation:
     """Explain ``image`` (a path, bytes, a PIL image or an ``[H, W, 3]`` uint8 array) with ``model`` (a spec such as
@@ -73,9 +80,7 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     direction (what that patch's representation is made of), or of the embedding on a second image's, ``target`` =
     ``OtherImage(source, name)`` (why the two match). Its class-agnostic maps (``rollout``, ``cls``) need none.
     """
-    loaded = model if isinstance(model, LoadedModel) else load_model(model or DEFAULT_MODEL)
-    if isinstance(image, np.ndarray):
-        image = Image.fromarray(image)
+    loaded, image = loaded_inputs(image, model)
     request = Request(method=method, target=Target(target), options=options or RolloutOptions())
     result = run(loaded, image, request)
     analysis, evidence, grid_map = result.analysis, result.evidence, result.maps[method]
@@ -85,3 +90,15 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     return Explanation(map=grid_map, method=method, target=result.target_label if named else None, probability=probability,
                        analysis=analysis, strength=map_strength(analysis, method, evidence, grid_map),
                        conserved=conservation(analysis, method, evidence, grid_map))
+
+
+def decompose(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None,
+              target: int | str | tuple[int, int] | OtherImage | None = None) -> Decomposition:
+    """The score of ``target`` (as in ``explain``: a class, None for the top class; for a backbone its similarity
+    score) for ``image`` split exactly over what the model's parts write into the stream it is read from: each head of
+    each layer (``.heads`` ``[layers, heads]``, and over the patches it attended to, ``.head_patches``), each MLP
+    (``.mlps``), the embeddings and the biases (``.rest``), with the final norm's scale held at the image's own; and
+    the logit lens (``.lens``: the score read after every layer). ``core.decomposition`` says what a direct
+    contribution does and does not show."""
+    loaded, image = loaded_inputs(image, model)
+    return run(loaded, image, Request(target=Target(target), decompose=True)).decomposition

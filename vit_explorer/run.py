@@ -3,7 +3,7 @@
 The entry points (the CLI's ``analyze``, ``explain``, the app's buttons and export) build a ``Request`` and call these
 functions; none of them writes the workflow again. ``run`` analyses the image, gives a backbone its similarity target
 (``retarget``), computes the target's evidence and every map asked for (AttnLRP and LeGrad too, as tensors), and the
-score, scoreboard, sanity check, ablation and norms that were asked for. Each long stage reports through one
+score, scoreboard, sanity check, ablation, norms and decomposition that were asked for. Each long stage reports through one
 ``Progress`` callback, which says what it costs before it starts. The ``Run`` it returns holds no model.
 """
 
@@ -15,6 +15,7 @@ from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence, pixels_of
+from vit_explorer.core.decomposition import Decomposition, decompose_pixels
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
 from vit_explorer.core.request import Request, Run
 from vit_explorer.core.results import (
@@ -94,6 +95,13 @@ def ablate(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, mode
     return ablation_of(model, analysis, evidence.target, mode, step=step)
 
 
+def decompose(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, *, progress: Progress = silent) -> Decomposition:
+    """The evidence's target's score split over the model's parts (``decomposition.decompose_pixels``)."""
+    progress(f"decomposing {analysis.label(evidence.target)!r} over heads and MLPs: one forward pass, {analysis.map_shape[0]} "
+             "short backward passes and one pass with the maps at zero", 0, "")
+    return decompose_pixels(model, pixels_of(model, analysis), evidence.target, analysis.label(evidence.target))
+
+
 def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *, name: str | None = None,
         progress: Progress = silent) -> Run:
     """Answer ``request`` about ``image`` with ``model``: one analysis (one forward and backward pass), a backbone's
@@ -110,6 +118,8 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     wanted = request.maps if request.every_map or request.method in maps.CLASS_SPECIFIC else ()
     evidence = (class_evidence(model, analysis, target, wanted)
                 if analysis.num_classes and (request.explains or request.score or request.every_map) else None)
+    decomposition = (decompose(model, analysis, evidence, progress=progress)
+                     if request.decompose and evidence is not None else None)
     shown = {method: maps.class_map(analysis, method, evidence, options) for method in request.maps
              if evidence is not None or method not in maps.CLASS_SPECIFIC}
     curves = (score(model, analysis, evidence, request.method, request.protocol, options=options, steps=request.steps,
@@ -120,4 +130,4 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     board = rank(model, analysis, evidence, request.protocol, options=options, progress=progress) if request.scoreboard else None
     return Run(request=request, analysis=analysis, evidence=evidence, maps=shown, curves=curves, scoreboard=board, sanity=sanity,
                ablation=ablation, ablation_importance=None if ablation is None else evidence.importance,
-               norms=norms.for_analysis(analysis) if request.norms else None)
+               norms=norms.for_analysis(analysis) if request.norms else None, decomposition=decomposition)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions
 from vit_explorer.core.results import (
     BLUR,
@@ -43,6 +44,8 @@ class Request:
         sanity: the cascading randomisation check (``methods.sanity``).
         ablation: remove each head in this mode (``results.ABLATION_MODES``); None: no ablation.
         norms: token norms and their outliers (``methods.norms``; no extra pass).
+        decompose: the target's score split over heads, MLPs, embeddings and biases, with the logit lens
+            (``core.decomposition``).
         options: rollout options of the rollout-based maps.
         memory_budget: bytes of maps kept (``analysis.analyze``); fit: how an image of other proportions meets the input.
     """
@@ -58,6 +61,7 @@ class Request:
     sanity: bool = False
     ablation: str | None = None
     norms: bool = False
+    decompose: bool = False
     options: RolloutOptions = field(default_factory=RolloutOptions)
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     fit: str = "stretch"
@@ -71,7 +75,7 @@ class Request:
         """Whether anything asked for needs a target: a class-specific map, a target named, the scoreboard, the sanity
         check or the ablation (a backbone then gets its similarity target, ``targets``)."""
         return (self.method in CLASS_SPECIFIC or self.target.value is not None or self.scoreboard or self.sanity
-                or self.ablation is not None)
+                or self.ablation is not None or self.decompose)
 
     @property
     def maps(self) -> tuple[str, ...]:
@@ -95,6 +99,7 @@ class Run:
     ablation: HeadAblation | None = None
     ablation_importance: torch.Tensor | None = None  # [layers, heads]: Σ|∇A ⊙ A| of the ablation's target
     norms: TokenNorms | None = None
+    decomposition: Decomposition | None = None
 
     @property
     def target_label(self) -> str | None:

@@ -137,6 +137,9 @@ class SimilarityAdapter(CaptureAdapter):
     def stream_entries(self, module: nn.Module) -> list[nn.Module]:
         return self.base.stream_entries(module)
 
+    def attention_writes(self, module: nn.Module) -> list[nn.Module]:
+        return self.base.attention_writes(module)
+
     def layer_norms(self, module: nn.Module) -> list[nn.Module]:
         return self.base.layer_norms(module)
 

@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import torch
 
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.maps import CLASS_METHODS
 from vit_explorer.core.results import DatasetStatistics, FaithfulnessCurves, SanityCurves, TokenNorms
 from vit_explorer.draw.render import to_numpy
@@ -190,4 +191,52 @@ def token_norm_chart(result: TokenNorms) -> np.ndarray:
         axes.grid(alpha=0.3, which="major")
         # beside the axes, never over the lines: inside, "best" still covered them wherever every corner held data
         axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _figure_to_array(figure)
+
+
+def contributions_chart(decomposition: Decomposition, count: int = 12) -> np.ndarray:
+    """The ``count`` heads and MLPs that write most into the target's score, then the rest (embeddings and biases) and
+    the score itself, as signed horizontal bars: red adds to the score, blue takes from it."""
+    parts = decomposition.top_parts(count) + list(decomposition.rest.items())
+    others = decomposition.score - sum(value for _, value in parts)
+    parts += [("every other head and MLP", others), ("score", decomposition.score)]
+    figure = _figure(6.4, 0.8 + 0.24 * len(parts))
+    axes = figure.add_subplot()
+    names, values = [name for name, _ in parts], np.array([value for _, value in parts])
+    colours = ["black" if name == "score" else ("tab:red" if value >= 0 else "tab:blue") for name, value in parts]
+    axes.barh(np.arange(len(parts)), values, color=colours)
+    axes.set_yticks(np.arange(len(parts)), names, fontsize=CHART_TEXT_PT)
+    axes.invert_yaxis()
+    axes.axvline(0, color="gray", linewidth=0.8)
+    axes.axhline(count - 0.5, color="gray", linewidth=0.5, linestyle=":")
+    axes.set_xlabel("direct contribution to the score (final norm's scale held)")
+    title = f"What writes the score of {decomposition.label!r}: {decomposition.score:.3g}"
+    axes.set_title(textwrap.shorten(title, TITLE_CHARACTERS), fontsize=10)
+    axes.grid(alpha=0.3, axis="x")
+    return _figure_to_array(figure)
+
+
+def lens_chart(decomposition: Decomposition, labels: list[str] | None) -> np.ndarray:
+    """The logit lens: the target's score read from the stream after every layer through the final norm, pooling and
+    head, with the top class there named where it is not the target."""
+    figure = _figure(6.4, 3.0)
+    axes = figure.add_subplot()
+    layers = np.arange(len(decomposition.lens))
+    axes.plot(layers, to_numpy(decomposition.lens), color="black", marker="o", markersize=4, linewidth=1.5,
+              label=f"score of {textwrap.shorten(decomposition.label, 40)!r}")
+    tops = to_numpy(decomposition.lens_top[:, 0])
+    if len(to_numpy(decomposition.lens_top[0])) > 1:
+        axes.plot(layers, to_numpy(decomposition.lens_top_scores[:, 0]), color="tab:orange", linewidth=1, linestyle="--",
+                  label="top class's score there")
+        for layer, top in zip(layers, tops):
+            if int(top) != decomposition.target:
+                name = labels[int(top)] if labels and int(top) < len(labels) else str(int(top))
+                axes.annotate(textwrap.shorten(name, 14), (layer, float(decomposition.lens_top_scores[layer, 0])), fontsize=7,
+                              rotation=30, xytext=(2, 4), textcoords="offset points", color="tab:orange")
+    axes.set_xticks(layers)
+    axes.set_xlabel("read after layer")
+    axes.set_ylabel("score")
+    axes.set_title("Logit lens: the score read out after every layer", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=CHART_TEXT_PT, loc="upper left")
     return _figure_to_array(figure)

@@ -17,6 +17,7 @@ from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import STATISTIC_UNITS, FaithfulnessCurves, HeadAblation, SanityCurves, TokenNorms
 from vit_explorer.core.statistics import HEAD_STATISTICS
@@ -161,6 +162,19 @@ def write_ablation(analysis: Analysis, ablation: HeadAblation, importance: torch
     return written
 
 
+def write_decomposition(analysis: Analysis, decomposition: Decomposition, out_dir: Path) -> list[Path]:
+    """``decomposition.json`` (``Decomposition.as_dict``), ``contributions.png`` (each head's direct contribution, layers ×
+    heads), ``contributions_chart.png`` (the largest parts, the rest and the score) and ``lens.png`` (the logit lens) in
+    ``out_dir``."""
+    written = [out_dir / name for name in ("decomposition.json", "contributions.png", "contributions_chart.png", "lens.png")]
+    record = {"model": analysis.model_name, **decomposition.as_dict(analysis.labels)}
+    written[0].write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    save_png(pictures.contribution_picture(decomposition)[0], str(written[1]))
+    save_png(charts.contributions_chart(decomposition), str(written[2]))
+    save_png(charts.lens_chart(decomposition, analysis.labels), str(written[3]))
+    return written
+
+
 @contextmanager
 def staged(out: Path) -> Iterator[Path]:
     """A temporary folder beside ``out`` to write into. When the block ends without an error, its files move into ``out``
@@ -181,7 +195,8 @@ def write_analysis(run: Run, out: Path, *, cmap: str = "inferno", scale: str = "
                    settings: dict | None = None) -> tuple[list[Path], str]:
     """Every file of one ``analyze`` run, in ``out`` (``staged``): the views and ``attention.npz`` (``write_views``); the map
     asked for unless it is the rollout; and the results that ran: faithfulness (with ``settings``, e.g. image, steps,
-    random orders, baseline), sanity, ``scoreboard.json``, norms, ablation (beside its target's gradient importance) and,
+    random orders, baseline), sanity, ``scoreboard.json``, norms, ablation (beside its target's gradient importance), the
+    decomposition and,
     with ``html``, the report of them all. Returns the paths in ``out``, in that order, and ``npz_note``'s words."""
     analysis, method = run.analysis, run.request.method
     with staged(out) as staging:
@@ -200,6 +215,8 @@ def write_analysis(run: Run, out: Path, *, cmap: str = "inferno", scale: str = "
             written += write_norms(analysis, run.norms, staging, cmap=cmap)
         if run.ablation is not None:
             written += write_ablation(analysis, run.ablation, run.ablation_importance, staging)
+        if run.decomposition is not None:
+            written += write_decomposition(analysis, run.decomposition, staging)
         if html:
             written.append(write_report(run, staging, cmap))
     return [out / path.name for path in written], note

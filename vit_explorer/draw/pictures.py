@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.maps import (
     CONSERVATION_TOLERANCE,
     NEGLIGIBLE,
@@ -262,25 +263,55 @@ ABLATION_UNIT = "Δ target probability, percentage points (head removed)"
 ABLATION_CMAP = "RdBu"  # diverging: red where removing the head lowers the target, blue where it raises it, white for no change
 
 
-def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None = None,
-                     tile_px: int | None = None) -> tuple[np.ndarray, render.GridGeometry]:
-    """The layers × heads heat map of how the target probability changes when each head alone is removed, in
-    percentage points on a scale symmetric about 0, each tile labelled with its value, a colour bar below;
-    and its geometry, which maps a click to (layer, head). ``selected`` (layer, head) is outlined."""
-    # a probability in percentage points; a single score (a backbone's similarity) as it is
-    points = render.to_numpy(ablation.delta, np.float32) * (1.0 if ablation.single_score else 100.0)  # [layers, heads]
-    layers, heads = points.shape
+def signed_grid_picture(values: torch.Tensor | np.ndarray, unit: str, decimals: int, cmap: str, *,
+                        selected: tuple[int, int] | None = None,
+                        tile_px: int | None = None) -> tuple[np.ndarray, render.GridGeometry]:
+    """A layers × heads heat map of signed ``values`` ``[layers, heads]`` on the diverging ``cmap`` symmetric about 0
+    (white at 0), each tile labelled with its value to ``decimals``, a colour bar of ``unit`` below; and its
+    geometry, which maps a click to (layer, head). ``selected`` (layer, head) is outlined."""
+    values = render.to_numpy(values, np.float32)
+    layers, heads = values.shape
     tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
-    centred, bound = centred_on_zero(points)
-    colours = render.colorize(centred, ABLATION_CMAP)  # [layers, heads, 3]
+    centred, bound = centred_on_zero(values)
+    colours = render.colorize(centred, cmap)  # [layers, heads, 3]
     picture, geometry = render.tile_grid(np.broadcast_to(colours[:, :, None, None, :], (layers, heads, tile_px, tile_px, 3)),
                                          row_labels=[f"L{layer}" for layer in range(layers)],
                                          col_labels=[f"h{head}" for head in range(heads)], highlight=selected)
+    picture = render.label_tiles(picture, geometry, [[signed(value, decimals) for value in row] for row in values], colours)
+    return render.with_colorbar(picture, cmap, -bound, bound, unit), geometry
+
+
+def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None = None,
+                     tile_px: int | None = None) -> tuple[np.ndarray, render.GridGeometry]:
+    """The layers × heads heat map of how the target probability changes when each head alone is removed, in
+    percentage points (``signed_grid_picture``: red where removing the head lowers the target)."""
+    # a probability in percentage points; a single score (a backbone's similarity) as it is
+    points = render.to_numpy(ablation.delta, np.float32) * (1.0 if ablation.single_score else 100.0)  # [layers, heads]
+    bound = float(np.abs(points).max())
     decimals = (3 if bound < 1 else 1) if ablation.single_score else (1 if bound < 10 else 0)
-    texts = [[signed(value, decimals) for value in row] for row in points]
-    picture = render.label_tiles(picture, geometry, texts, colours)
     unit = "Δ target score (head removed)" if ablation.single_score else ABLATION_UNIT
-    return render.with_colorbar(picture, ABLATION_CMAP, -bound, bound, unit), geometry
+    return signed_grid_picture(points, unit, decimals, ABLATION_CMAP, selected=selected, tile_px=tile_px)
+
+
+def contribution_picture(decomposition: Decomposition, *, selected: tuple[int, int] | None = None,
+                         tile_px: int | None = None) -> tuple[np.ndarray, render.GridGeometry]:
+    """The layers × heads heat map of each head's direct contribution to the target's score
+    (``decomposition.Decomposition``: red adds to it, blue takes from it), clickable like the ablation's."""
+    bound = float(decomposition.heads.abs().max())
+    return signed_grid_picture(decomposition.heads, f"direct contribution to the score of {decomposition.label!r}",
+                               3 if bound < 1 else (2 if bound < 10 else 1), DIFFERENCE_CMAP, selected=selected, tile_px=tile_px)
+
+
+def head_split_picture(analysis: Analysis, decomposition: Decomposition, layer: int, head: int) -> np.ndarray:
+    """Where one head's direct contribution comes from: its share from each patch it attended to, over the image on a
+    scale symmetric about 0 (red adds to the score), with what it takes from the prefix tokens in the colour bar's words."""
+    split = decomposition.head_patches[layer, head]  # [grid_h, grid_w]
+    bound = max(float(split.abs().max()), 1e-12)
+    prefix = decomposition.head_sources[layer, head, : decomposition.layout.num_prefix_tokens]
+    from_prefix = ", ".join(f"{name} {signed(float(value), 3)}" for name, value in zip(decomposition.layout.prefix_names, prefix))
+    unit = f"L{layer} h{head}'s direct contribution from each patch" + (f" (from {from_prefix})" if from_prefix else "")
+    return map_picture(analysis, split, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),
+                       unit=f"{unit}: red adds to the score, blue takes from it", muted=True)
 
 
 def signed(value: float, decimals: int) -> str:

@@ -106,6 +106,14 @@ class CaptureAdapter(ABC):
             for handle in handles:
                 handle.remove()
 
+    def attention_writes(self, module: nn.Module) -> list[nn.Module]:
+        """One module per layer, in layer order, whose forward output (its first element, for a tuple) is exactly what
+        that layer's attention adds to the residual stream ``[b, n, dim]``: the heads' outputs through the out-projection
+        and any layer scale, affine in the post-softmax map. The decomposition reads each head's share of it there; a
+        family whose blocks write anything else (a norm after attention, a parallel branch) refuses."""
+        raise VitExplorerError(f"{type(module).__name__} cannot be decomposed into heads: vit_explorer does not know where "
+                               "its attention writes to the residual stream")
+
     @abstractmethod
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The logits ``[b, classes]`` the model would give if ``hidden`` ``[b, n, dim]`` were the residual stream after

@@ -84,6 +84,10 @@ class HFAdapter(CaptureAdapter):
         # transformers 5 keeps ViT's and DeiT's layers on the base model, DINOv2's still in an encoder
         return list(base.encoder.layer if hasattr(base, "encoder") else base.layers)
 
+    def attention_writes(self, module: nn.Module) -> list[nn.Module]:
+        # ViT and DeiT add the attention block's output; DINOv2 scales it first (``layer_scale1``)
+        return [block.layer_scale1 if hasattr(block, "layer_scale1") else block.attention for block in self.blocks(module)]
+
     def attention_modules(self, module: nn.Module) -> list[nn.Module]:
         """One module per layer: the one that calls the attention function (it alone holds ``is_causal``)."""
         found = [[part for part in block.modules() if hasattr(part, "is_causal")] for block in self.blocks(module)]

@@ -69,6 +69,19 @@ class TimmAdapter(HookAdapter):
             for attention, fused in zip(attentions, saved):
                 attention.fused_attn = fused
 
+    def attention_writes(self, module: nn.Module) -> list[nn.Module]:
+        # a pre-norm block adds ``ls1(attn(norm1(x)))``; BEiT's and EVA's ``gamma_1``, a norm inside the attention
+        # (``scale_norm``) or a post-norm block write something else
+        writes = []
+        for block in module.blocks:
+            inner_norm = getattr(block.attn, "norm", None)
+            if not hasattr(block, "ls1") or not isinstance(getattr(block.attn, "proj", None), nn.Linear) or not (
+                    inner_norm is None or isinstance(inner_norm, nn.Identity)):
+                raise VitExplorerError(f"{type(block).__name__} blocks do not add ls1(attn(norm1(x))) to the residual stream, so "
+                                       "their heads' direct contributions cannot be read off exactly")
+            writes.append(block.ls1)
+        return writes
+
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         output = module(pixels)
         # with num_classes=0 timm returns pooled features, which are not class scores

@@ -83,6 +83,9 @@ class VitPytorchAdapter(HookAdapter):
         # broadcasts the one-image residual over a widened attention output
         return [attention for attention, _ in module.transformer.layers]
 
+    def attention_writes(self, module: nn.Module) -> list[nn.Module]:
+        return [attention for attention, _ in module.transformer.layers]  # ``x = attn(x) + x``
+
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         return len(module.transformer.layers), module.transformer.layers[0][0].heads
 
