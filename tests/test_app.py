@@ -24,6 +24,7 @@ from vit_explorer.web.captions import MEAN_PATCHES, NO_CLASS_SCORE, NO_CLASSIFIE
 from vit_explorer.web.session import Controls, ModelCache
 from vit_explorer.web.tabs import TABS, class_maps, export, head_statistics, layers_heads, shared
 from vit_explorer.web.tabs import compare as compare_tab
+from vit_explorer.web.tabs import contributions as contributions_tab
 from vit_explorer.web.tabs import head_ablation as ablation_tab
 from vit_explorer.web.tabs import token_norms as norms_tab
 from vit_explorer.web.tabs import tokens as tokens_tab_module
@@ -991,3 +992,58 @@ def test_why_two_images_match_explains_each_embedding_on_the_others_direction(up
         assert isinstance(views["compare_view_a"], np.ndarray) and isinstance(views["compare_view_b"], np.ndarray)
         assert not np.array_equal(views["compare_view_a"], views["compare_view_b"])
     assert calls == []
+
+
+def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models, upload, checkpoint):
+    """Opening the tab decomposes the target's score (one forward pass, one pass with the maps at zero; the backward
+    passes run no forward); the grid's tiles are each head's contribution; a clicked head's split is drawn from the kept
+    result with no pass; the ablation's heat map appears beside once it has run."""
+    from vit_explorer.run import kept_decomposition
+
+    session, _ = analysed(models, upload, checkpoint)
+    calls = forward_counter(models, checkpoint)
+    title = "Head contributions"
+    first = opened(title, session)
+    assert len(calls) == 2
+    decomposition = kept_decomposition(session.analysis, session.target)
+    assert decomposition.label == session.analysis.label(session.target)
+    assert f"the parts add up to {decomposition.total:.4g}" in first["contributions_text"]
+    assert hidden(first["contributions_ablation"]) and "Run the head ablation" in first["contributions_text"]
+    largest = divmod(int(decomposition.heads.abs().argmax()), decomposition.heads.shape[1])
+    assert first["contributions_split"].ndim == 3
+    geometry = session.screen.contribution_geometry
+    layers, heads_per_layer = session.analysis.map_shape
+    colours = np.array([[tile_colour(first["contributions_view"], geometry, layer, head) for head in range(heads_per_layer)]
+                        for layer in range(layers)])
+    heads = decomposition.heads.numpy()
+    clear = np.abs(heads) > 0.05 * np.abs(heads).max()
+    assert (np.sign(colours[..., 0] - colours[..., 2]) == np.sign(heads))[clear].all()  # red adds to the score, blue takes
+    other = (0, 0) if largest != (0, 0) else (1, 1)
+    y, x = geometry.tile_origin(*other)
+    clicked = by_name(contributions_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session, *CONTROLS),
+                      contributions_tab.OUTPUTS)
+    assert session.screen.contribution_head == other and len(calls) == 2
+    assert not np.array_equal(clicked["contributions_split"], first["contributions_split"])
+    assert all(is_unchanged(value) for value in opened(title, session).values()) and len(calls) == 2
+    ablation_tab.on_run(models, session, *CONTROLS)
+    with_ablation = opened(title, session)
+    assert not hidden(with_ablation["contributions_ablation"]) and "A head red in both" in with_ablation["contributions_text"]
+
+
+@pytest.mark.hf
+def test_a_backbone_decomposes_its_similarity_score_once_it_has_a_target(upload, backbone_models):
+    """Without a target the tab says to choose one and runs nothing; with the image's own embedding as the target its
+    score is decomposed, and the parts add up to the similarity score the model gives."""
+    from vit_explorer.run import kept_decomposition
+    from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE
+
+    models = backbone_models
+    session = by_name(shared.run_analysis(models, upload, "hf:test-backbone", OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    calls = forward_counter(models, "hf:test-backbone")
+    assert opened("Head contributions", session)["contributions_text"] == NO_TARGET_TO_DECOMPOSE and calls == []
+    shared.on_target(models, session, "own", OVERVIEW, *CONTROLS)
+    text = opened("Head contributions", session)["contributions_text"]
+    decomposition = kept_decomposition(session.analysis, 0)
+    assert "similarity to the image's own embedding" in decomposition.label and decomposition.label in text
+    score = float(session.model(models).logits(pixels_of(session.model(models), session.analysis))[0, 0])
+    assert decomposition.score == pytest.approx(score, abs=1e-5) and decomposition.total == pytest.approx(score, abs=1e-4)

@@ -244,6 +244,18 @@ def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
         assert not scrolls_sideways(page)
         page.screenshot(path=str(OUTPUT / "1280x800-head-ablation.png"), full_page=True)
 
+        open_tab(page, "Head contributions")  # the ablation has run: its heat map shows beside the contributions
+        for elem_id in ("contributions-view", "contributions-split", "contributions-chart", "contributions-lens", "contributions-ablation"):
+            page.wait_for_selector(f"#{elem_id} img", timeout=60_000)
+        page.locator("#contributions-text >> text=A head red in both").first.wait_for(timeout=10_000)
+        assert shown_scale(page, "contributions-view") >= LEGIBLE_SCALE
+        before = image_bytes(page, "contributions-split")
+        click_natural(page, "contributions-view", x + geometry.tile / 2, y + geometry.tile / 2)  # L2 h1, the same grid
+        wait_for_change(page, "contributions-split", before)
+        page.locator("#contributions-split img").first.wait_for(timeout=10_000)
+        assert not scrolls_sideways(page)
+        page.screenshot(path=str(OUTPUT / "1280x800-head-contributions.png"), full_page=True)
+
         open_tab(page, "Token norms")
         for elem_id in ("norm-map", "norm-outliers", "norm-chart"):
             page.wait_for_selector(f"#{elem_id} img", timeout=30_000)

@@ -92,6 +92,12 @@ def test_a_clicked_eye_on_the_real_backbone(dinov2_weights, tmp_path):
                 page.wait_for_timeout(500)
                 page.screenshot(path=str(OUTPUT / f"eye-{name}.png"), full_page=True)
                 panels.append(page.locator("#class-view").screenshot())
+            # what each head writes into the eye's own token: the grid, the largest head's split, the bars and the lens
+            page.get_by_role("tab", name="Head contributions").click()
+            page.wait_for_selector("#contributions-lens img", timeout=300_000)
+            page.get_by_text("the parts add up to").first.wait_for(timeout=30_000)
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(OUTPUT / "eye-contributions.png"), full_page=True)
             assert errors == []
     side_by_side(panels, columns=3).save(OUTPUT / "eye-panel.png")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from PIL import Image
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence, pixels_of
+from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence, memo, pixels_of
 from vit_explorer.core.decomposition import Decomposition, decompose_pixels
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
 from vit_explorer.core.request import Request, Run
@@ -95,11 +95,26 @@ def ablate(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, mode
     return ablation_of(model, analysis, evidence.target, mode, step=step)
 
 
+def decomposition_key(target: int) -> tuple:
+    return ("decomposition", target)
+
+
+def kept_decomposition(analysis: Analysis, target: int) -> Decomposition | None:
+    """The decomposition ``decompose`` kept on ``analysis`` for ``target``; None where it has not run (or was evicted).
+    Runs nothing: views that have no model read it."""
+    return analysis.derived.get(decomposition_key(target))
+
+
 def decompose(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, *, progress: Progress = silent) -> Decomposition:
-    """The evidence's target's score split over the model's parts (``decomposition.decompose_pixels``)."""
+    """The evidence's target's score split over the model's parts (``decomposition.decompose_pixels``), kept on the
+    analysis (``kept_decomposition``)."""
+    kept = kept_decomposition(analysis, evidence.target)
+    if kept is not None:
+        return kept
     progress(f"decomposing {analysis.label(evidence.target)!r} over heads and MLPs: one forward pass, {analysis.map_shape[0]} "
              "short backward passes and one pass with the maps at zero", 0, "")
-    return decompose_pixels(model, pixels_of(model, analysis), evidence.target, analysis.label(evidence.target))
+    return memo(analysis, decomposition_key(evidence.target),
+                lambda: decompose_pixels(model, pixels_of(model, analysis), evidence.target, analysis.label(evidence.target)))
 
 
 def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *, name: str | None = None,

@@ -9,6 +9,7 @@ import math
 
 from vit_explorer.core import maps, results
 from vit_explorer.core.analysis import Analysis, Prediction
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.results import (
     DEFAULT_RANDOM_ORDERS,
     DEFAULT_STEPS,
@@ -282,6 +283,27 @@ def ablation_note(session: Session, mode: str) -> str:
     return (f"Which heads does the {measure} of **{session.analysis.label(session.target)}** need? *Run ablation* removes each "
             f"head alone (**{ABLATION_NAMES[mode]}**: {ABLATION_MEANS[mode]}) and runs the model again: {ablation_passes(session)}. "
             "Unlike attention weights and gradients, this is causal.")
+
+
+NO_TARGET_TO_DECOMPOSE = ("This model has no classifier head: choose a similarity target (the image's own embedding or a patch) to "
+                          "split its score over the heads.")
+
+
+def contributions_text(decomposition: Decomposition, ablation: HeadAblation | None) -> str:
+    """What the contributions tab shows: the score and its largest parts, what a direct contribution is and is not, and
+    how to read the ablation beside it."""
+    largest = ", ".join(f"**{name}** {signed(value, 3)}" for name, value in decomposition.top_parts(4))
+    rest = ", ".join(f"{name} {signed(value, 3)}" for name, value in decomposition.rest.items())
+    beside = ("Below, head ablation (zero) of the same target: red there means removing the head lowers the "
+              f"{ablation.measure}. A head red in both writes the answer itself; red only in the ablation acts through later "
+              "layers." if ablation is not None else
+              "Run the head ablation (zero) for this target and its heat map shows below, to tell heads that write the answer "
+              "from heads that act through later layers.")
+    return (f"Score of **{decomposition.label}**: {decomposition.score:.4g}, split exactly into what each part writes into the "
+            f"stream it is read from (the parts add up to {decomposition.total:.4g}). Largest: {largest}; the rest: {rest}. "
+            "A **direct** contribution is what a head writes that the read-out sees unchanged, with the final norm's scale "
+            "held at this image's (Gandelsman et al. 2024); what later layers make of a head's write is counted in theirs. "
+            f"{beside}")
 
 
 def ablation_text(session: Session, ablation: HeadAblation) -> str:

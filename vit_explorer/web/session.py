@@ -144,6 +144,8 @@ class Screen:
     ablated: tuple[str, tuple[int, int], list[Prediction]] | None = None
     norm_layer: int | None = None  # the token norms tab's layer (None: the layer with the most outliers)
     token_layer: int | None = None  # the tokens tab's layer (None: the last, the output tokens)
+    contribution_geometry: render.GridGeometry | None = None  # the contributions heat map as drawn, for tile clicks
+    contribution_head: tuple[int, int] | None = None  # its clicked head (None: the head of largest contribution)
 
 
 @dataclass(eq=False)

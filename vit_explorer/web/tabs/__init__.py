@@ -10,6 +10,7 @@ from __future__ import annotations
 from vit_explorer.web.tabs import (
     class_maps,
     compare,
+    contributions,
     export,
     head_ablation,
     head_statistics,
@@ -22,4 +23,4 @@ from vit_explorer.web.tabs import (
 from vit_explorer.web.tabs.base import Tab
 
 TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB, head_ablation.TAB,
-                         token_norms.TAB, tokens.TAB, compare.TAB, export.TAB)
+                         contributions.TAB, token_norms.TAB, tokens.TAB, compare.TAB, export.TAB)

@@ -1,0 +1,110 @@
+"""The Head contributions tab: what each head writes into the answer. The target's score split exactly over every head
+(a layers × heads heat map, red adds to the score), MLP, the embeddings and the biases (``core.decomposition``); a
+clicked head's contribution over the patches it attended to; the largest parts as bars; the logit lens across depth;
+and, where the head ablation has run for the target, its heat map beside, so that heads acting directly and heads
+acting through later layers can be told apart. One forward pass, a short backward per layer and one more pass when
+the tab first opens for a target; every view after that is drawn from the kept result."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from vit_explorer.draw import charts, pictures
+from vit_explorer.draw.render import grid_tile_px
+from vit_explorer.methods.ablation import kept_ablation
+from vit_explorer.run import decompose, kept_decomposition
+from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE, contributions_text
+from vit_explorer.web.session import Controls, ModelCache, Session
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, unchanged, user_errors
+
+OUTPUTS = ("contributions_text", "contributions_view", "contributions_split", "contributions_chart", "contributions_lens",
+           "contributions_ablation_title", "contributions_ablation")
+ABLATION_TITLE = ("**Head ablation beside it**: the change of the target when each head alone is removed (zero output), its "
+                  "direct and indirect effects together")
+TILE_PX = 56  # as the ablation's heat map: a colour and a number per tile
+ABLATION_MODE = "zero"  # the ablation shown beside: a head's output removed, the total effect of its write
+
+
+def layout() -> dict:
+    text = gr.Markdown("", elem_id="contributions-text")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            gr.Markdown("**Each head's direct contribution** to the target's score (click a head)")
+            view = map_image("contributions-view", "Direct contribution per head")
+        with gr.Column(scale=2, min_width=300):
+            gr.Markdown("**The clicked head's contribution** from each patch it attended to")
+            split = map_image("contributions-split", "One head's contribution over the image")
+    with gr.Row(equal_height=False):
+        chart = map_image("contributions-chart", "The largest parts of the score")
+        lens = map_image("contributions-lens", "The score read after every layer")
+    ablation_title = gr.Markdown(ABLATION_TITLE, visible=False, elem_id="contributions-ablation-title")
+    ablation = map_image("contributions-ablation", "Head ablation beside the direct contributions", visible=False)
+    return {"contributions_text": text, "contributions_view": view, "contributions_split": split, "contributions_chart": chart,
+            "contributions_lens": lens, "contributions_ablation_title": ablation_title, "contributions_ablation": ablation}
+
+
+def prepare(session: Session, controls: Controls) -> None:
+    """The decomposition takes passes of the model of its own: computed here once per target (kept on the analysis)."""
+    if session.evidence is not None:
+        decompose(session.model(), session.analysis, session.evidence)
+
+
+def shown_head(session: Session) -> tuple[int, int] | None:
+    """The clicked head, or the head of largest contribution before one is clicked."""
+    decomposition = None if session.target is None else kept_decomposition(session.analysis, session.target)
+    if decomposition is None:
+        return None
+    if session.screen.contribution_head is not None:
+        return session.screen.contribution_head
+    return divmod(int(decomposition.heads.abs().argmax()), decomposition.heads.shape[1])
+
+
+def render(session: Session, controls: Controls) -> dict:
+    decomposition = None if session.target is None else kept_decomposition(session.analysis, session.target)
+    if decomposition is None:
+        session.screen.contribution_geometry = None
+        return {"contributions_text": NO_TARGET_TO_DECOMPOSE,
+                **{name: gr.update(value=None) for name in ("contributions_view", "contributions_split", "contributions_chart",
+                                                            "contributions_lens")},
+                "contributions_ablation_title": gr.update(visible=False), "contributions_ablation": gr.update(value=None, visible=False)}
+    layer, head = shown_head(session)
+    tile_px = min(TILE_PX, grid_tile_px(decomposition.heads.shape[1], pictures.GRID_PX))
+    grid, session.screen.contribution_geometry = pictures.contribution_picture(decomposition, selected=(layer, head), tile_px=tile_px)
+    ablation = kept_ablation(session.analysis, session.target, ABLATION_MODE)
+    beside = (gr.update(value=None, visible=False) if ablation is None
+              else gr.update(value=pictures.ablation_picture(ablation, tile_px=tile_px)[0], visible=True))
+    title = gr.update(visible=ablation is not None)
+    return {"contributions_text": contributions_text(decomposition, ablation), "contributions_view": grid,
+            "contributions_split": pictures.head_split_picture(session.analysis, decomposition, layer, head),
+            "contributions_chart": charts.contributions_chart(decomposition),
+            "contributions_lens": charts.lens_chart(decomposition, session.analysis.labels), "contributions_ablation_title": title,
+            "contributions_ablation": beside}
+
+
+def depends(session: Session, controls: Controls) -> tuple:
+    target = session.target
+    ran = target is not None and kept_ablation(session.analysis, target, ABLATION_MODE) is not None
+    return target, session.screen.contribution_head, ran
+
+
+@user_errors
+def on_tile_click(models: ModelCache, evt: gr.SelectData, session: Session | None, *control_values) -> tuple:
+    """A head clicked in the heat map: its contribution over the image, from the kept decomposition (``OUTPUTS``)."""
+    session, controls = require(session), Controls.from_values(control_values)
+    geometry = session.screen.contribution_geometry
+    hit = geometry.hit(evt.index[0], evt.index[1]) if geometry is not None else None
+    if hit is None:  # a label, the colour bar, or nothing drawn yet
+        return in_order(unchanged(OUTPUTS), OUTPUTS)
+    session.screen.contribution_head = hit
+    return in_order(refresh(TAB, session, controls), OUTPUTS)
+
+
+def wire(app: Wiring) -> None:
+    def click(evt: gr.SelectData, session, *values):
+        return on_tile_click(app.models, evt, session, *values)
+
+    app["contributions_view"].select(click, [app["state"], *app.controls], app.all(OUTPUTS), api_name="select_contributing_head",
+                                     concurrency_limit=2)
+
+
+TAB = Tab("Head contributions", OUTPUTS, layout, render, depends, wire, prepare=prepare)
