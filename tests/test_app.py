@@ -1047,3 +1047,32 @@ def test_a_backbone_decomposes_its_similarity_score_once_it_has_a_target(upload,
     assert "similarity to the image's own embedding" in decomposition.label and decomposition.label in text
     score = float(session.model(models).logits(pixels_of(session.model(models), session.analysis))[0, 0])
     assert decomposition.score == pytest.approx(score, abs=1e-5) and decomposition.total == pytest.approx(score, abs=1e-4)
+
+
+def test_patching_b_into_a_shows_each_heads_and_tokens_effect_on_as_target(models, upload, checkpoint, tmp_path):
+    """*Patch B into A*: the heads' grid is ``methods.patching``'s for the session's target, its tiles coloured by sign;
+    the tokens only when asked; the views stay with the comparison until the target changes; a second model refuses."""
+    from vit_explorer.methods.patching import patch
+
+    session, _ = analysed(models, upload, checkpoint)
+    with pytest.raises(gr.Error, match="upload a second image"):
+        compare_tab.on_patch(models, session, False, *CONTROLS)
+    comparison = compared(models, session, upload, second_upload(tmp_path))["comparison"]
+    heads_only = by_name(compare_tab.on_patch(models, session, False, *controls(comparison=comparison)), compare_tab.COMPARED)
+    patched = heads_only["comparison"].patched(session.analysis, session.target)
+    model = models.get(checkpoint)
+    expected = patch(model, pixels_of(model, session.analysis), pixels_of(model, comparison.analysis), session.target, tokens=False)
+    torch.testing.assert_close(patched.heads, expected.heads)
+    assert patched.score_b == pytest.approx(float(model.logits(pixels_of(model, comparison.analysis))[0, session.target]), abs=1e-5)
+    assert not hidden(heads_only["compare_patch_heads"]) and hidden(heads_only["compare_patch_tokens"])
+    assert f"A's score {patched.score_a:.4g}, B's {patched.score_b:.4g}" in heads_only["compare_patch_text"]
+    with_tokens = by_name(compare_tab.on_patch(models, session, True, *controls(comparison=comparison)), compare_tab.COMPARED)
+    tokens = with_tokens["comparison"].patched(session.analysis, session.target).tokens
+    assert tokens.shape == (session.analysis.map_shape[0], session.analysis.layout.num_tokens)
+    assert not hidden(with_tokens["compare_patch_tokens"]) and "give B's score exactly" in with_tokens["compare_patch_text"]
+    # another target: the patching was of the first, so its views go
+    other = next(index for index in range(session.analysis.num_classes) if index != session.target)
+    retargeted = by_name(shared.on_target(models, session, other, COMPARE, *controls(comparison=with_tokens["comparison"])),
+                         shared.TARGETED)
+    assert with_tokens["comparison"].patched(session.analysis, session.target) is None
+    assert hidden(retargeted["compare_patch_heads"]) and retargeted["compare_patch_text"] == ""

@@ -301,6 +301,15 @@ def test_compare_tab_shows_a_second_image_beside_the_first_and_their_difference(
         page.locator("#compare-title-a >> text=in layer 5 of 6").first.wait_for(timeout=10_000)
         assert not scrolls_sideways(page)
         page.screenshot(path=str(OUTPUT / "1280x800-compare.png"), full_page=True)
+        # B patched into A, heads and every token (6 layers × 257 tokens: a few seconds here)
+        page.get_by_label("every token too (slow)").check()
+        page.locator("#compare-patch").click()
+        for elem_id in ("compare-patch-heads", "compare-patch-tokens"):
+            page.wait_for_selector(f"#{elem_id} img", timeout=120_000)
+            assert shown_scale(page, elem_id) >= LEGIBLE_SCALE, elem_id
+        page.locator("#compare-patch-text >> text=B patched into A").first.wait_for(timeout=10_000)
+        assert not scrolls_sideways(page)
+        page.screenshot(path=str(OUTPUT / "1280x800-compare-patching.png"), full_page=True)
         assert errors == []
 
 

@@ -593,3 +593,31 @@ def forward_equivalents(layers: int, heads: int) -> float:
     branched pass runs H copies of every layer from its branch point up."""
     evaluations = layers + sum(layer + heads * (layers - layer) for layer in range(layers))
     return evaluations / layers
+
+
+@dataclass(frozen=True)
+class Patching:
+    """A's target score with one part of its computation taken from B, minus A's own (``methods.patching``).
+
+    Attributes:
+        target, label: the target (A's class index, or 0 for a backbone's similarity) and its name.
+        score_a, score_b: the target's score on A and on B (the same model, the same target).
+        heads: with each head's output at each layer from B ``[layers, heads]``.
+        tokens: with the residual stream after each layer at each token from B ``[layers, n]``; None when not asked.
+        forward_passes: what it cost, in plain forward passes of one image.
+        layout: the token layout ``tokens`` is in (``token_patches`` for the patches).
+    """
+
+    target: int
+    label: str
+    score_a: float
+    score_b: float
+    heads: torch.Tensor
+    tokens: torch.Tensor | None
+    forward_passes: float
+    layout: TokenLayout
+
+    @property
+    def token_patches(self) -> torch.Tensor | None:
+        """``tokens`` over the patch grid ``[layers, grid_h, grid_w]``."""
+        return None if self.tokens is None else self.layout.patch_map(self.tokens)

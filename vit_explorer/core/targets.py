@@ -134,11 +134,17 @@ class SimilarityAdapter(CaptureAdapter):
     def residual_after(self, inputs: tuple, output) -> torch.Tensor:
         return self.base.residual_after(inputs, output)
 
+    def with_residual(self, inputs: tuple, output, stream: torch.Tensor):
+        return self.base.with_residual(inputs, output, stream)
+
     def stream_entries(self, module: nn.Module) -> list[nn.Module]:
         return self.base.stream_entries(module)
 
     def attention_writes(self, module: nn.Module) -> list[nn.Module]:
         return self.base.attention_writes(module)
+
+    def head_projections(self, module: nn.Module) -> list[nn.Module]:
+        return self.base.head_projections(module)
 
     def layer_norms(self, module: nn.Module) -> list[nn.Module]:
         return self.base.layer_norms(module)

@@ -4,6 +4,8 @@ which turns them into numpy."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -20,7 +22,7 @@ from vit_explorer.core.maps import (
     query_rows,
 )
 from vit_explorer.core.request import Run
-from vit_explorer.core.results import HeadAblation, TokenNorms
+from vit_explorer.core.results import HeadAblation, Patching, TokenNorms
 from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
 
@@ -300,6 +302,42 @@ def contribution_picture(decomposition: Decomposition, *, selected: tuple[int, i
     bound = float(decomposition.heads.abs().max())
     return signed_grid_picture(decomposition.heads, f"direct contribution to the score of {decomposition.label!r}",
                                3 if bound < 1 else (2 if bound < 10 else 1), DIFFERENCE_CMAP, selected=selected, tile_px=tile_px)
+
+
+PATCH_UNIT = "Δ A's score"
+
+
+def patched_heads_picture(patching: Patching, tile_px: int | None = None) -> np.ndarray:
+    """Each head's output at each layer taken from B: how A's target score moves (``methods.patching``), layers × heads,
+    red where B's output raises A's score."""
+    bound = float(patching.heads.abs().max())
+    return signed_grid_picture(patching.heads, f"{PATCH_UNIT} with that head's output from B", 3 if bound < 1 else 2, DIFFERENCE_CMAP,
+                               tile_px=tile_px)[0]
+
+
+def patched_tokens_picture(patching: Patching, tile_px: int | None = None) -> np.ndarray | None:
+    """The residual stream after each layer at each patch taken from B: how A's target score moves, one small map per
+    layer (in a near-square grid, each named by its layer in its corner), on one scale symmetric about 0; None where tokens were not patched."""
+    patches = patching.token_patches  # [layers, grid_h, grid_w]
+    if patches is None:
+        return None
+    layers = patches.shape[0]
+    cols = math.ceil(math.sqrt(layers))  # near square: 6 layers in 3 × 2, 12 in 4 × 3
+    rows = -(-layers // cols)
+    tile_px = tile_px or render.grid_tile_px(cols, GRID_PX - 120)  # beside the heads grid in half a page
+    centred, bound = centred_on_zero(render.to_numpy(patches, np.float32))
+    tiles = np.full((rows, cols, tile_px, tile_px, 3), 255, dtype=np.uint8)
+    notes = [["" for _ in range(cols)] for _ in range(rows)]
+    for layer in range(layers):
+        row, col = divmod(layer, cols)
+        tiles[row, col] = render.colorize(render.upsample(centred[layer], (tile_px, tile_px)), DIFFERENCE_CMAP)
+        notes[row][col] = f"L{layer}"
+    picture, _ = render.tile_grid(tiles, [""] * rows, [""] * cols, axis_names=("", ""), tile_notes=notes)
+    prefix = ", ".join(f"{name} {signed(float(value), 3)}" for name, value in
+                       zip(patching.layout.prefix_names, patching.tokens[-1, : patching.layout.num_prefix_tokens]))
+    unit = (f"{PATCH_UNIT} with the stream after each layer (L0…) at that patch from B"
+            + (f" (after the last layer: {prefix})" if prefix else ""))
+    return render.with_colorbar(picture, DIFFERENCE_CMAP, -bound, bound, unit)
 
 
 def head_split_picture(analysis: Analysis, decomposition: Decomposition, layer: int, head: int) -> np.ndarray:

@@ -273,7 +273,9 @@ AXIS_ARROWS = ("↓", "→")  # rows go down, columns go right
 
 
 def axis_title(axis_names: tuple[str, str]) -> str:
-    """The corner label of a grid: what its rows and its columns are."""
+    """The corner label of a grid: what its rows and its columns are (none for a grid whose tiles name themselves)."""
+    if not any(axis_names):
+        return ""
     return f"{axis_names[0]} {AXIS_ARROWS[0]}   {axis_names[1]} {AXIS_ARROWS[1]}"
 
 

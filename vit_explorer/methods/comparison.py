@@ -12,6 +12,7 @@ import torch
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.results import Patching
 from vit_explorer.errors import VitExplorerError
 
 
@@ -43,6 +44,7 @@ class Comparison:
         evidence: B's class evidence for its target when B was made (``target_b``), as ``class_evidence``
             returned it; None for a backbone.
         match: for a backbone, why A and B match (``Match``), once asked for.
+        patching: B patched into A (``methods.patching``) for the main analysis and target it was made for, once asked.
     """
 
     analysis: Analysis = field(repr=False)
@@ -54,6 +56,13 @@ class Comparison:
     paired: weakref.ReferenceType = field(repr=False)
     evidence: ClassEvidence | None = field(default=None, repr=False)
     match: Match | None = field(default=None, repr=False)
+    patching: tuple[weakref.ReferenceType, Patching] | None = field(default=None, repr=False)
+
+    def patched(self, main: Analysis, target: int | None) -> Patching | None:
+        """The patching of B into ``main`` for ``target``, where that is what was patched; else None."""
+        if self.patching is None or self.patching[0]() is not main or self.patching[1].target != target:
+            return None
+        return self.patching[1]
 
     def made_from(self, source: str, spec: str, fit: str) -> bool:
         """Whether B is the analysis of ``source`` by ``spec`` with ``fit``: then a new comparison reuses it."""

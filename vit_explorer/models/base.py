@@ -88,6 +88,11 @@ class CaptureAdapter(ABC):
         """The residual stream after a layer ``[b, n, dim]``, from the inputs and output of its ``residual_modules`` entry."""
         return output[0] if isinstance(output, tuple) else output
 
+    def with_residual(self, inputs: tuple, output: Any, stream: torch.Tensor) -> Any:
+        """The output of a layer's ``residual_modules`` entry that makes ``residual_after(inputs, output)`` equal to
+        ``stream`` ``[b, n, dim]``: a forward hook returning it replaces the residual stream after that layer."""
+        return (stream, *output[1:]) if isinstance(output, tuple) else stream
+
     @contextmanager
     def layer_outputs(self, module: nn.Module, record: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
         """While active, each forward pass calls ``record(layer, hidden)`` with the residual stream after every
@@ -113,6 +118,13 @@ class CaptureAdapter(ABC):
         family whose blocks write anything else (a norm after attention, a parallel branch) refuses."""
         raise VitExplorerError(f"{type(module).__name__} cannot be decomposed into heads: vit_explorer does not know where "
                                "its attention writes to the residual stream")
+
+    def head_projections(self, module: nn.Module) -> list[nn.Module]:
+        """One module per layer, in layer order, whose first positional input is that layer's heads' outputs (each the
+        attention-weighted sum of its values) concatenated head by head ``[b, n, heads · head_dim]``: the out-projection.
+        Activation patching replaces one head's slice there."""
+        raise VitExplorerError(f"{type(module).__name__}: vit_explorer does not know where its heads' outputs meet, so it "
+                               "cannot patch one head")
 
     @abstractmethod
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

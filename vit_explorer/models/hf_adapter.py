@@ -88,6 +88,9 @@ class HFAdapter(CaptureAdapter):
         # ViT and DeiT add the attention block's output; DINOv2 scales it first (``layer_scale1``)
         return [block.layer_scale1 if hasattr(block, "layer_scale1") else block.attention for block in self.blocks(module)]
 
+    def head_projections(self, module: nn.Module) -> list[nn.Module]:
+        return [attention.o_proj for attention in self.attention_modules(module)]
+
     def attention_modules(self, module: nn.Module) -> list[nn.Module]:
         """One module per layer: the one that calls the attention function (it alone holds ``is_causal``)."""
         found = [[part for part in block.modules() if hasattr(part, "is_causal")] for block in self.blocks(module)]

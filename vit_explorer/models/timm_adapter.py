@@ -82,6 +82,9 @@ class TimmAdapter(HookAdapter):
             writes.append(block.ls1)
         return writes
 
+    def head_projections(self, module: nn.Module) -> list[nn.Module]:
+        return [block.attn.proj for block in module.blocks]
+
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         output = module(pixels)
         # with num_classes=0 timm returns pooled features, which are not class scores

@@ -78,6 +78,9 @@ class VitPytorchAdapter(HookAdapter):
     def residual_after(self, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
         return output + inputs[0]
 
+    def with_residual(self, inputs: tuple, output: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+        return stream - inputs[0]
+
     def stream_entries(self, module: nn.Module) -> list[nn.Module]:
         # the layer's ModuleList is never called; its attention takes the stream, and ``attn(x) + x``
         # broadcasts the one-image residual over a widened attention output
@@ -85,6 +88,11 @@ class VitPytorchAdapter(HookAdapter):
 
     def attention_writes(self, module: nn.Module) -> list[nn.Module]:
         return [attention for attention, _ in module.transformer.layers]  # ``x = attn(x) + x``
+
+    def head_projections(self, module: nn.Module) -> list[nn.Module]:
+        # ``to_out`` is Linear then Dropout; one head as wide as the stream has no projection (an Identity)
+        return [attention.to_out[0] if isinstance(attention.to_out, nn.Sequential) else attention.to_out
+                for attention, _ in module.transformer.layers]
 
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         return len(module.transformer.layers), module.transformer.layers[0][0].heads

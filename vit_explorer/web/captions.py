@@ -17,6 +17,7 @@ from vit_explorer.core.results import (
     DatasetStatistics,
     FaithfulnessCurves,
     HeadAblation,
+    Patching,
     SanityCurves,
     Scoreboard,
 )
@@ -25,6 +26,8 @@ from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import cost_text as ablation_cost_text
 from vit_explorer.methods.comparison import Comparison, Side, same_classes
 from vit_explorer.methods.faithfulness import forward_passes
+from vit_explorer.methods.patching import cost as patch_cost
+from vit_explorer.models.base import LoadedModel
 from vit_explorer.web.session import Controls, Session
 
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
@@ -364,6 +367,31 @@ COMPARE_NOTE = ("Upload a second image or choose a second model (or both) to com
                 "main image or model. It is analysed once (one forward and one backward pass); every view here then redraws from "
                 "the two analyses. For a backbone and two images, *Why they match* explains each image's embedding on the "
                 "other's direction, the score a retrieval ranks by.")
+
+
+NO_TARGET_TO_PATCH = ("This model has no classifier head: choose a similarity target (the image's own embedding or a patch) "
+                      "first; patching then measures how A's score moves.")
+
+
+def patch_cost_text(model: LoadedModel, tokens: bool) -> str:
+    """What patching B into A costs, in plain forward passes of one image."""
+    return f"about {patch_cost(model, tokens):.0f}× the cost of one forward pass"
+
+
+def patching_text(patching: Patching) -> str:
+    """What the patching views show: A's and B's scores, the heads and tokens that move A's score most, and that a patch
+    counts everything downstream of it."""
+    layers, heads = patching.heads.shape
+    order = patching.heads.abs().flatten().argsort(descending=True)[:3].tolist()
+    strongest = ", ".join(f"**L{index // heads} h{index % heads}** {signed(float(patching.heads.flatten()[index]), 3)}"
+                          for index in order)
+    tokens = ("" if patching.tokens is None else
+              " Right: the residual stream after each layer at each patch taken from B in turn; all of a layer's tokens at "
+              "once give B's score exactly.")
+    return (f"**B patched into A** for **{patching.label}**: A's score {patching.score_a:.4g}, B's {patching.score_b:.4g}. Left: "
+            f"A's score with one head's output (of {layers} × {heads}) taken from B, minus A's; red raises it. Largest: "
+            f"{strongest}. A patch counts everything that follows from it, later layers included (causal, unlike the direct "
+            f"contributions).{tokens} Took about {patching.forward_passes:.0f}× the cost of one forward pass.")
 
 
 def side_names(session: Session, comparison: Comparison) -> tuple[str, str]:

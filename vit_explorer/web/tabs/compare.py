@@ -16,21 +16,26 @@ import torch
 from PIL import Image
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import MODEL_MAPS, analyze, class_evidence
+from vit_explorer.core.analysis import MODEL_MAPS, analyze, class_evidence, pixels_of
+from vit_explorer.core.results import Patching
 from vit_explorer.core.targets import OtherImage, Target
 from vit_explorer.draw import pictures, plots
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.comparison import Comparison, Match, Side, grid_mismatch, relative_depth, sides, target_b
 from vit_explorer.methods.comparison import difference as map_difference
+from vit_explorer.methods.patching import patch
 from vit_explorer.models import DEFAULT_MODEL
 from vit_explorer.run import retarget
 from vit_explorer.web.captions import (
     COMPARE_NOTE,
     MEAN_HEADS,
+    NO_TARGET_TO_PATCH,
     STATISTIC_NAMES,
     comparison_caption,
     difference_note,
     head_choices,
+    patch_cost_text,
+    patching_text,
     side_names,
     side_view_name,
     statistic_note,
@@ -41,10 +46,12 @@ from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image
 from vit_explorer.web.upload import image_upload
 
 VIEWS = ("rollout", "class map", "layer and head")
+PATCH_TILE_PX = 56  # as the ablation's heat map: a colour and a number per tile
 SIDES = ("A", "B")  # the plot's series; the headings above the pictures say what each side is
 MAIN_MODEL = ""  # the second-model choice that keeps the main model
 OUTPUTS = ("compare_caption", "compare_title_a", "compare_view_a", "compare_title_b", "compare_view_b", "compare_difference",
-           "compare_difference_note", "compare_plot_note", "compare_plot")
+           "compare_difference_note", "compare_plot_note", "compare_plot", "compare_patch_text", "compare_patch_heads",
+           "compare_patch_tokens")
 
 
 def layout() -> dict:
@@ -65,6 +72,9 @@ def layout() -> dict:
             with gr.Row():
                 run = gr.Button("Compare", size="sm", elem_id="compare-run")
                 match = gr.Button("Why they match", size="sm", elem_id="compare-match")
+            with gr.Row():
+                patch = gr.Button("Patch B into A", size="sm", elem_id="compare-patch")
+                patch_tokens = gr.Checkbox(False, label="every token too (slow)", elem_id="compare-patch-tokens-choice")
     caption = gr.Markdown(COMPARE_NOTE, elem_id="compare-caption")
     with gr.Row(equal_height=False):
         with gr.Column(min_width=300):
@@ -87,7 +97,13 @@ def layout() -> dict:
                                   y_title="value", color_title="side", color_map=dict(zip(SIDES, plots.SIDE_COLOURS)),
                                   x_lim=[-0.05, 1.05], height=280, label="Head statistics of both", show_label=False,
                                   buttons=["fullscreen", "export"], tooltip="all", elem_id="compare-plot")
+    patch_text = gr.Markdown("", elem_id="compare-patch-text")
+    with gr.Row(equal_height=False):
+        patch_heads = map_image("compare-patch-heads", "A's score with each head's output from B", visible=False)
+        patch_token_view = map_image("compare-patch-tokens", "A's score with the stream at each patch from B", visible=False)
     return {"comparison": gr.State(None, time_to_live=CACHE_TTL_S), "compare_upload": second_image,
+            "compare_patch": patch, "compare_patch_tokens_choice": patch_tokens, "compare_patch_text": patch_text,
+            "compare_patch_heads": patch_heads, "compare_patch_tokens": patch_token_view,
             "compare_model": second_model, "compare_view": view, "compare_layer": layer, "compare_head": head, "compare_run": run,
             "compare_match": match,
             "compare_statistic": statistic, "compare_caption": caption, "compare_title_a": title_a, "compare_view_a": view_a,
@@ -162,7 +178,7 @@ def render(session: Session, controls: Controls) -> dict:
     comparison = controls.comparison
     if comparison is None:
         return {**dict.fromkeys(OUTPUTS), "compare_caption": COMPARE_NOTE, "compare_title_a": "**A**",
-                "compare_title_b": "**B**", "compare_difference_note": "", "compare_plot_note": ""}
+                "compare_title_b": "**B**", "compare_difference_note": "", "compare_plot_note": "", **patch_views(None)}
     view = controls.compare_view
     a, b = sides(session.analysis, session.evidence, comparison, session.query, int(controls.compare_layer),
                  head_of(controls.compare_head), int(controls.start_layer))
@@ -183,7 +199,19 @@ def render(session: Session, controls: Controls) -> dict:
         "compare_difference": gr.update(value=difference, visible=shown),
         "compare_difference_note": difference_note(mismatch, map_a is None or map_b is None),
         **statistics_plot(a, b, controls.compare_statistic),
+        **patch_views(comparison.patched(session.analysis, session.target)),
     }
+
+
+def patch_views(patching: Patching | None) -> dict:
+    """B patched into A, where it was for the shown analysis and target: its words, the heads' grid, the tokens' maps."""
+    if patching is None:
+        return {"compare_patch_text": "", "compare_patch_heads": gr.update(value=None, visible=False),
+                "compare_patch_tokens": gr.update(value=None, visible=False)}
+    tokens = pictures.patched_tokens_picture(patching)
+    return {"compare_patch_text": patching_text(patching),
+            "compare_patch_heads": gr.update(value=pictures.patched_heads_picture(patching, tile_px=PATCH_TILE_PX), visible=True),
+            "compare_patch_tokens": gr.update(value=tokens, visible=tokens is not None)}
 
 
 def depends(session: Session, controls: Controls) -> tuple:
@@ -199,6 +227,27 @@ def set_ranges(session: Session) -> dict:
 
 
 COMPARED = ("comparison", *OUTPUTS)
+
+
+@user_errors
+def on_patch(models: ModelCache, session: Session | None, tokens: bool, *control_values, progress: Callable | None = None) -> tuple:
+    """B patched into A for A's target (``methods.patching``): each head's output at each layer, and with ``tokens``
+    the stream after each layer at each token, taken from B in turn (``COMPARED``). Needs B to be a second image by the
+    main model: the two then reach the model at one size."""
+    session, controls = require(session), Controls.from_values(control_values)
+    comparison = controls.comparison
+    if comparison is None or comparison.image_name is None or comparison.second_model:
+        raise VitExplorerError("patching replaces parts of A's computation with B's, by one model: upload a second image (B) "
+                               "with the main model first")
+    if session.evidence is None:
+        raise VitExplorerError(NO_TARGET_TO_PATCH)
+    model = session.model(models)
+    layers = session.analysis.map_shape[0]
+    step = counter(progress, layers * (2 if tokens else 1), f"patching B into A: {patch_cost_text(model, tokens)}", "layer pass")
+    patching = patch(model, pixels_of(model, session.analysis), pixels_of(model, comparison.analysis), session.target,
+                     session.analysis.label(session.target), tokens=tokens, step=step)
+    patched = replace(comparison, patching=(weakref.ref(session.analysis), patching))
+    return in_order({"comparison": patched, **refresh(TAB, session, controls.with_inputs(comparison=patched))}, COMPARED)
 MATCHED = ("comparison", "compare_view", *OUTPUTS)
 
 
@@ -270,6 +319,12 @@ def wire(app: Wiring) -> None:
     app["compare_upload"].change(compare, inputs, outputs, api_name="compare_image", concurrency_limit=2, show_progress="full")
     app["compare_model"].input(compare, inputs, outputs, api_name="compare_model", concurrency_limit=2)
     app["compare_run"].click(compare, inputs, outputs, api_name="compare", concurrency_limit=2)
+
+    def patched(session, tokens, progress=gr.Progress(), *values):
+        return on_patch(app.models, session, tokens, *values, progress=progress)
+
+    app["compare_patch"].click(patched, [app["state"], app["compare_patch_tokens_choice"], *app.controls], outputs,
+                               api_name="compare_patch", concurrency_limit=2, show_progress="full")
 
     def match(session, progress=gr.Progress(), *values):
         return on_match(app.models, session, *values, progress=progress)
