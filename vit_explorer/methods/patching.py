@@ -11,7 +11,7 @@ included), so it is causal. The target is A's: a class index, or a backbone's si
 held fixed. Cost: one pass of B to record it, one of A, then per layer one forward pass branched at that layer into
 one copy per head (as head ablation does) and, for the tokens, into one copy per token, the copies in chunks of
 ``CHUNK`` (``forward_passes`` counts the whole in plain forward passes of one image): on a 6-layer model of 257 tokens
-about 770 passes for the tokens, so they are asked for apart from the heads.
+about 900 passes for the tokens, so they are asked for apart from the heads.
 """
 
 from __future__ import annotations
@@ -172,8 +172,8 @@ def patch(model: LoadedModel, pixels_a: torch.Tensor, pixels_b: torch.Tensor, ta
     layers, heads = model.map_shape
     if not 0 <= target < model.num_classes:
         raise VitExplorerError(f"class {target} is outside this model's {model.num_classes} classes")
-    source, own = record(model, pixels_b), record(model, pixels_a)
-    score_a, score_b = float(own.logits[target]), float(source.logits[target])
+    source = record(model, pixels_b)
+    score_a, score_b = float(model.logits(pixels_a)[0, target]), float(source.logits[target])
     head_rows = []
     for layer in range(layers):
         head_rows.append(patched_heads(model, pixels_a, source, layer, torch.eye(heads, dtype=torch.bool), target) - score_a)
