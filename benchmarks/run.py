@@ -27,9 +27,10 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from vit_explorer.core import decomposition, relevance
 from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
 from vit_explorer.core.attnlrp import attnlrp
-from vit_explorer.core.capture import AttentionRecorder, capture, record_attention
+from vit_explorer.core.capture import TOP, AttentionRecorder, StackingSink, capture, record_attention
 from vit_explorer.core.legrad import legrad
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
 from vit_explorer.core.results import ROAD
@@ -173,6 +174,35 @@ def method_costs(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
             rows.append({"model": name, "method": method, "method_s": timing["numerator_s"], "forward_backward_s": timing["denominator_s"],
                          "ratio": timing["ratio"], "ratio_q1": timing["ratio_q1"], "ratio_q3": timing["ratio_q3"],
                          "pair_ratios": timing["pair_ratios"]})
+    return rows
+
+
+def decomposition_cost(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
+    """The upload's one pass (maps kept, norms, the top class's gradients) with the decomposition read off its graph,
+    against the same pass without it, alternated pair by pair; and the app's whole upload (``run_analysis``, which
+    decomposes), so that the time the decomposition adds is seen against what a user waits for. The attention biases'
+    pass (once per model) is paid in the warm-up, as it is by a model's first upload."""
+    rows = []
+    for name, model in models.items():
+        pixels = torch.randn(1, 3, *model.preprocess.input_hw)
+        layers = model.map_shape[0]
+
+        def upload_pass(reader=None):
+            capture(model, pixels, StackingSink(layers), target=TOP, reduce_gradients=relevance.layer_evidence, norms=True,
+                    graph_reader=reader)
+
+        timing = paired_ratio(lambda: upload_pass(decomposition.reading), upload_pass, repeats)
+        cache = ModelCache()
+        cache.put(name, model)
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "image.png"
+            Image.fromarray(photo(model.preprocess.input_hw[0])).save(path)
+            upload_s = median_time(lambda: shared.run_analysis(cache, str(path), name, "Overview", *values_of()), repeats)
+        added_s = timing["numerator_s"] - timing["denominator_s"]
+        rows.append({"model": name, "pass_with_decomposition_s": timing["numerator_s"], "pass_without_s": timing["denominator_s"],
+                     "pass_ratio": timing["ratio"], "pass_ratio_q1": timing["ratio_q1"], "pass_ratio_q3": timing["ratio_q3"],
+                     "app_upload_s": upload_s, "upload_ratio": upload_s / (upload_s - added_s),
+                     "pair_ratios": timing["pair_ratios"]})
     return rows
 
 
@@ -496,6 +526,7 @@ def main() -> None:
         "interaction_latency": lambda: interaction_latency(interaction_models, repeats),
         "class_maps": lambda: class_maps(interaction_models, repeats),
         "method_costs": lambda: method_costs(interaction_models, repeats),
+        "decomposition_cost": lambda: decomposition_cost(interaction_models, repeats),
         "scoreboard": lambda: scoreboard_time(default, max(1, repeats // 3)),
         "rendering": lambda: [rendering(*grid, repeats)],
         "rollout_scaling": lambda: rollout_scaling(tokens, 12 if not args.tiny else 2, repeats),

@@ -995,17 +995,15 @@ def test_why_two_images_match_explains_each_embedding_on_the_others_direction(up
 
 
 def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models, upload, checkpoint):
-    """Opening the tab decomposes the target's score (one forward pass, one pass with the maps at zero; the backward
-    passes run no forward); the grid's tiles are each head's contribution; a clicked head's split is drawn from the kept
-    result with no pass; the ablation's heat map appears beside once it has run."""
-    from vit_explorer.run import kept_decomposition
-
+    """Opening the tab runs no pass (the decomposition came with the upload's); the grid's tiles are each head's
+    contribution; a clicked head's split is drawn from the kept result with no pass; the ablation's heat map appears
+    beside once it has run."""
     session, _ = analysed(models, upload, checkpoint)
     calls = forward_counter(models, checkpoint)
     title = "Head contributions"
     first = opened(title, session)
-    assert len(calls) == 2
-    decomposition = kept_decomposition(session.analysis, session.target)
+    assert len(calls) == 0
+    decomposition = session.evidence.decomposition
     assert decomposition.label == session.analysis.label(session.target)
     assert f"the parts add up to {decomposition.total:.4g}" in first["contributions_text"]
     assert hidden(first["contributions_ablation"]) and "Run the head ablation" in first["contributions_text"]
@@ -1022,9 +1020,9 @@ def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models
     y, x = geometry.tile_origin(*other)
     clicked = by_name(contributions_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session, *CONTROLS),
                       contributions_tab.OUTPUTS)
-    assert session.screen.contribution_head == other and len(calls) == 2
+    assert session.screen.contribution_head == other and len(calls) == 0
     assert not np.array_equal(clicked["contributions_split"], first["contributions_split"])
-    assert all(is_unchanged(value) for value in opened(title, session).values()) and len(calls) == 2
+    assert all(is_unchanged(value) for value in opened(title, session).values()) and len(calls) == 0
     ablation_tab.on_run(models, session, *CONTROLS)
     with_ablation = opened(title, session)
     assert not hidden(with_ablation["contributions_ablation"]) and "A head red in both" in with_ablation["contributions_text"]
@@ -1034,7 +1032,6 @@ def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models
 def test_a_backbone_decomposes_its_similarity_score_once_it_has_a_target(upload, backbone_models):
     """Without a target the tab says to choose one and runs nothing; with the image's own embedding as the target its
     score is decomposed, and the parts add up to the similarity score the model gives."""
-    from vit_explorer.run import kept_decomposition
     from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE
 
     models = backbone_models
@@ -1043,7 +1040,7 @@ def test_a_backbone_decomposes_its_similarity_score_once_it_has_a_target(upload,
     assert opened("Head contributions", session)["contributions_text"] == NO_TARGET_TO_DECOMPOSE and calls == []
     shared.on_target(models, session, "own", OVERVIEW, *CONTROLS)
     text = opened("Head contributions", session)["contributions_text"]
-    decomposition = kept_decomposition(session.analysis, 0)
+    decomposition = session.evidence.decomposition
     assert "similarity to the image's own embedding" in decomposition.label and decomposition.label in text
     score = float(session.model(models).logits(pixels_of(session.model(models), session.analysis))[0, 0])
     assert decomposition.score == pytest.approx(score, abs=1e-5) and decomposition.total == pytest.approx(score, abs=1e-4)

@@ -7,12 +7,21 @@ import torch
 import torch.nn.functional as F
 
 from vit_explorer import VitExplorerError
-from vit_explorer.core.decomposition import decompose_pixels
+from vit_explorer.core.capture import capture
+from vit_explorer.core.decomposition import Decomposition, reading
 from vit_explorer.core.targets import similarity_model
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
 from test_ablation import BRANCHING  # noqa: E402  (the families, built small)
+
+
+def decompose_pixels(model, pixels: torch.Tensor, target: int) -> Decomposition:
+    """The decomposition read off one capture pass of ``pixels`` for class ``target``; raises a refusal."""
+    result = capture(model, pixels, target=target, graph_reader=reading).reading
+    if isinstance(result, VitExplorerError):
+        raise result
+    return result
 
 
 def stirred(model, seed: int = 0):
@@ -63,10 +72,10 @@ def test_a_backbones_similarity_score_is_decomposed_too(patch):
     backbone = stirred(dinov2_backbone())
     pixels = pixels_for(backbone)
     model = similarity_model(backbone, pixels, patch)
-    result = decompose_pixels(model, pixels, 0, model.labels[0])
+    result = decompose_pixels(model, pixels, 0)
     assert result.score == pytest.approx(float(model.logits(pixels)[0, 0]), abs=1e-5)
     assert result.total == pytest.approx(result.score, abs=1e-4 * max(1.0, float(result.heads.abs().max())))
-    assert result.label == model.labels[0] and result.lens_top.shape == (backbone.map_shape[0], 1)
+    assert result.lens_top.shape == (backbone.map_shape[0], 1)
 
 
 def test_a_model_whose_attention_writes_through_a_norm_is_refused():
@@ -143,3 +152,61 @@ def test_each_part_equals_a_computation_on_timms_blocks():
     assert [abs(value) for _, value in top] == sorted((abs(value) for _, value in top), reverse=True)
     assert np.isclose(top[0][1], max([*expected_heads.flatten().tolist(), *expected_mlps.tolist()], key=abs), atol=1e-4)
     del final
+
+
+def test_the_upload_pass_and_a_target_change_read_the_decomposition_of_their_own_target():
+    """``analyze`` (maps, norms and the top class's gradients in one pass) carries the top class's decomposition, named,
+    equal to one read off a bare capture; ``class_evidence`` for another class carries that class's; evidence kept
+    without one gets it when asked."""
+    from PIL import Image
+
+    from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
+
+    model = stirred(BRANCHING["timm ViT"]())
+    image = Image.fromarray(np.random.default_rng(5).integers(0, 256, (*model.preprocess.input_hw, 3), dtype=np.uint8))
+    analysis = analyze(model, image, decompose=True)
+    pixels = pixels_of(model, analysis)
+    top = int(analysis.logits.argmax())
+    upload = analysis.evidence[top].decomposition
+    bare = decompose_pixels(model, pixels, top)
+    assert upload.label == analysis.label(top) and upload.score == pytest.approx(float(analysis.logits[top]), abs=1e-5)
+    for name in ("heads", "mlps", "attention_biases", "head_sources", "lens"):
+        torch.testing.assert_close(getattr(upload, name), getattr(bare, name), rtol=1e-5, atol=1e-6)
+    other = int(analysis.logits.argmin())
+    changed = class_evidence(model, analysis, other, decompose=True).decomposition
+    assert changed.target == other and changed.score == pytest.approx(float(analysis.logits[other]), abs=1e-5)
+    assert abs(changed.total - changed.score) <= 1e-4 * float(changed.heads.abs().max())
+    plain = analyze(model, image)
+    assert plain.evidence[top].decomposition is None
+    torch.testing.assert_close(class_evidence(model, plain, top, decompose=True).decomposition.heads, upload.heads)
+    assert class_evidence(model, plain, top) is plain.evidence[top]  # kept, with its decomposition now
+
+
+def test_weights_changed_in_place_are_read_with_their_new_attention_biases():
+    """The zero-map writes are kept per model; moving a bias in place must not leave the kept ones stale (the parts would
+    then not add up and the decomposition would be refused)."""
+    model = BRANCHING["timm ViT"]()
+    pixels = pixels_for(model)
+    before = decompose_pixels(model, pixels, 0)
+    stirred(model, seed=4)
+    after = decompose_pixels(model, pixels, 0)
+    assert not torch.allclose(before.attention_biases, after.attention_biases)
+    assert after.score == pytest.approx(float(model.logits(pixels)[0, 0]), abs=1e-5)
+    assert abs(after.total - after.score) <= 1e-4 * float(after.heads.abs().max())
+
+
+def test_an_upload_on_a_model_that_cannot_be_decomposed_still_gives_its_maps():
+    """The refusal travels with the evidence and is raised where the decomposition is asked for, never by the upload."""
+    from PIL import Image
+
+    from vit_explorer.core.analysis import analyze
+    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.run import decompose
+
+    module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=3, scale_attn_norm=True)
+    model = from_timm_module(module, "timm-scale-norm")
+    analysis = analyze(model, Image.new("RGB", (32, 32), (120, 30, 200)), decompose=True)
+    assert analysis.attentions.shape[0] == 1
+    evidence = next(iter(analysis.evidence.values()))
+    with pytest.raises(VitExplorerError, match="cannot be read off exactly"):
+        decompose(evidence)

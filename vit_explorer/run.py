@@ -14,8 +14,8 @@ from collections.abc import Callable
 from PIL import Image
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence, memo, pixels_of
-from vit_explorer.core.decomposition import Decomposition, decompose_pixels
+from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence, pixels_of
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
 from vit_explorer.core.request import Request, Run
 from vit_explorer.core.results import (
@@ -28,6 +28,7 @@ from vit_explorer.core.results import (
     Scoreboard,
 )
 from vit_explorer.core.targets import Target, similarity_model
+from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import faithfulness, norms, scoreboard
 from vit_explorer.methods.ablation import ablation_of, cost_text
 from vit_explorer.methods.sanity import sanity_check
@@ -43,11 +44,11 @@ def silent(description: str, total: int, unit: str) -> Callable[[], None]:
 
 
 def retarget(model: LoadedModel, analysis: Analysis, target: Target, memory_budget: int = DEFAULT_MEMORY_BUDGET,
-             fit: str = "stretch") -> tuple[LoadedModel, Analysis, int | str | None]:
+             fit: str = "stretch", decompose: bool = False) -> tuple[LoadedModel, Analysis, int | str | None]:
     """The model, analysis and class that ``target`` is explained with: as they are for a classifier; for a backbone, its
     similarity model (``targets.similarity_model``: one score, the similarity of the image's embedding to its own, of the
     patch's token to its own, or of the embedding to a second image's, fitted by ``fit`` as the first was) and the
-    analysis of the same image through it, whose one "class" is 0."""
+    analysis of the same image through it, whose one "class" is 0 (with ``decompose``, its decomposition too)."""
     target.check(model)
     if model.num_classes:
         return model, analysis, target.value
@@ -56,7 +57,7 @@ def retarget(model: LoadedModel, analysis: Analysis, target: Target, memory_budg
                                                     model.preprocess), other.name)
     similarity = similarity_model(model, pixels_of(model, analysis), target.patch, second)
     # the image as the model saw it, fitted already: analysing it again fits nothing
-    return similarity, analyze(similarity, Image.fromarray(analysis.image), memory_budget=memory_budget), 0
+    return similarity, analyze(similarity, Image.fromarray(analysis.image), memory_budget=memory_budget, decompose=decompose), 0
 
 
 def score(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, method: str, protocol: Protocol, *,
@@ -95,26 +96,16 @@ def ablate(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, mode
     return ablation_of(model, analysis, evidence.target, mode, step=step)
 
 
-def decomposition_key(target: int) -> tuple:
-    return ("decomposition", target)
-
-
-def kept_decomposition(analysis: Analysis, target: int) -> Decomposition | None:
-    """The decomposition ``decompose`` kept on ``analysis`` for ``target``; None where it has not run (or was evicted).
-    Runs nothing: views that have no model read it."""
-    return analysis.derived.get(decomposition_key(target))
-
-
-def decompose(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, *, progress: Progress = silent) -> Decomposition:
-    """The evidence's target's score split over the model's parts (``decomposition.decompose_pixels``), kept on the
-    analysis (``kept_decomposition``)."""
-    kept = kept_decomposition(analysis, evidence.target)
-    if kept is not None:
-        return kept
-    progress(f"decomposing {analysis.label(evidence.target)!r} over heads and MLPs: one forward pass, {analysis.map_shape[0]} "
-             "short backward passes and one pass with the maps at zero", 0, "")
-    return memo(analysis, decomposition_key(evidence.target),
-                lambda: decompose_pixels(model, pixels_of(model, analysis), evidence.target, analysis.label(evidence.target)))
+def decompose(evidence: ClassEvidence) -> Decomposition:
+    """The evidence's target's score split over the model's parts (``core.decomposition``), read off the same pass as
+    the evidence: it costs no pass of its own. Raises, with the reason, for a model that cannot be decomposed."""
+    parts = evidence.decomposition
+    if parts is None:
+        raise VitExplorerError("this target's evidence was made without its decomposition: ask for it "
+                               "(Request(decompose=True), class_evidence(..., decompose=True))")
+    if isinstance(parts, VitExplorerError):
+        raise VitExplorerError(str(parts))
+    return parts
 
 
 def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *, name: str | None = None,
@@ -124,17 +115,16 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     result asked for. A target the model cannot have is refused before any pass."""
     request.target.check(model)
     progress(f"analysing {name or 'the image'}", 0, "")
-    analysis = analyze(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit)
+    analysis = analyze(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit, decompose=request.decompose)
     target = request.target.value
     if not analysis.num_classes and request.explains:
-        model, analysis, target = retarget(model, analysis, request.target, request.memory_budget, request.fit)
+        model, analysis, target = retarget(model, analysis, request.target, request.memory_budget, request.fit, request.decompose)
         progress(f"target: {analysis.label(0)} (a backbone has no classes)", 0, "")
     options = request.options
     wanted = request.maps if request.every_map or request.method in maps.CLASS_SPECIFIC else ()
-    evidence = (class_evidence(model, analysis, target, wanted)
+    evidence = (class_evidence(model, analysis, target, wanted, decompose=request.decompose)
                 if analysis.num_classes and (request.explains or request.score or request.every_map) else None)
-    decomposition = (decompose(model, analysis, evidence, progress=progress)
-                     if request.decompose and evidence is not None else None)
+    decomposition = decompose(evidence) if request.decompose and evidence is not None else None
     shown = {method: maps.class_map(analysis, method, evidence, options) for method in request.maps
              if evidence is not None or method not in maps.CLASS_SPECIFIC}
     curves = (score(model, analysis, evidence, request.method, request.protocol, options=options, steps=request.steps,

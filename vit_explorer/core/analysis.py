@@ -1,7 +1,8 @@
 """``analyze``: one image through one model, captured once, kept as CPU tensors for every view.
 
-One upload costs one forward and one backward pass: the maps of every layer, and the gradient
-evidence of the top class for the class-specific maps, come from the same pass (``capture``). Maps are
+One upload costs one forward and one backward pass: the maps of every layer, the gradient evidence of the top class
+for the class-specific maps, and (asked for) its score's decomposition over the model's parts come from the same pass
+(``capture``, with ``decomposition.reading`` reading the graph before the backward pass frees it). Maps are
 kept in float32 while they fit the memory budget, in float16 while half of that fits, and beyond
 that compactly (``map_store.compact_layer``, as each layer arrives). The ``Analysis`` holds CPU torch tensors (and the image as a
 numpy picture), never the model: ``maps``, ``rollout``, ``relevance`` and the methods compute in torch, and
@@ -14,15 +15,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
 
-from vit_explorer.core import attnlrp, legrad, relevance
-from vit_explorer.core.capture import TOP, ReducingSink, RowSink, StackingSink, capture
+from vit_explorer.core import attnlrp, decomposition, legrad, relevance
+from vit_explorer.core.capture import TOP, Captured, ReducingSink, RowSink, StackingSink, capture
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
 from vit_explorer.core.map_store import MapStore, compact_layer, stack_compact
 from vit_explorer.core.targets import SimilarityAdapter
@@ -214,6 +216,8 @@ class ClassEvidence:
         method_maps: the ``MODEL_MAPS`` maps of the target ``[grid_h, grid_w]`` by method, each added when first asked
             for (``class_evidence``'s ``methods``): tensors, so that drawing them never runs the model.
         variants: for those of them whose way of running depends on the target (``MODEL_MAP_VARIANTS``), its words.
+        decomposition: the target's score split over the model's parts (``decomposition``), read off the same pass, or
+            the ``VitExplorerError`` that says why this model cannot be decomposed; None where it was not read.
     """
 
     target: int
@@ -221,6 +225,7 @@ class ClassEvidence:
     importance: torch.Tensor
     method_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     variants: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    decomposition: Decomposition | VitExplorerError | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0,
@@ -229,19 +234,35 @@ class ClassEvidence:
         return cls(target=target, weighted=torch.stack([weighted[image] for weighted, _ in layers]),
                    importance=torch.stack([importance[image] for _, importance in layers]), method_maps=dict(method_maps or {}))
 
+    @classmethod
+    def from_capture(cls, captured: Captured, labels: Callable[[int], str]) -> ClassEvidence:
+        """Image 0's evidence from a ``capture`` with ``relevance.layer_evidence`` and the decomposition's graph reader,
+        its decomposition named by ``labels``."""
+        target = int(captured.targets[0])
+        parts = captured.reading
+        if isinstance(parts, Decomposition):
+            parts = replace(parts, label=labels(target))
+        return replace(cls.from_layers(target, captured.gradients), decomposition=parts)
 
-def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None, methods: Iterable[str] = ()) -> ClassEvidence:
+
+def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None, methods: Iterable[str] = (),
+                   decompose: bool = False) -> ClassEvidence:
     """The gradient evidence of ``target`` (default: top class), with the maps of those ``methods`` that take passes of
-    the model of their own (``MODEL_MAPS``: AttnLRP, LeGrad) computed and kept on it. The top class's gradient
-    evidence comes with the analysis; another costs one forward and one backward pass of ``analysis``'s image, and the
-    last few are kept on the analysis so that switching back costs nothing; each method's map is computed once."""
+    the model of their own (``MODEL_MAPS``: AttnLRP, LeGrad) computed and kept on it, and with ``decompose`` the
+    target's decomposition read off the same pass. The top class's gradient evidence comes with the analysis; another
+    target's costs one forward and one backward pass of ``analysis``'s image, and the last few are kept on the analysis
+    so that switching back costs nothing; each method's map is computed once."""
     check_model(model, analysis)
     index = analysis.class_index(target)
 
     def compute() -> ClassEvidence:
-        captured = capture(model, pixels_of(model, analysis), target=index, reduce_gradients=relevance.layer_evidence)
-        return ClassEvidence.from_layers(index, captured.gradients)
+        captured = capture(model, pixels_of(model, analysis), target=index, reduce_gradients=relevance.layer_evidence,
+                           graph_reader=decomposition.reading if decompose else None)
+        return ClassEvidence.from_capture(captured, analysis.label)
 
+    kept = analysis.evidence.get(index)
+    if decompose and kept is not None and kept.decomposition is None:  # kept without it: the pass again, with it
+        analysis.evidence[index] = replace(compute(), method_maps=kept.method_maps, variants=kept.variants)
     evidence = bounded(analysis.evidence, analysis.evidence_limit, index, compute)
     missing = [method for method in methods if method in MODEL_MAPS and method not in evidence.method_maps]
     if missing:
@@ -273,10 +294,10 @@ def choose_storage(full_bytes: int, memory_budget: int) -> str:
 
 
 def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET,
-            fit: str = "stretch", explain: bool = True) -> Analysis:
+            fit: str = "stretch", explain: bool = True, decompose: bool = False) -> Analysis:
     """Decode ``image``, fit it to the model's input (``images.FITS``), and capture every layer's attention
     in one forward pass; with ``explain`` (and a classifier head), the backward pass of the same pass
-    gives the top class's evidence for the class-specific maps.
+    gives the top class's evidence for the class-specific maps, and with ``decompose`` its decomposition too.
 
     ``memory_budget`` (bytes) decides how the maps are kept: float32, float16 or compact (module doc).
     """
@@ -289,7 +310,8 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
             else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
     # a backbone has no class to differentiate: no graph is built for it (one forward under inference mode)
     captured = capture(model, pixels, sink, target=TOP if explain and model.num_classes else None,
-                       reduce_gradients=relevance.layer_evidence, norms=True)
+                       reduce_gradients=relevance.layer_evidence, norms=True,
+                       graph_reader=decomposition.reading if decompose else None)
     compact = captured.kept if storage == "compact" else None
     result = Analysis(image=view, attentions=captured.kept[0].cpu() if compact is None else None,  # one transfer from the device
                       compact=compact, logits=captured.logits[0].float().cpu(), layout=model.layout,
@@ -301,8 +323,8 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
                       layer_tokens=captured.layer_tokens[0],
                       similarity=isinstance(model.adapter, SimilarityAdapter))
     if captured.targets is not None:
-        target = int(captured.targets[0])
-        result.evidence[target] = ClassEvidence.from_layers(target, captured.gradients)
+        evidence = ClassEvidence.from_capture(captured, result.label)
+        result.evidence[evidence.target] = evidence
     return result
 
 

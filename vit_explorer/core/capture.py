@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -33,6 +33,12 @@ _module_locks: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.W
 _module_locks_guard = threading.Lock()
 
 TOP = "top"  # target: each image's own top prediction
+
+# What ``capture`` can read off the graph of its pass besides the maps' gradients: given (module, adapter, images), a
+# context entered before capture's hooks (to record what it needs during the forward) that yields
+# read(logits, maps, target), called with the per-layer maps still in the graph and image 0's target class.
+GraphReader = Callable[[nn.Module, CaptureAdapter, torch.Tensor],
+                       AbstractContextManager[Callable[[torch.Tensor, list[torch.Tensor], int], Any]]]
 
 
 def capture_lock(module: nn.Module) -> threading.RLock:
@@ -225,6 +231,7 @@ class Captured:
             (float32, on the CPU), else None.
         layer_tokens: with the norms, every token after each layer through the final norm ``[b, layers, n, dim]``
             (float16, on the CPU), else None.
+        reading: what the graph reader read for image 0 (``decomposition.reading``: its decomposition), else None.
     """
 
     logits: torch.Tensor
@@ -234,6 +241,7 @@ class Captured:
     token_norms: torch.Tensor | None = None
     output_tokens: torch.Tensor | None = None
     layer_tokens: torch.Tensor | None = None
+    reading: Any = None
 
 
 def capture(
@@ -244,6 +252,7 @@ def capture(
     target: str | int | torch.Tensor | None = None,
     reduce_gradients: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
     norms: bool = False,
+    graph_reader: GraphReader | None = None,
 ) -> Captured:
     """Run ``model`` once on ``images`` ``[b, 3, H, W]`` with every layer's softmax(q·kᵀ/√d) going to ``sink``.
 
@@ -251,13 +260,15 @@ def capture(
     or indices ``[b]``), one backward pass gives ∂ logit[target] / ∂ A on the per-layer maps the forward
     used (the input requires grad, so frozen weights still put the maps in the graph); the maps reach
     the sink after it, detached. ``norms`` also records the token norms after every layer
-    (``recording_norms``). Hooks are removed before this returns or raises.
+    (``recording_norms``). With a target, ``graph_reader`` reads image 0's graph before the backward pass frees it
+    (``GraphReader``; its result is ``reading``). Hooks are removed before this returns or raises.
     """
     module, adapter = resolve(model)
     graph = LayerSink() if target is not None else None
     hooked = graph if graph is not None else (sink if sink is not None else LayerSink())
-    targets = gradients = None
-    with (capture_lock(module), recording_norms(module, adapter, norms) as layer_norms,
+    targets = gradients = reading = None
+    reader = graph_reader(module, adapter, images) if graph_reader is not None and graph is not None else nullcontext()
+    with (capture_lock(module), reader as read, recording_norms(module, adapter, norms) as layer_norms,
           adapter.attached(module, hooked) as forward):
         if graph is None:
             with torch.inference_mode():
@@ -270,6 +281,8 @@ def capture(
                 maps = graph.in_layer_order()
                 targets = class_targets(logits, target)
                 if targets is not None:
+                    if read is not None:
+                        reading = read(logits, maps, int(targets[0]))
                     # each image's score depends on its own maps only, so the gradient of the sum is per image
                     score = logits.gather(1, targets.view(-1, 1)).sum()
                     layer_gradients = torch.autograd.grad(score, maps)
@@ -291,7 +304,7 @@ def capture(
         token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu()
         layer_tokens = torch.stack([by_layer[layer] for layer in range(len(by_layer))], dim=1).cpu()
     return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets, gradients=gradients,
-                    token_norms=token_norms, output_tokens=output_tokens, layer_tokens=layer_tokens)
+                    token_norms=token_norms, output_tokens=output_tokens, layer_tokens=layer_tokens, reading=reading)
 
 
 def class_targets(logits: torch.Tensor, target: str | int | torch.Tensor) -> torch.Tensor | None:

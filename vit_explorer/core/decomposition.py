@@ -12,13 +12,15 @@ it attended to: its write at query t is Σ_s A[t, s]·(its value of s, projected
 
 These are **direct** contributions: what a head writes that the read-out sees unchanged. What it writes that later
 layers read and transform (an indirect effect) is counted in those later layers' parts; head ablation measures
-the total effect. Cost: one forward pass with the maps in the graph, one short backward per layer, and one forward
-pass with every map set to zero (each layer's attention biases, read without the heads).
+the total effect. Cost: it rides on the pass that captures the maps and takes the target's gradient (``reading`` is
+``capture``'s graph reader): one short backward pass per layer and the head applied once per layer; the attention
+biases take one pass with every map at zero, once per model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -27,9 +29,8 @@ import torch
 from torch import nn
 
 from vit_explorer.core.attnlrp import constant_scale_norm
-from vit_explorer.core.capture import LayerSink, capture_lock, resolve
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.base import CaptureAdapter, LoadedModel
+from vit_explorer.models.base import CaptureAdapter
 from vit_explorer.models.layout import TokenLayout
 
 # the parts must add up to the score within this share of the largest of them (float32 passes)
@@ -150,78 +151,112 @@ def readout_slope(module: nn.Module, adapter: CaptureAdapter, last: torch.Tensor
     return float(score.detach()), slope[0].double()
 
 
-def decompose_pixels(model: LoadedModel, pixels: torch.Tensor, target: int, label: str | None = None) -> Decomposition:
-    """The decomposition of class ``target``'s score (a backbone's similarity model: 0) for one image ``pixels``
-    ``[1, 3, H, W]``. Refuses a model whose parts do not add up to its score (a read-out that is not affine once its
-    norms' scale is held, an attention that is not affine in its map)."""
-    module, adapter = resolve(model)
-    num_layers = model.map_shape[0]
-    if not 0 <= target < model.num_classes:
-        raise VitExplorerError(f"class {target} is outside this model's {model.num_classes} classes")
-    maps = LayerSink()
-    with (capture_lock(module), torch.enable_grad(), recording_streams(module, adapter) as streams,
-          adapter.attached(module, maps) as forward):
-        logits = forward(pixels.detach().to(model.device))
-        _, slope = readout_slope(module, adapter, streams["after", num_layers - 1][0], target)
+Reader = Callable[[torch.Tensor, list[torch.Tensor], int], "Decomposition | VitExplorerError"]
 
-        def along(stream: torch.Tensor) -> torch.Tensor:
-            return (stream.detach()[0].double() * slope).sum()
 
-        heads, sources, writes = [], [], []
-        for layer in range(num_layers):
-            write = streams["write", layer]
-            direct = (write[0] * slope.to(write.dtype)).sum()
-            (gradient,) = torch.autograd.grad(direct, maps[layer], retain_graph=True)  # [1, heads, n, n]
-            source = (maps[layer].detach()[0].double() * gradient[0].double()).sum(dim=1)  # [heads, n]: over queries
-            sources.append(source)
-            heads.append(source.sum(dim=1))
-            writes.append(along(write))
-        entry = streams["entry"]
-        befores = [entry] + [streams["after", layer] for layer in range(num_layers - 1)]
-        mlps = [along(streams["after", layer]) - along(before) - writes[layer] for layer, before in enumerate(befores)]
-        with torch.no_grad():
-            lens_logits = torch.stack([adapter.classify(module, streams["after", layer].detach())[0] for layer in range(num_layers)])
-        embeddings = float(along(entry))
-        del streams, maps
-    with capture_lock(module), torch.no_grad():
-        readout_bias = float(adapter.classify(module, torch.zeros_like(entry.detach()))[0, target])
-        biases = attention_biases(module, adapter, pixels.to(model.device), slope, num_layers)
+@contextmanager
+def reading(module: nn.Module, adapter: CaptureAdapter, images: torch.Tensor) -> Iterator[Reader]:
+    """``capture``'s graph reader for the decomposition: while active, the stream's parts are recorded in the graph of
+    the pass, and the yielded ``read(logits, maps, target)`` decomposes image 0's score of class ``target`` from them
+    (its maps ``maps`` still in the graph), giving the ``Decomposition`` or the ``VitExplorerError`` that says why this
+    model cannot be decomposed (so that a pass that decomposes on the side never fails for it). Enter it before any
+    capture hook: the attention biases' one pass runs here, once per model (``zero_map_writes``)."""
+    try:
+        adapter.attention_writes(module)
+        adapter.stream_entries(module)
+    except VitExplorerError as error:
+        refused = error
+    else:
+        refused = None
+    if refused is not None:
+        yield lambda *_: refused
+        return
+    zero_writes = zero_map_writes(module, adapter, images[:1])
+    layout = adapter.layout(module, tuple(images.shape[-2:]))
+    with recording_streams(module, adapter) as streams:
+        yield partial(read_graph, module, adapter, layout, streams, zero_writes)
+
+
+def read_graph(module: nn.Module, adapter: CaptureAdapter, layout: TokenLayout, streams: dict, zero_writes: torch.Tensor,
+               logits: torch.Tensor, maps: list[torch.Tensor], target: int) -> Decomposition | VitExplorerError:
+    """Image 0's decomposition from a pass's recorded ``streams`` and its per-layer ``maps`` ``[b, heads, n, n]``, both in
+    the graph (which it keeps): the read-out's slope, one short backward pass per layer from that layer's write to its
+    map, and the lens through the head; ``zero_writes`` ``[layers, n, dim]`` are the writes with every map at zero."""
+    num_layers = len(maps)
+    if not 0 <= target < logits.shape[-1]:
+        return VitExplorerError(f"class {target} is outside this model's {logits.shape[-1]} classes")
+    _, slope = readout_slope(module, adapter, streams["after", num_layers - 1][0], target)
+
+    def along(stream: torch.Tensor) -> torch.Tensor:
+        return (stream.detach()[0].double() * slope).sum()
+
+    heads, sources, writes = [], [], []
+    for layer in range(num_layers):
+        write = streams["write", layer]
+        direct = (write[0] * slope.to(write.dtype)).sum()
+        (gradient,) = torch.autograd.grad(direct, maps[layer], retain_graph=True)  # [b, heads, n, n]
+        source = (maps[layer].detach()[0] * gradient[0]).sum(dim=1).double()  # [heads, n]: over queries
+        sources.append(source)
+        heads.append(source.sum(dim=1))
+        writes.append(along(write))
+    entry = streams["entry"]
+    befores = [entry] + [streams["after", layer] for layer in range(num_layers - 1)]
+    mlps = [along(streams["after", layer]) - along(before) - writes[layer] for layer, before in enumerate(befores)]
+    with torch.no_grad():
+        lens_logits = adapter.classify(module, torch.cat([streams["after", layer].detach()[:1] for layer in range(num_layers)]))
+        readout_bias = float(adapter.classify(module, torch.zeros_like(entry.detach()[:1]))[0, target])
+    embeddings = float(along(entry))
+    biases = (zero_writes.double() * slope).sum(dim=(1, 2))  # [layers]
     heads_t, writes_t = torch.stack(heads), torch.stack(writes)  # [layers, heads], [layers]
-    check(writes_t - heads_t.sum(dim=1) - biases, writes_t, "its attention is not affine in the attention map (a norm inside "
-          "it?), so a head's write is not its share of the layer's")
+    top = lens_logits.topk(min(5, lens_logits.shape[1]), dim=1)
     decomposition = Decomposition(
-        target=target, label=label or str(target), score=float(logits.detach()[0, target]), heads=heads_t.float(), mlps=torch.stack(mlps).float(),
-        attention_biases=biases.float(), embeddings=embeddings, readout_bias=readout_bias,
-        head_sources=torch.stack(sources).float(), lens=lens_logits[:, target].float(),
-        lens_top=lens_logits.topk(min(5, lens_logits.shape[1]), dim=1).indices,
-        lens_top_scores=lens_logits.topk(min(5, lens_logits.shape[1]), dim=1).values.float(), layout=model.layout)
+        target=target, label=str(target), score=float(logits.detach()[0, target]), heads=heads_t.float(),
+        mlps=torch.stack(mlps).float(), attention_biases=biases.float(), embeddings=embeddings, readout_bias=readout_bias,
+        head_sources=torch.stack(sources).float(), lens=lens_logits[:, target].float(), lens_top=top.indices,
+        lens_top_scores=top.values.float(), layout=layout)
     parts = torch.cat([heads_t.flatten(), torch.stack(mlps), biases, torch.tensor([embeddings, readout_bias], dtype=torch.float64)])
-    check(torch.tensor([decomposition.total - decomposition.score]), parts, "its read-out is not affine in the stream once its "
-          "norms' scale is held (a non-linear head?), so the parts do not add up to the score")
-    return decomposition
+    return (refusal(writes_t - heads_t.sum(dim=1) - biases, writes_t, "its attention is not affine in the attention map (a norm "
+                    "inside it?), so a head's write is not its share of the layer's")
+            or refusal(torch.tensor([decomposition.total - decomposition.score]), parts, "its read-out is not affine in the "
+                       "stream once its norms' scale is held (a non-linear head?), so the parts do not add up to the score")
+            or decomposition)
 
 
-def attention_biases(module: nn.Module, adapter: CaptureAdapter, pixels: torch.Tensor, slope: torch.Tensor, num_layers: int) -> torch.Tensor:
-    """Each layer's attention write with its map at zero, along the read-out's slope ``[layers]`` (float64): what the
-    out-projection's bias adds whatever the heads do. One forward pass with every map zeroed (a write with a zero map
-    depends on no stream, so one pass gives every layer's)."""
+# what every layer's attention writes with its map at zero, by module: it depends on the weights only (a write with a zero
+# map reads no stream), so one pass per model and input size serves every image and target
+_zero_writes: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def zero_map_writes(module: nn.Module, adapter: CaptureAdapter, pixels: torch.Tensor) -> torch.Tensor:
+    """Each layer's attention write with its map at zero ``[layers, n, dim]``: what the out-projection's bias (through
+    any layer scale) adds whatever the heads do. One forward pass of ``pixels`` ``[1, 3, H, W]`` with every map zeroed,
+    kept for the module until its weights or the input size change."""
+    key = (tuple(pixels.shape), pixels.device, tuple((parameter.data_ptr(), parameter._version) for parameter in module.parameters()))
+    kept = _zero_writes.get(module)
+    if kept is not None and kept[0] == key:
+        return kept[1]
     writes: dict[int, torch.Tensor] = {}
 
     def keep(layer: int, _module: nn.Module, _inputs: tuple, output: object) -> None:
-        writes[layer] = first(output)
+        writes[layer] = first(output)[0].detach()
 
+    num_layers = adapter.map_shape(module)[0]
     handles = [writer.register_forward_hook(partial(keep, layer)) for layer, writer in enumerate(adapter.attention_writes(module))]
     try:
-        with adapter.edited(module, dict.fromkeys(range(num_layers), torch.zeros_like)) as forward:
-            forward(pixels)
+        with torch.no_grad(), adapter.edited(module, dict.fromkeys(range(num_layers), torch.zeros_like)) as forward:
+            forward(pixels.detach())
     finally:
         for handle in handles:
             handle.remove()
-    return torch.stack([(writes[layer][0].double() * slope).sum() for layer in range(num_layers)])
+    stacked = torch.stack([writes[layer] for layer in range(num_layers)])
+    _zero_writes[module] = (key, stacked)
+    return stacked
 
 
-def check(error: torch.Tensor, parts: torch.Tensor, why: str) -> None:
+def refusal(error: torch.Tensor, parts: torch.Tensor, why: str) -> VitExplorerError | None:
+    """The error that refuses the decomposition where ``error`` exceeds ``TOLERANCE`` of the largest of ``parts``."""
     scale = float(parts.abs().max()) if parts.numel() else 0.0
     if float(error.abs().max()) > TOLERANCE * max(scale, 1e-6):
-        raise VitExplorerError(f"this model cannot be decomposed exactly: {why} (off by {float(error.abs().max()):.3g} "
-                               f"against parts up to {scale:.3g})")
+        return VitExplorerError(f"this model cannot be decomposed exactly: {why} (off by {float(error.abs().max()):.3g} "
+                                f"against parts up to {scale:.3g})")
+    return None

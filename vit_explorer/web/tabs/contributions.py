@@ -2,17 +2,19 @@
 (a layers × heads heat map, red adds to the score), MLP, the embeddings and the biases (``core.decomposition``); a
 clicked head's contribution over the patches it attended to; the largest parts as bars; the logit lens across depth;
 and, where the head ablation has run for the target, its heat map beside, so that heads acting directly and heads
-acting through later layers can be told apart. One forward pass, a short backward per layer and one more pass when
-the tab first opens for a target; every view after that is drawn from the kept result."""
+acting through later layers can be told apart. The decomposition comes with the target's evidence, read off the same
+pass (the upload's for the top class); the tab runs nothing where it did."""
 
 from __future__ import annotations
 
 import gradio as gr
 
+from vit_explorer.core.analysis import class_evidence
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.draw import charts, pictures
 from vit_explorer.draw.render import grid_tile_px
 from vit_explorer.methods.ablation import kept_ablation
-from vit_explorer.run import decompose, kept_decomposition
+from vit_explorer.run import decompose
 from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE, contributions_text
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, unchanged, user_errors
@@ -44,30 +46,34 @@ def layout() -> dict:
 
 
 def prepare(session: Session, controls: Controls) -> None:
-    """The decomposition takes passes of the model of its own: computed here once per target (kept on the analysis)."""
-    if session.evidence is not None:
-        decompose(session.model(), session.analysis, session.evidence)
+    """The target's evidence came with its decomposition (the upload's and a target change's pass read it); one kept
+    without it (made by another tab) is made again with it: one forward and one backward pass."""
+    if session.evidence is not None and session.evidence.decomposition is None:
+        session.evidence = class_evidence(session.model(), session.analysis, session.evidence.target, decompose=True)
 
 
-def shown_head(session: Session) -> tuple[int, int] | None:
+def shown(session: Session) -> Decomposition | None:
+    """The target's decomposition; None without a target. Raises, with the reason, for a model that cannot be
+    decomposed."""
+    return None if session.evidence is None else decompose(session.evidence)
+
+
+def shown_head(session: Session, decomposition: Decomposition) -> tuple[int, int]:
     """The clicked head, or the head of largest contribution before one is clicked."""
-    decomposition = None if session.target is None else kept_decomposition(session.analysis, session.target)
-    if decomposition is None:
-        return None
     if session.screen.contribution_head is not None:
         return session.screen.contribution_head
     return divmod(int(decomposition.heads.abs().argmax()), decomposition.heads.shape[1])
 
 
 def render(session: Session, controls: Controls) -> dict:
-    decomposition = None if session.target is None else kept_decomposition(session.analysis, session.target)
+    decomposition = shown(session)
     if decomposition is None:
         session.screen.contribution_geometry = None
         return {"contributions_text": NO_TARGET_TO_DECOMPOSE,
                 **{name: gr.update(value=None) for name in ("contributions_view", "contributions_split", "contributions_chart",
                                                             "contributions_lens")},
                 "contributions_ablation_title": gr.update(visible=False), "contributions_ablation": gr.update(value=None, visible=False)}
-    layer, head = shown_head(session)
+    layer, head = shown_head(session, decomposition)
     tile_px = min(TILE_PX, grid_tile_px(decomposition.heads.shape[1], pictures.GRID_PX))
     grid, session.screen.contribution_geometry = pictures.contribution_picture(decomposition, selected=(layer, head), tile_px=tile_px)
     ablation = kept_ablation(session.analysis, session.target, ABLATION_MODE)

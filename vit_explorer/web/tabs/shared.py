@@ -92,7 +92,7 @@ def on_target(models: ModelCache, session: Session | None, target: int | None, v
     if target in SIMILARITY_TARGETS:
         choose_similarity(models, session, target)
     elif session.evidence is not None and target is not None:
-        session.evidence = class_evidence(session.model(models), session.analysis, int(target))
+        session.evidence = class_evidence(session.model(models), session.analysis, int(target), decompose=True)
     ranges = {name: value for tab in TARGET_TABS for name, value in tab.set_ranges(session).items()}
     return in_order({"state": session, **tab_views(session, Controls.from_values(control_values), visible), **ranges}, TARGETED)
 
@@ -108,10 +108,10 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
             raise VitExplorerError("click a patch of the image first: the query patch's target needs a patch as the query")
     base = models.get(session.model_spec)
     # only the image is read from the analysis shown, which may be another similarity's
-    similarity, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget)
+    similarity, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget, decompose=True)
     query, layer, head = session.query, session.layer, session.head
     session.analysis, session.similarity, session.similarity_choice = analysis, similarity, choice
-    session.evidence = class_evidence(similarity, analysis, 0)
+    session.evidence = class_evidence(similarity, analysis, 0, decompose=True)
     session.query, session.layer, session.head = query, layer, head
     session.screen = type(session.screen)()  # every result on screen was for another target
 
@@ -146,7 +146,8 @@ def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *
     """``run_analysis`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
     model = models.get(spec)
     controls = replace(Controls.from_values(control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
-    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit)
+    # the Head contributions tab's decomposition is read off the upload's pass
+    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit, decompose=True)
     session = new_session(analysis, spec, class_evidence(model, analysis) if analysis.num_classes else None, models)
     # a backbone has no predictions: no empty box (the summary says "Backbone: no classifier head")
     top5 = gr.update(value=top_predictions(analysis), visible=True) if analysis.num_classes else gr.update(value=None, visible=False)
