@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import CLI_MODEL, photo, write_checkpoint, write_stats_folder
+from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
@@ -106,7 +107,36 @@ def click(x, y):
 
 def by_name(outputs: tuple, names: tuple) -> dict:
     assert len(outputs) == len(names)
-    return dict(zip(names, outputs))
+    return {name: read_back(value) for name, value in zip(names, outputs)}
+
+
+def read_back(value):
+    """A picture an event handed to Gradio as a file (``base.as_file``), read back as the array it was drawn from."""
+    if isinstance(value, str) and value.endswith(".png") and Path(value).is_file():
+        return np.asarray(Image.open(value).convert("RGB"))
+    if isinstance(value, dict) and isinstance(value.get("value"), str):
+        return {**value, "value": read_back(value["value"])}
+    return value
+
+
+def test_pictures_go_to_gradio_as_lossless_files_named_by_their_content(tmp_path, monkeypatch):
+    """Every picture an event returns is written once into Gradio's cache (bare or inside an update) and reads back
+    exactly; the same picture is the same file; anything else passes through."""
+    from vit_explorer.web.tabs import base
+
+    monkeypatch.setattr(base, "get_upload_folder", lambda: str(tmp_path))
+    rng = np.random.default_rng(0)
+    picture = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    other = picture.copy()
+    other[0, 0, 0] ^= 1
+    table = np.zeros((3, 3))
+    outputs = base.in_order({"a": picture, "b": gr.update(value=other, visible=True), "c": "text", "d": table, "e": picture.copy()},
+                            ("a", "b", "c", "d", "e"))
+    assert Path(outputs[0]).parent.parent == tmp_path and outputs[4] == outputs[0] and outputs[1]["value"] != outputs[0]
+    np.testing.assert_array_equal(read_back(outputs[0]), picture)
+    np.testing.assert_array_equal(read_back(outputs[1])["value"], other)
+    assert outputs[1]["visible"] is True and outputs[2] == "text" and outputs[3] is table
+    assert len(list(tmp_path.glob("*/image.png"))) == 2
 
 
 def analysed(models, upload, checkpoint, visible=OVERVIEW):

@@ -349,3 +349,44 @@ def test_a_random_backbone_in_the_page_runs_ablation_and_flags_what_it_cannot_ex
             assert " sd" not in table, table
             page.screenshot(path=str(OUTPUT / "8-backbone-negligible-and-scoreboard.png"), full_page=True)
             assert errors == []
+
+
+def shown_source(page, elem_id: str) -> str:
+    return page.evaluate(f"() => document.querySelector('#{elem_id} img')?.src || ''")
+
+
+def analyses_run(url: str) -> list[str]:
+    """The events the server ran since it started, by name (Gradio's profiling, on for this server)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}gradio_api/profiling/traces") as response:
+        return [trace["fn_name"] for trace in json.loads(response.read())]
+
+
+def test_each_upload_and_each_example_runs_the_model_once(tmp_path):
+    """An image that replaces another made Gradio fire the upload's change event twice, which analysed every upload
+    after the first twice; an example, which sets the image without an upload event, analyses once too."""
+    from serving import running_server
+
+    with (running_server("builtin:shapes", tmp_path / "server.log", env={"GRADIO_PROFILING": "1"}) as (url, _),
+          chromium_page() as (page, errors)):
+        page.goto(url)
+        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+        for seed in (1, 2):
+            path = tmp_path / f"upload-{seed}.png"
+            photo((96, 96), seed=seed).save(path)
+            before = shown_source(page, "overview-rollout")
+            page.locator("#upload input[type=file]").set_input_files(str(path))
+            page.wait_for_function(f"() => (document.querySelector('#overview-rollout img')?.src || '') !== {before!r}",
+                                   timeout=60_000)
+        page.wait_for_timeout(1500)  # a second analysis would have started by now
+        assert analyses_run(url).count("analyze") == 2
+        page.get_by_text("Examples (generated shapes").first.click()  # folded after an upload
+        before = shown_source(page, "overview-rollout")
+        page.locator("#examples button.gallery-item").first.click()
+        page.wait_for_function(f"() => (document.querySelector('#overview-rollout img')?.src || '') !== {before!r}",
+                               timeout=60_000)
+        page.wait_for_timeout(1500)
+        ran = analyses_run(url)
+        assert ran.count("analyze") == 2 and ran.count("analyze_example") == 1, ran
+        assert errors == []

@@ -70,9 +70,10 @@ def page_header(model_spec: str) -> dict:
             # Open until an image is analysed, then folded, so that the maps come up on the first screen
             with gr.Accordion("Examples (generated shapes, for the built-in model)", open=True, visible=shows_examples(model_spec),
                               elem_id="examples") as examples:
-                if EXAMPLES.is_dir():
-                    gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label=None)
-    return {"upload": upload, "model": model, "fit": fit, "target": target, "summary": summary, "examples": examples}
+                shown = (gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label=None)
+                         if EXAMPLES.is_dir() else None)
+    return {"upload": upload, "model": model, "fit": fit, "target": target, "summary": summary, "examples": examples,
+            "example_images": shown}
 
 
 def shows_examples(model_spec: str) -> bool:
@@ -148,8 +149,10 @@ def wire(app: Wiring, containers: dict) -> None:
     def select_patch(evt: gr.SelectData, session, tab, *values):
         return on_patch_click(app.models, evt, session, tab, *values)
 
+    # an upload (or a paste) analyses once: Gradio fires ``change`` twice when an image replaces another, which ran the
+    # model twice per upload; an example sets the image without an upload event, so its own click analyses it
     analyses = (
-        upload.change(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze",
+        upload.upload(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze",
                       concurrency_limit=2, show_progress="full"),
         app["fit"].input(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="set_fit",
                          concurrency_limit=2),
@@ -158,8 +161,14 @@ def wire(app: Wiring, containers: dict) -> None:
     )
     analyses[2].then(lambda spec: gr.update(visible=shows_examples(spec)), current_model, app["examples"], api_name=False,
                      show_progress="hidden")
-    analyses[0].then(lambda: gr.update(open=False), None, app["examples"], api_name=False, show_progress="hidden")
-    for event, name in zip(analyses, ("analyze", "set_fit", "change_model")):
+    upload.clear(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name=False)  # empties the views
+    if app["example_images"] is not None:
+        analyses += (app["example_images"].load_input_event.then(
+            analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze_example",
+            concurrency_limit=2, show_progress="full"),)
+    for event in (analyses[0], *analyses[3:]):
+        event.then(lambda: gr.update(open=False), None, app["examples"], api_name=False, show_progress="hidden")
+    for event, name in zip(analyses, ("analyze", "set_fit", "change_model", "analyze_example")):
         # a tab opened while the model ran was drawn from the previous analysis, or not at all: draw it now
         event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",
                       show_progress="hidden")

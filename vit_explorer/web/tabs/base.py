@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
+import numpy as np
+from gradio.utils import get_upload_folder
 
+from vit_explorer.draw import files
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.web.session import CONTROL_NAMES, Controls, ModelCache, Session
 
@@ -82,10 +85,22 @@ class Wiring:
 
 
 def in_order(values: dict[str, object], names: tuple[str, ...]) -> tuple:
-    """``values`` by name → the tuple Gradio expects for the outputs ``names``; a missing or unknown name raises."""
+    """``values`` by name → the tuple Gradio expects for the outputs ``names``, every picture written as a file
+    (``as_file``); a missing or unknown name raises."""
     if set(values) != set(names):
         raise KeyError(f"outputs {sorted(set(names) ^ set(values))} are missing or unknown")
-    return tuple(values[name] for name in names)
+    return tuple(as_file(values[name]) for name in names)
+
+
+def as_file(value: object) -> object:
+    """A picture ``[H, W, 3]`` uint8 (bare or as an update's value) as the path ``files.screen_png`` writes it to, in
+    Gradio's cache, where Gradio serves it as it is. Gradio's own PNG encoder is three times slower: on an upload most
+    of the server's time went to it. Anything else as it is."""
+    if isinstance(value, np.ndarray) and value.ndim == 3 and value.dtype == np.uint8:
+        return files.screen_png(value, get_upload_folder())
+    if isinstance(value, dict) and "value" in value:
+        return {**value, "value": as_file(value["value"])}
+    return value
 
 
 def unchanged(names: Iterable[str]) -> dict[str, Any]:

@@ -1,0 +1,253 @@
+"""Where the time of an upload and of a patch click goes, in real Chromium against the real app.
+
+Serves the app in this process (so that its stages can be timed), drives headless Chromium through Playwright, and
+splits each interaction into:
+
+- browser: from the file handed to the page (or the click) to the first animation frame that shows the new map,
+  decoded (``requestAnimationFrame`` polling the ``<img>``): what the user waits for;
+- the file's upload (the page's POST, from the browser's resource timing);
+- per server event (Gradio's own profiling, ``GRADIO_PROFILING=1``): queue wait, pre-processing, the callback, and
+  post-processing (which includes encoding each returned picture to a file in Gradio's cache);
+- inside the callback: the model's pass (``analyze``) and the drawing (every ``vit_explorer.draw`` call, outermost
+  only), the rest being captions and bookkeeping;
+- the pictures' fetches by the browser (resource timing);
+- what remains: round trips, the page's own work and its paint.
+
+    python benchmarks/browser_latency.py [--model builtin:shapes] [--uploads 5] [--clicks 5] [--out FILE]
+
+Each figure is a median over the interactions of one run; the machine is named in the output. Not for CI's suite
+beyond a smoke run (``tests/test_benchmark.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_PROFILING", "1")  # read by Gradio at import
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the browser tests' helpers: Debian's Chromium, the natural-pixel click
+
+from serving import chromium_page, click_natural, free_port  # noqa: E402
+
+from vit_explorer.draw import charts, pictures, plots, render  # noqa: E402
+from vit_explorer.web import app as web_app  # noqa: E402
+from vit_explorer.web.session import ModelCache  # noqa: E402
+from vit_explorer.web.tabs import shared  # noqa: E402
+
+# when the user's action reached the page: the file input's change, the pointer's press on the picture
+MARK_INPUT = """() => {
+    window.__input = null;
+    const mark = () => { if (window.__input === null) window.__input = [performance.now(), performance.timeOrigin + performance.now()]; };
+    document.addEventListener('change', mark, {capture: true, once: true});
+    document.addEventListener('pointerdown', mark, {capture: true, once: true});
+}"""
+
+# the first frame in which the <img> inside the element shows a new, decoded picture, in the page's clock
+WATCH = """([elemId, before]) => new Promise((resolve) => {
+    const step = () => {
+        const img = document.querySelector(`#${elemId} img`);
+        if (img && img.src && img.src !== before && img.complete && img.naturalWidth > 0) {
+            resolve({shown: performance.now(), epoch: performance.timeOrigin + performance.now(), src: img.src});
+        } else {
+            requestAnimationFrame(step);
+        }
+    };
+    requestAnimationFrame(step);
+})"""
+
+
+class Stages:
+    """Seconds spent in the timed stages of the server's callbacks since the last ``take``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.depth = threading.local()
+
+    def timed(self, stage: str, function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            depth = getattr(self.depth, "value", 0)
+            self.depth.value = depth + 1
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.depth.value = depth
+                if depth == 0:  # outermost only: a drawing that calls another is counted once
+                    self.seconds[stage] += time.perf_counter() - start
+
+        return wrapper
+
+    def take(self) -> dict[str, float]:
+        taken, self.seconds = dict(self.seconds), defaultdict(float)
+        return taken
+
+
+def instrument(stages: Stages) -> None:
+    """Time the model's pass and every public drawing function, where the app's callbacks call them."""
+    shared.analyze = stages.timed("model pass (analyze)", shared.analyze)
+    for module in (pictures, charts, plots, render):
+        for name, function in list(vars(module).items()):
+            if callable(function) and getattr(function, "__module__", None) == module.__name__ and not name.startswith("_") \
+                    and not isinstance(function, type):
+                setattr(module, name, stages.timed("drawing", function))
+
+
+def server_traces(url: str) -> list[dict]:
+    with urllib.request.urlopen(f"{url}gradio_api/profiling/traces") as response:
+        return json.loads(response.read())
+
+
+def clear_traces(url: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(f"{url}gradio_api/profiling/clear", method="POST")).close()
+
+
+def resources(page, since: float) -> list[dict]:
+    return page.evaluate("""(since) => performance.getEntriesByType('resource').filter((entry) => entry.startTime >= since)
+        .map((entry) => ({name: entry.name, start: entry.startTime, end: entry.responseEnd, type: entry.initiatorType}))""", since)
+
+
+def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetched: list[dict], upload_s: float,
+          main_event: str, start_epoch: float, shown_epoch: float) -> dict:
+    """One interaction's time, by part (seconds). The event ``main_event`` draws the map: the time until it reached
+    the server's queue (after the upload, for an upload) and the time from its end to the map on screen (the result's
+    transfer, the page's update, the picture's fetch, decoding and paint) come from the clocks of this one machine."""
+    row = {"browser_total_s": browser_s, "upload_post_s": upload_s}
+    main = [trace for trace in traces if trace["fn_name"] == main_event]
+    if main:
+        enqueued = main[0]["timestamp"] - main[0]["queue_wait_ms"] / 1000
+        row["until_event_queued_s"] = enqueued - start_epoch
+        row["main_event_server_s"] = main[0]["total_ms"] / 1000 + main[0]["queue_wait_ms"] / 1000
+        row["after_main_event_s"] = shown_epoch - (main[0]["timestamp"] + main[0]["total_ms"] / 1000)
+    for key in ("queue_wait", "preprocess", "fn_call", "postprocess", "postprocess_save_img_array_to_cache"):
+        row[f"server_{key}_s"] = sum(trace.get(f"{key}_ms", 0.0) for trace in traces) / 1000
+    row["server_events"] = len(traces)
+    row.update({f"callback_{name}_s": value for name, value in stages.items()})
+    images = [entry for entry in fetched if "/file=" in entry["name"]]
+    row["pictures_fetched"] = len(images)
+    row["picture_fetch_s"] = (max(entry["end"] for entry in images) - min(entry["start"] for entry in images)) / 1000 if images else 0.0
+    accounted = upload_s + row["server_queue_wait_s"] + row["server_preprocess_s"] + row["server_fn_call_s"] + row["server_postprocess_s"]
+    row["unaccounted_s"] = browser_s - accounted - row["picture_fetch_s"]
+    row["events"] = [{key: value for key, value in trace.items() if value and key not in ("session_hash", "event_id", "timestamp")}
+                     for trace in traces]
+    return row
+
+
+def medians(rows: list[dict]) -> dict:
+    keys = {key for row in rows for key in row if key != "events"}
+    return {key: statistics.median(row.get(key, 0.0) for row in rows) for key in sorted(keys)}
+
+
+def photo(seed: int, size: int = 256) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((size, size), Image.Resampling.BICUBIC)
+
+
+def measure(model_spec: str, uploads: int, clicks: int) -> dict:
+    stages = Stages()
+    instrument(stages)
+    models = ModelCache()
+    models.get(model_spec)
+    forward = model_forward_s(models.get(model_spec))
+    demo = web_app.build_demo(model_spec, models)
+    demo.queue(default_concurrency_limit=4)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=web_app.CSS)
+    url = f"http://127.0.0.1:{port}/"
+    upload_rows, click_rows = [], []
+    try:
+        with tempfile.TemporaryDirectory() as folder, chromium_page() as (page, errors):
+            page.goto(url)
+            page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+            for number in range(uploads + 1):  # the first warms up the page, the model and the caches
+                path = Path(folder) / f"upload-{number}.png"
+                photo(100 + number).save(path)
+                before = page.evaluate("() => document.querySelector('#overview-rollout img')?.src || ''")
+                clear_traces(url)
+                stages.take()
+                page.evaluate(MARK_INPUT)
+                page.locator("#upload input[type=file]").set_input_files(str(path))
+                shown = page.evaluate(WATCH, ["overview-rollout", before])
+                start, start_epoch = page.evaluate("() => window.__input")
+                page.wait_for_timeout(300)  # the events that follow the maps (the open tab, the examples) end
+                fetched = resources(page, start)
+                posts = [entry for entry in fetched if "/upload" in entry["name"]]
+                upload_s = (posts[0]["end"] - posts[0]["start"]) / 1000 if posts else 0.0
+                row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), fetched, upload_s, "analyze",
+                            start_epoch / 1000, shown["epoch"] / 1000)
+                if number:
+                    upload_rows.append(row)
+            page.get_by_role("tab", name="Layers × heads").click()
+            page.wait_for_selector("#head-view img", timeout=30_000)
+            page.wait_for_timeout(500)
+            width = page.locator("#query-image img").first.evaluate("(img) => img.naturalWidth")
+            for number in range(clicks + 1):
+                before = page.evaluate("() => document.querySelector('#head-view img')?.src || ''")
+                clear_traces(url)
+                stages.take()
+                page.evaluate(MARK_INPUT)
+                step = (number * 37) % max(1, width - 20) + 10
+                click_natural(page, "query-image", step, (number * 53) % max(1, width - 20) + 10)
+                shown = page.evaluate(WATCH, ["head-view", before])
+                start, start_epoch = page.evaluate("() => window.__input")
+                page.wait_for_timeout(300)
+                row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), resources(page, start), 0.0,
+                            "select_patch", start_epoch / 1000, shown["epoch"] / 1000)
+                if number:
+                    click_rows.append(row)
+            assert not errors, errors
+    finally:
+        demo.close()
+    return {"model": model_spec, "forward_s": forward, "upload": medians(upload_rows), "click": medians(click_rows),
+            "uploads": upload_rows, "clicks": click_rows}
+
+
+def model_forward_s(model, repeats: int = 9) -> float:
+    pixels = torch.randn(1, 3, *model.preprocess.input_hw)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model.module(pixels)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:shapes")
+    parser.add_argument("--uploads", type=int, default=5)
+    parser.add_argument("--clicks", type=int, default=5)
+    parser.add_argument("--out", default=None, help="write the figures here as JSON")
+    args = parser.parse_args()
+    result = measure(args.model, args.uploads, args.clicks)
+    result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__}
+    for kind in ("upload", "click"):
+        print(f"\n{kind} ({args.model}; plain forward {result['forward_s'] * 1000:.0f} ms), medians:")
+        for key, value in result[kind].items():
+            print(f"  {key:45s} {value * 1000 if key.endswith('_s') else value:9.1f}{' ms' if key.endswith('_s') else ''}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
