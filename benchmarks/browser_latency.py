@@ -56,6 +56,7 @@ from vit_explorer.web.tabs import shared  # noqa: E402
 # when the user's action reached the page: the file input's change, the pointer's press on the picture
 MARK_INPUT = """() => {
     window.__input = null;
+    performance.clearResourceTimings();  // the buffer holds 250 entries: the earlier interactions' would fill it
     const mark = () => { if (window.__input === null) window.__input = [performance.now(), performance.timeOrigin + performance.now()]; };
     document.addEventListener('change', mark, {capture: true, once: true});
     document.addEventListener('pointerdown', mark, {capture: true, once: true});
@@ -127,7 +128,7 @@ def resources(page, since: float) -> list[dict]:
 
 
 def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetched: list[dict], upload_s: float,
-          main_event: str, start_epoch: float, shown_epoch: float) -> dict:
+          main_event: str, start_ms: float, start_epoch: float, shown_epoch: float) -> dict:
     """One interaction's time, by part (seconds). The event ``main_event`` draws the map: the time until it reached
     the server's queue (after the upload, for an upload) and the time from its end to the map on screen (the result's
     transfer, the page's update, the picture's fetch, decoding and paint) come from the clocks of this one machine."""
@@ -142,6 +143,9 @@ def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetche
         row[f"server_{key}_s"] = sum(trace.get(f"{key}_ms", 0.0) for trace in traces) / 1000
     row["server_events"] = len(traces)
     row.update({f"callback_{name}_s": value for name, value in stages.items()})
+    joins = [entry for entry in fetched if "/queue/join" in entry["name"]]
+    if joins:  # the first event's request leaving the page (the upload's file is sent before it)
+        row["until_request_sent_s"] = (joins[0]["start"] - start_ms) / 1000
     images = [entry for entry in fetched if "/file=" in entry["name"]]
     row["pictures_fetched"] = len(images)
     row["picture_fetch_s"] = (max(entry["end"] for entry in images) - min(entry["start"] for entry in images)) / 1000 if images else 0.0
@@ -193,7 +197,7 @@ def measure(model_spec: str, uploads: int, clicks: int) -> dict:
                 posts = [entry for entry in fetched if "/upload" in entry["name"]]
                 upload_s = (posts[0]["end"] - posts[0]["start"]) / 1000 if posts else 0.0
                 row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), fetched, upload_s, "analyze",
-                            start_epoch / 1000, shown["epoch"] / 1000)
+                            start, start_epoch / 1000, shown["epoch"] / 1000)
                 if number:
                     upload_rows.append(row)
             page.get_by_role("tab", name="Layers × heads").click()
@@ -211,7 +215,7 @@ def measure(model_spec: str, uploads: int, clicks: int) -> dict:
                 start, start_epoch = page.evaluate("() => window.__input")
                 page.wait_for_timeout(300)
                 row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), resources(page, start), 0.0,
-                            "select_patch", start_epoch / 1000, shown["epoch"] / 1000)
+                            "select_patch", start, start_epoch / 1000, shown["epoch"] / 1000)
                 if number:
                     click_rows.append(row)
             assert not errors, errors

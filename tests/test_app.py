@@ -1103,3 +1103,17 @@ def test_patching_b_into_a_shows_each_heads_and_tokens_effect_on_as_target(model
                          shared.TARGETED)
     assert with_tokens["comparison"].patched(session.analysis, session.target) is None
     assert hidden(retargeted["compare_patch_heads"]) and retargeted["compare_patch_text"] == ""
+
+
+def test_component_schemas_are_computed_once_per_data_model_and_stay_gradios():
+    """The schema Gradio asks for on every updated output is computed once per data model and equals Gradio's own; a
+    component that computes its own (a dropdown's choices) still does."""
+    from vit_explorer.web.app import schema_once_per_data_model
+
+    schema_once_per_data_model()
+    schema_once_per_data_model()  # idempotent: not wrapped twice
+    first, second = gr.Image(render=False), gr.Image(render=False, label="another")
+    fresh = first.data_model.model_json_schema()
+    fresh["additional_description"] = fresh.pop("description", None)
+    assert first.api_info() is second.api_info() and first.api_info() == fresh
+    assert gr.Dropdown(["a", "b"], render=False).api_info() != gr.Dropdown(["c"], render=False).api_info()

@@ -150,3 +150,24 @@ def test_grid_header_draws_arrows_not_missing_glyph_boxes():
         assert best_match(glyph(font, arrow)) > 0.95, arrow
     assert best_match(missing) < 0.9
     assert render.AXIS_ARROWS[0] in render.axis_title(("layer", "head"))
+
+
+def test_a_screen_png_is_read_back_exactly_by_an_independent_decoder(tmp_path):
+    """The app's own PNG writer (unfiltered rows, zlib level 1) against Pillow's decoder, on odd sizes and every byte
+    value; a picture of another shape or type is refused."""
+    import io
+
+    from PIL import Image
+
+    from vit_explorer.draw.files import png_bytes, screen_png
+
+    rng = np.random.default_rng(3)
+    for height, width in ((1, 1), (17, 23), (64, 5)):
+        picture = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        decoded = Image.open(io.BytesIO(png_bytes(picture)))
+        assert decoded.mode == "RGB" and decoded.size == (width, height)
+        np.testing.assert_array_equal(np.asarray(decoded), picture)
+    path = screen_png(picture, str(tmp_path))
+    assert screen_png(picture.copy(), str(tmp_path)) == path and np.array_equal(np.asarray(Image.open(path)), picture)
+    with pytest.raises(ValueError, match="uint8"):
+        png_bytes(picture.astype(np.float32))

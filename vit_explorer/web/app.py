@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 import gradio as gr
+from gradio.components.base import Component
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET
@@ -107,6 +108,27 @@ def view_controls() -> dict:
     return {"cmap": cmap, "colour_scale": colour_scale, "overlay": overlay, "normalisation": normalisation, "order_by": order_by}
 
 
+def schema_once_per_data_model() -> None:
+    """Gradio builds a new component for every output an event updates, even with nothing to change, and each new
+    component asks pydantic for its data model's JSON schema again: about half of the 40 ms a patch click spent on its
+    57 mostly unchanged outputs. The schema is the data model class's alone, so it is computed once per class (the
+    components that compute their own keep doing so)."""
+    if getattr(Component.api_info, "once_per_data_model", False):
+        return
+    per_instance = Component.api_info
+    schemas: dict[type, dict] = {}
+
+    def api_info(self: Component) -> dict:
+        if self._api_info_cache is None and self.data_model is not None:
+            if self.data_model not in schemas:
+                schemas[self.data_model] = per_instance(self)
+            self._api_info_cache = schemas[self.data_model]
+        return per_instance(self)
+
+    api_info.once_per_data_model = True  # type: ignore[attr-defined]
+    Component.api_info = api_info  # type: ignore[method-assign]
+
+
 def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None, cache_ttl_s: int = CACHE_TTL_S) -> gr.Blocks:
     """The app's layout and wiring; ``model_spec`` is the model selected at start.
 
@@ -115,6 +137,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
     server stops, so disk use is bounded by what one ``cache_ttl_s`` of use produces.
     """
     models = models or ModelCache()
+    schema_once_per_data_model()
     with gr.Blocks(title=TITLE, delete_cache=(max(1, min(600, cache_ttl_s // 2)), cache_ttl_s)) as demo:
         ui: dict = {"state": gr.State(None, time_to_live=CACHE_TTL_S), "current_model": gr.State(model_spec),
                     "visible_tab": gr.State(FIRST_TAB)}
@@ -150,12 +173,15 @@ def wire(app: Wiring, containers: dict) -> None:
         return on_patch_click(app.models, evt, session, tab, *values)
 
     # an upload (or a paste) analyses once: Gradio fires ``change`` twice when an image replaces another, which ran the
-    # model twice per upload; an example sets the image without an upload event, so its own click analyses it
+    # model twice per upload; an example sets the image without an upload event, so its own click analyses it.
+    # The progress shows on the image and the summary, not as an overlay animated over all 71 outputs: drawing those
+    # took the page's time and, on 2 cores, the model's
+    progress_on = [app["query_image"], app["summary"]]
     analyses = (
         upload.upload(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze",
-                      concurrency_limit=2, show_progress="full"),
+                      concurrency_limit=2, show_progress="full", show_progress_on=progress_on),
         app["fit"].input(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="set_fit",
-                         concurrency_limit=2),
+                         concurrency_limit=2, show_progress_on=progress_on),
         app["model"].input(switch_model, [app["model"], current_model, upload, state, visible, *controls],
                            [current_model, app["model"], *app.all(FULL_OUTPUTS)], api_name="change_model", concurrency_limit=2),
     )
@@ -165,7 +191,7 @@ def wire(app: Wiring, containers: dict) -> None:
     if app["example_images"] is not None:
         analyses += (app["example_images"].load_input_event.then(
             analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze_example",
-            concurrency_limit=2, show_progress="full"),)
+            concurrency_limit=2, show_progress="full", show_progress_on=progress_on),)
     for event in (analyses[0], *analyses[3:]):
         event.then(lambda: gr.update(open=False), None, app["examples"], api_name=False, show_progress="hidden")
     for event, name in zip(analyses, ("analyze", "set_fit", "change_model", "analyze_example")):
@@ -173,7 +199,9 @@ def wire(app: Wiring, containers: dict) -> None:
         event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",
                       show_progress="hidden")
 
-    app["query_image"].select(select_patch, [state, visible, *controls], app.all(QUERIED), api_name="select_patch")
+    # no loading overlay over every view for an answer that takes a tenth of a second: drawing it cost the page's time
+    app["query_image"].select(select_patch, [state, visible, *controls], app.all(QUERIED), api_name="select_patch",
+                              show_progress="hidden")
     app["query"].input(on_query_choice, [state, app["query"], visible, *controls], app.all(QUERIED), api_name="select_query")
     app["reset"].click(on_reset_query, [state, visible, *controls], app.all(QUERIED), api_name="reset_query")
 

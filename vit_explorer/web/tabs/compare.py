@@ -316,7 +316,9 @@ def wire(app: Wiring) -> None:
         return on_compare(app.models, session, main_upload, second_image, second_model, *values, progress=progress)
 
     outputs = app.all(COMPARED)
-    app["compare_upload"].change(compare, inputs, outputs, api_name="compare_image", concurrency_limit=2, show_progress="full")
+    # not ``change``: Gradio fires it twice when an image replaces another (``app.wire``)
+    app["compare_upload"].upload(compare, inputs, outputs, api_name="compare_image", concurrency_limit=2, show_progress="full")
+    app["compare_upload"].clear(compare, inputs, outputs, api_name=False)  # ends the comparison
     app["compare_model"].input(compare, inputs, outputs, api_name="compare_model", concurrency_limit=2)
     app["compare_run"].click(compare, inputs, outputs, api_name="compare", concurrency_limit=2)
 
