@@ -13,7 +13,7 @@ splits each interaction into:
 - the pictures' fetches by the browser (resource timing);
 - what remains: round trips, the page's own work and its paint.
 
-    python benchmarks/browser_latency.py [--model builtin:shapes] [--uploads 5] [--clicks 5] [--out FILE]
+    python benchmarks/browser_latency.py [--model builtin:shapes] [--input-size PX] [--uploads 5] [--clicks 5] [--out FILE]
 
 Each figure is a median over the interactions of one run; the machine is named in the output. Not for CI's suite
 beyond a smoke run (``tests/test_benchmark.py``).
@@ -118,6 +118,15 @@ def server_traces(url: str) -> list[dict]:
         return json.loads(response.read())
 
 
+def finished(url: str, event: str, timeout_s: float = 120.0) -> None:
+    """Wait until the server has run ``event`` since the traces were cleared."""
+    deadline = time.monotonic() + timeout_s
+    while not any(trace["fn_name"] == event for trace in server_traces(url)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server did not run {event} within {timeout_s} s")
+        time.sleep(0.05)
+
+
 def clear_traces(url: str) -> None:
     urllib.request.urlopen(urllib.request.Request(f"{url}gradio_api/profiling/clear", method="POST")).close()
 
@@ -139,6 +148,7 @@ def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetche
         row["until_event_queued_s"] = enqueued - start_epoch
         row["main_event_server_s"] = main[0]["total_ms"] / 1000 + main[0]["queue_wait_ms"] / 1000
         row["after_main_event_s"] = shown_epoch - (main[0]["timestamp"] + main[0]["total_ms"] / 1000)
+        row["until_main_event_done_s"] = main[0]["timestamp"] + main[0]["total_ms"] / 1000 - start_epoch
     for key in ("queue_wait", "preprocess", "fn_call", "postprocess", "postprocess_save_img_array_to_cache"):
         row[f"server_{key}_s"] = sum(trace.get(f"{key}_ms", 0.0) for trace in traces) / 1000
     row["server_events"] = len(traces)
@@ -166,11 +176,12 @@ def photo(seed: int, size: int = 256) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((size, size), Image.Resampling.BICUBIC)
 
 
-def measure(model_spec: str, uploads: int, clicks: int) -> dict:
+def measure(model_spec: str, uploads: int, clicks: int, input_hw: tuple[int, int] | None = None) -> dict:
     stages = Stages()
     instrument(stages)
-    models = ModelCache()
+    models = ModelCache(input_hw=input_hw)
     models.get(model_spec)
+    print(f"loaded {model_spec}", file=sys.stderr, flush=True)
     forward = model_forward_s(models.get(model_spec))
     demo = web_app.build_demo(model_spec, models)
     demo.queue(default_concurrency_limit=4)
@@ -192,12 +203,13 @@ def measure(model_spec: str, uploads: int, clicks: int) -> dict:
                 page.locator("#upload input[type=file]").set_input_files(str(path))
                 shown = page.evaluate(WATCH, ["overview-rollout", before])
                 start, start_epoch = page.evaluate("() => window.__input")
-                page.wait_for_timeout(300)  # the events that follow the maps (the open tab, the examples) end
+                finished(url, "analyze_open_tab")  # every stage and the events that follow the maps have ended
                 fetched = resources(page, start)
                 posts = [entry for entry in fetched if "/upload" in entry["name"]]
                 upload_s = (posts[0]["end"] - posts[0]["start"]) / 1000 if posts else 0.0
                 row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), fetched, upload_s, "analyze",
                             start, start_epoch / 1000, shown["epoch"] / 1000)
+                print(f"upload {number}: {row['browser_total_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
                 if number:
                     upload_rows.append(row)
             page.get_by_role("tab", name="Layers × heads").click()
@@ -213,9 +225,10 @@ def measure(model_spec: str, uploads: int, clicks: int) -> dict:
                 click_natural(page, "query-image", step, (number * 53) % max(1, width - 20) + 10)
                 shown = page.evaluate(WATCH, ["head-view", before])
                 start, start_epoch = page.evaluate("() => window.__input")
-                page.wait_for_timeout(300)
+                finished(url, "select_patch")
                 row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), resources(page, start), 0.0,
                             "select_patch", start, start_epoch / 1000, shown["epoch"] / 1000)
+                print(f"click {number}: {row['browser_total_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
                 if number:
                     click_rows.append(row)
             assert not errors, errors
@@ -241,9 +254,10 @@ def main() -> None:
     parser.add_argument("--model", default="builtin:shapes")
     parser.add_argument("--uploads", type=int, default=5)
     parser.add_argument("--clicks", type=int, default=5)
+    parser.add_argument("--input-size", type=int, default=None, help="the model's input size, where it allows one")
     parser.add_argument("--out", default=None, help="write the figures here as JSON")
     args = parser.parse_args()
-    result = measure(args.model, args.uploads, args.clicks)
+    result = measure(args.model, args.uploads, args.clicks, None if args.input_size is None else (args.input_size,) * 2)
     result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__}
     for kind in ("upload", "click"):
         print(f"\n{kind} ({args.model}; plain forward {result['forward_s'] * 1000:.0f} ms), medians:")

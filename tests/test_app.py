@@ -1117,3 +1117,24 @@ def test_component_schemas_are_computed_once_per_data_model_and_stay_gradios():
     fresh["additional_description"] = fresh.pop("description", None)
     assert first.api_info() is second.api_info() and first.api_info() == fresh
     assert gr.Dropdown(["a", "b"], render=False).api_info() != gr.Dropdown(["c"], render=False).api_info()
+
+
+def test_a_dear_classifier_shows_its_forward_pass_first_then_its_evidence(models, upload, checkpoint, monkeypatch):
+    """Above ``STAGED_FLOPS`` an upload answers twice: the maps of a forward pass without a graph (no target yet), then
+    every view with the top class's evidence and decomposition (one forward and backward pass); below, once."""
+    list(shared.analysis_stages(models, upload, checkpoint, OVERVIEW, *CONTROLS))  # the model's one pass with zero maps
+    layers_seen = []
+    module = models.get(checkpoint).module
+    module.register_forward_pre_hook(lambda _module, _inputs: layers_seen.append(torch.is_grad_enabled()))
+    once = list(shared.analysis_stages(models, upload, checkpoint, OVERVIEW, *CONTROLS))
+    assert len(once) == 1 and layers_seen == [True]
+    monkeypatch.setattr(shared, "STAGED_FLOPS", 0.0)
+    layers_seen.clear()
+    first, second = (by_name(outputs, shared.FULL_OUTPUTS) for outputs in shared.analysis_stages(models, upload, checkpoint,
+                                                                                                  OVERVIEW, *CONTROLS))
+    assert layers_seen == [False, True]  # a forward pass without a graph, then one with it for the evidence
+    session = second["state"]
+    assert session.evidence is not None and session.evidence.decomposition is not None
+    assert session.evidence.target == int(session.analysis.logits.argmax())
+    np.testing.assert_array_equal(first["overview_rollout"], by_name(once[0], shared.FULL_OUTPUTS)["overview_rollout"])
+    assert first["target"]["interactive"] is False and second["target"]["interactive"] is True

@@ -262,6 +262,12 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
 
+    @property
+    def forward_flops(self) -> float:
+        """About what one forward pass of one image costs: 2 × parameters × tokens (each weight is a multiply and an
+        add for each token; attention's own products are left out, so long sequences cost more than this says)."""
+        return 2.0 * sum(parameter.numel() for parameter in self.module.parameters()) * self.layout.num_tokens
+
     def logits(self, pixels: torch.Tensor) -> torch.Tensor:
         """The normal forward without capture, under ``torch.inference_mode`` ``[b, classes]``."""
         with torch.inference_mode():

@@ -29,6 +29,7 @@ from vit_explorer.web.tabs.shared import (
     QUERIED,
     TAB_OUTPUTS,
     TARGETED,
+    analysis_stages,
     on_controls,
     on_model_change,
     on_patch_click,
@@ -36,7 +37,6 @@ from vit_explorer.web.tabs.shared import (
     on_reset_query,
     on_target,
     opener,
-    run_analysis,
     show_visible,
 )
 from vit_explorer.web.upload import image_upload
@@ -158,13 +158,17 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
     return demo
 
 
+# an image given while the last one is still being analysed is analysed after it (Gradio's default, "once", dropped it)
+LATEST = "always_last"
+
+
 def wire(app: Wiring, containers: dict) -> None:
     """The events every tab follows, then each tab's own."""
     state, visible, current_model, upload = app["state"], app["visible_tab"], app["current_model"], app["upload"]
     controls = app.controls  # by name: a control without a component fails here
 
-    def analyse(upload_path, spec, tab, *values):
-        return run_analysis(app.models, upload_path, spec, tab, *values)
+    def analyse(upload_path, spec, tab, *values):  # a generator: a dear model's first maps come before its evidence
+        yield from analysis_stages(app.models, upload_path, spec, tab, *values)
 
     def switch_model(spec, current, upload_path, session, tab, progress=gr.Progress(), *values):  # Gradio's bar there
         return on_model_change(app.models, spec, current, upload_path, session, tab, *values, progress=progress)
@@ -179,7 +183,7 @@ def wire(app: Wiring, containers: dict) -> None:
     progress_on = [app["query_image"], app["summary"]]
     analyses = (
         upload.upload(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze",
-                      concurrency_limit=2, show_progress="full", show_progress_on=progress_on),
+                      concurrency_limit=2, show_progress="full", show_progress_on=progress_on, trigger_mode=LATEST),
         app["fit"].input(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="set_fit",
                          concurrency_limit=2, show_progress_on=progress_on),
         app["model"].input(switch_model, [app["model"], current_model, upload, state, visible, *controls],
@@ -191,7 +195,7 @@ def wire(app: Wiring, containers: dict) -> None:
     if app["example_images"] is not None:
         analyses += (app["example_images"].load_input_event.then(
             analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze_example",
-            concurrency_limit=2, show_progress="full", show_progress_on=progress_on),)
+            concurrency_limit=2, show_progress="full", show_progress_on=progress_on, trigger_mode=LATEST),)
     for event in (analyses[0], *analyses[3:]):
         event.then(lambda: gr.update(open=False), None, app["examples"], api_name=False, show_progress="hidden")
     for event, name in zip(analyses, ("analyze", "set_fit", "change_model", "analyze_example")):

@@ -5,7 +5,7 @@ the other tabs draw when they are opened."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -69,7 +69,7 @@ def query_views(session: Session) -> dict:
 def target_update(session: Session) -> dict:
     """The target dropdown beside the model: every class, the target chosen; for a backbone, its similarity targets."""
     if session.evidence is None and session.analysis.num_classes:
-        return gr.update(choices=[], value=None, interactive=False, info=NO_TARGET)
+        return gr.update(choices=[], value=None, interactive=False, info=EVIDENCE_PENDING)
     if session.analysis.num_classes == 0 or session.analysis.similarity:
         choices = [(label, key) for key, label in SIMILARITY_TARGETS.items()]
         return gr.update(choices=choices, value=session.similarity_choice, interactive=True, info=SIMILARITY_INFO,
@@ -79,7 +79,8 @@ def target_update(session: Session) -> dict:
 
 
 TARGET_INFO = "what Class maps, Head ablation and Compare explain; type to search"
-NO_TARGET = "this model has no classifier head: there is no class to explain"
+# a dear classifier's maps are shown before its top class's evidence is (``analysis_stages``)
+EVIDENCE_PENDING = "the top class's gradients are being taken (one forward and backward pass)…"
 SIMILARITY_INFO = ("a backbone has no classes: its class maps and head ablation can explain the image's embedding, or what the "
                    "query patch's own output token is made of (click a patch first)")
 
@@ -127,28 +128,54 @@ def empty_outputs(summary: str = "Upload an image to begin.") -> tuple:
 UNREADABLE = "This image could not be analysed"
 
 
+# a classifier dearer than this per forward pass shows the maps of a forward pass first, then the target's evidence: on
+# 2 cores about 0.1 s (a ViT-B/16 at 224 px is 35 GFLOP, the shipped model 0.1)
+STAGED_FLOPS = 2e9
+
+
 def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values) -> tuple:
-    """Upload (or model change) → one forward pass, and one backward pass for the top class → the shared views and
-    the ``visible`` tab's; the other tabs are cleared, to be drawn when opened (``FULL_OUTPUTS``).
+    """Upload (or model change) → the views of its analysis (``FULL_OUTPUTS``): the last of ``analysis_stages``."""
+    *_, last = analysis_stages(models, upload, spec, visible, *control_values)
+    return last
+
+
+def analysis_stages(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values) -> Iterator[tuple]:
+    """Upload → one forward pass, and one backward pass for the top class → the shared views and the ``visible``
+    tab's; the other tabs are cleared, to be drawn when opened (``FULL_OUTPUTS``). A classifier dearer than
+    ``STAGED_FLOPS`` answers twice: first the views of a forward pass without a graph, then, after one forward and
+    backward pass for the top class's evidence and decomposition, every view again with them.
 
     An image that cannot be analysed (not an image, too large, …) empties the views and says why, in the summary and in
     one notice: raising would also stamp a red "Error" on each of the event's outputs."""
     if upload is None:
-        return empty_outputs()
+        yield empty_outputs()
+        return
     try:
-        return analysed_outputs(models, upload, spec, visible, *control_values)
+        yield from analysed_outputs(models, upload, spec, visible, *control_values)
     except VitExplorerError as error:
         gr.Warning(str(error), title=UNREADABLE)
-        return empty_outputs(f"⚠️ **{UNREADABLE}:** {error}")
+        yield empty_outputs(f"⚠️ **{UNREADABLE}:** {error}")
 
 
-def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *control_values) -> tuple:
-    """``run_analysis`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
+def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *control_values) -> Iterator[tuple]:
+    """``analysis_stages`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
     model = models.get(spec)
     controls = replace(Controls.from_values(control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
-    # the Head contributions tab's decomposition is read off the upload's pass
-    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit, decompose=True)
-    session = new_session(analysis, spec, class_evidence(model, analysis) if analysis.num_classes else None, models)
+    staged = bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
+    # the Head contributions tab's decomposition is read off the upload's pass (the evidence's pass, when staged)
+    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit,
+                       explain=not staged, decompose=True)
+    session = new_session(analysis, spec, None, models)
+    if staged:
+        yield analysed_views(session, controls, visible)
+        session.screen = type(session.screen)()  # what was drawn without the evidence is drawn again
+    session.evidence = class_evidence(model, analysis, decompose=True) if analysis.num_classes else None
+    yield analysed_views(session, controls, visible)
+
+
+def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
+    """``FULL_OUTPUTS`` of a new analysis."""
+    analysis = session.analysis
     # a backbone has no predictions: no empty box (the summary says "Backbone: no classifier head")
     top5 = gr.update(value=top_predictions(analysis), visible=True) if analysis.num_classes else gr.update(value=None, visible=False)
     values = {"state": session, "summary": model_summary(analysis), "top5": top5,
