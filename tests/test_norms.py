@@ -221,3 +221,21 @@ def test_analyze_norms_writes_the_json_and_pictures_and_the_npz_gains_token_norm
     without = tmp_path / "without"
     assert main(["analyze", str(image_file), "--model", str(tiny_checkpoint), "--out", str(without), "--no-faithfulness"]) == 0
     assert not (without / "norms.json").exists()
+
+
+def test_the_upload_sets_the_layer_slider_from_the_norms_without_reading_the_maps():
+    """``peak_layer`` (what the upload sets the Token norms slider to) equals ``TokenNorms.peak_layer`` and reads no map:
+    the attention each token receives is computed when the tab opens, not on every upload."""
+    from vit_explorer.core.analysis import Analysis
+    from vit_explorer.methods.norms import for_analysis, peak_layer
+    from vit_explorer.models.layout import TokenLayout
+
+    layout = TokenLayout(prefix_names=("cls",), grid_hw=(4, 4), patch_hw=(4, 4))
+    generator = torch.Generator().manual_seed(2)
+    token_norms = 1 + 0.05 * torch.rand(5, 17, generator=generator)
+    token_norms[1, 3] = token_norms[3, 5] = token_norms[3, 9] = 40.0  # layer 3 has the most outliers
+    maps = torch.rand(5, 2, 17, 17, generator=generator).softmax(dim=-1)
+    analysis = Analysis(image=np.zeros((16, 16, 3), np.uint8), attentions=maps, logits=torch.zeros(2), layout=layout, labels=None,
+                        model_name="m", token_norms=token_norms)
+    assert peak_layer(analysis) == 3 and ("received_attention",) not in analysis.derived
+    assert for_analysis(analysis).peak_layer == 3

@@ -366,6 +366,13 @@ RULE = "norm > median + k · max(1.4826 · MAD, 0.01 · median) over the layer's
 SHARE = "mean over heads and queries of the layer's attention landing on the token(s); a layer's tokens sum to 1"
 
 
+def most_flagged_layer(flagged: torch.Tensor) -> int:
+    """The layer with the most flagged patches in ``flagged`` ``[layers, n]`` (the last of them on a tie; the last layer
+    when none is flagged)."""
+    counts = flagged.sum(dim=1)
+    return flagged.shape[0] - 1 - int(counts.flip(0).argmax())
+
+
 @dataclass(frozen=True)
 class TokenNorms:
     """Token norms of one analysis and the high-norm outliers among its patches.
@@ -404,9 +411,8 @@ class TokenNorms:
 
     @property
     def peak_layer(self) -> int:
-        """The layer with the most flagged patches (the last of them on a tie; the last layer when none is flagged)."""
-        counts = self.flagged.sum(dim=1)
-        return self.num_layers - 1 - int(counts.flip(0).argmax())
+        """The layer with the most flagged patches (``most_flagged_layer``)."""
+        return most_flagged_layer(self.flagged)
 
     @property
     def relative(self) -> torch.Tensor:

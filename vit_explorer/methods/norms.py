@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from vit_explorer.core.analysis import Analysis, memo
-from vit_explorer.core.results import MAD_SCALE, NORM_SPREAD_FLOOR, K, TokenNorms
+from vit_explorer.core.results import MAD_SCALE, NORM_SPREAD_FLOOR, K, TokenNorms, most_flagged_layer
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.layout import TokenLayout
 
@@ -66,6 +66,23 @@ def received_attention(attentions: torch.Tensor) -> torch.Tensor:
     return attentions.mean(dim=dims, dtype=torch.float32)
 
 
+def flag_patches(norms: torch.Tensor, layout: TokenLayout, k: float = K) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each layer's median patch norm and outlier threshold ``[layers]``, and the flagged tokens ``[layers, n]`` (patches
+    above the threshold; prefix tokens never), from the token norms ``[layers, n]``."""
+    patches = norms.float()[:, layout.num_prefix_tokens:]  # [layers, patches]
+    middle, threshold = outlier_thresholds(patches, k)
+    flagged = torch.zeros(norms.shape, dtype=torch.bool)  # [layers, n]
+    flagged[:, layout.num_prefix_tokens:] = patches > threshold[:, None]
+    return middle, threshold, flagged
+
+
+def peak_layer(analysis: Analysis, k: float = K) -> int:
+    """``TokenNorms.peak_layer`` from the token norms alone, without the attention they are measured against."""
+    if analysis.token_norms is None:
+        raise VitExplorerError("this analysis was made without token norms; analyse the image again")
+    return most_flagged_layer(flag_patches(analysis.token_norms, analysis.layout, k)[2])
+
+
 def token_norms(norms: torch.Tensor, received: torch.Tensor, layout: TokenLayout, k: float = K) -> TokenNorms:
     """Flag the high-norm patches of every layer and measure their attention.
 
@@ -78,10 +95,7 @@ def token_norms(norms: torch.Tensor, received: torch.Tensor, layout: TokenLayout
         raise VitExplorerError(f"k must be positive, not {k}")
     norms = norms.float()
     prefix = layout.num_prefix_tokens
-    patches = norms[:, prefix:]  # [layers, patches]
-    middle, threshold = outlier_thresholds(patches, k)
-    flagged = torch.zeros(norms.shape, dtype=torch.bool)  # [layers, n]
-    flagged[:, prefix:] = patches > threshold[:, None]
+    middle, threshold, flagged = flag_patches(norms, layout, k)
     return TokenNorms(
         layout=layout, norms=norms, flagged=flagged, k=float(k), threshold=threshold, patch_median=middle, received=received,
         flagged_attention_share=torch.where(flagged, received, 0.0).sum(dim=1),

@@ -61,7 +61,8 @@ def depends(session: Session, controls: Controls) -> tuple:
 
 def set_ranges(session: Session) -> dict:
     layers = session.analysis.map_shape[0]
-    peak = layers - 1 if session.analysis.token_norms is None else norms.for_analysis(session.analysis).peak_layer
+    # from the norms alone: the attention each token receives is read only when the tab opens
+    peak = layers - 1 if session.analysis.token_norms is None else norms.peak_layer(session.analysis)
     return {"norm_layer": gr.update(maximum=layers - 1, value=peak)}
 
 
