@@ -1138,3 +1138,21 @@ def test_a_dear_classifier_shows_its_forward_pass_first_then_its_evidence(models
     assert session.evidence.target == int(session.analysis.logits.argmax())
     np.testing.assert_array_equal(first["overview_rollout"], by_name(once[0], shared.FULL_OUTPUTS)["overview_rollout"])
     assert first["target"]["interactive"] is False and second["target"]["interactive"] is True
+
+
+def test_a_query_event_carries_exactly_the_tabs_whose_views_follow_the_query(models, upload, checkpoint):
+    """A tab is left out of the query's events only where a new query leaves what it shows unchanged (its ``depends``
+    key), so that no view goes stale; the open tab that follows the query redraws."""
+    from vit_explorer.web.tabs import TABS
+
+    session, _ = analysed(models, upload, checkpoint)
+    controls = Controls.from_values(CONTROLS)
+    for tab in TABS:
+        before = tab.depends(session, controls)
+        session.query, kept = 7, session.query
+        after = tab.depends(session, controls)
+        session.query = kept
+        assert (before != after) == tab.follows_query, tab.title
+        assert all(name in shared.QUERIED for name in tab.outputs) == tab.follows_query, tab.title
+    clicked = by_name(shared.on_patch_click(models, click(40, 40), session, "Tokens", *CONTROLS), shared.QUERIED)
+    assert isinstance(clicked["token_similarity"], np.ndarray) and "overview_rollout" in clicked

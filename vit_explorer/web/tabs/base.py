@@ -44,6 +44,8 @@ class Tab:
         target_ranges: its ranges follow the target too (a backbone's similarity target opens the class-specific maps).
         prepare: ``(session, controls) -> None``: the model work its views need, done before it draws by an explicit
             call with the session's model (AttnLRP's and LeGrad's maps); drawing itself never runs the model.
+        follows_query: its views show the query token's: a new query redraws them (the others are left out of the
+            query's events, whose every unchanged output costs Gradio a rebuilt component).
     """
 
     title: str
@@ -56,6 +58,7 @@ class Tab:
     set_ranges: Callable[[Session], dict[str, Any]] | None = None
     target_ranges: bool = False
     prepare: Callable[[Session, Controls], None] | None = None
+    follows_query: bool = False
 
     @property
     def slug(self) -> str:

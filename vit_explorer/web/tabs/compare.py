@@ -344,4 +344,4 @@ def prepare(session: Session, controls: Controls) -> None:
 
 
 TAB = Tab("Compare", OUTPUTS, layout, render, depends, wire, ranges=("compare_layer", "compare_head"), set_ranges=set_ranges,
-          prepare=prepare)
+          prepare=prepare, follows_query=True)

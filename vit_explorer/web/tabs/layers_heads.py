@@ -97,4 +97,5 @@ def wire(app: Wiring) -> None:
         component.input(on_layer_head, [state, layer, head, *app.controls], app.all(SELECTED), api_name=False)
 
 
-TAB = Tab("Layers × heads", OUTPUTS, layout, render, depends, wire, ranges=("layer", "head"), set_ranges=set_ranges)
+TAB = Tab("Layers × heads", OUTPUTS, layout, render, depends, wire, ranges=("layer", "head"), set_ranges=set_ranges,
+          follows_query=True)

@@ -39,4 +39,4 @@ def depends(session: Session, controls: Controls) -> tuple:
     return session.query, controls.cmap, controls.colour_scale
 
 
-TAB = Tab("Overview", ("overview_rollout", "overview_last"), layout, render, depends)
+TAB = Tab("Overview", ("overview_rollout", "overview_last"), layout, render, depends, follows_query=True)

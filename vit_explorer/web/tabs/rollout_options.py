@@ -40,4 +40,5 @@ def set_ranges(session: Session) -> dict:
     return {"start_layer": gr.update(maximum=session.analysis.map_shape[0] - 1, value=0)}
 
 
-TAB = Tab("Rollout", ("rollout_view",), layout, render, depends, ranges=("start_layer",), set_ranges=set_ranges)
+TAB = Tab("Rollout", ("rollout_view",), layout, render, depends, ranges=("start_layer",), set_ranges=set_ranges,
+          follows_query=True)

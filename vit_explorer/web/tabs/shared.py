@@ -37,7 +37,8 @@ QUERY_OUTPUTS = ("query_image", "caption", "query")
 # what an analysis fills, by name: the app wires these components in this order, and the callbacks return them by name
 # (API clients read the summary, the query image and the predictions first)
 FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "target", "caption", "query", *TAB_OUTPUTS, *RANGES)
-QUERIED = ("state", *QUERY_OUTPUTS, *TAB_OUTPUTS)
+QUERY_TAB_OUTPUTS = tuple(name for tab in TABS if tab.follows_query for name in tab.outputs)
+QUERIED = ("state", *QUERY_OUTPUTS, *QUERY_TAB_OUTPUTS)
 # the tabs whose ranges follow the target, and those ranges
 TARGET_TABS = tuple(tab for tab in TABS if tab.target_ranges)
 TARGETED = ("state", *TAB_OUTPUTS, *(name for tab in TARGET_TABS for name in tab.ranges))
@@ -230,8 +231,10 @@ def opener(tab: Tab) -> Callable[..., tuple]:
 
 
 def follow_query(session: Session, visible: str, control_values: tuple) -> tuple:
-    """The views that follow a new query: the query image, caption and dropdown, and the open tab (``QUERIED``)."""
-    values = {"state": session, **query_views(session), **tab_views(session, Controls.from_values(control_values), visible)}
+    """The views that follow a new query: the query image, caption and dropdown, and the open tab where it follows the
+    query (``QUERIED``)."""
+    views = tab_views(session, Controls.from_values(control_values), visible)
+    values = {"state": session, **query_views(session), **{name: views[name] for name in QUERY_TAB_OUTPUTS}}
     return in_order(values, QUERIED)
 
 

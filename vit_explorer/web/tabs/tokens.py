@@ -77,4 +77,4 @@ def wire(app: Wiring) -> None:
                              api_name="set_token_layer")
 
 
-TAB = Tab(TITLE, OUTPUTS, layout, render, depends, wire, ranges=("token_layer",), set_ranges=set_ranges)
+TAB = Tab(TITLE, OUTPUTS, layout, render, depends, wire, ranges=("token_layer",), set_ranges=set_ranges, follows_query=True)
