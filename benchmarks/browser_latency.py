@@ -255,7 +255,7 @@ def main() -> None:
     parser.add_argument("--uploads", type=int, default=5)
     parser.add_argument("--clicks", type=int, default=5)
     parser.add_argument("--input-size", type=int, default=None, help="the model's input size, where it allows one")
-    parser.add_argument("--out", default=None, help="write the figures here as JSON")
+    parser.add_argument("--out", default=None, help="add the figures to this JSON file, under the model's spec")
     args = parser.parse_args()
     result = measure(args.model, args.uploads, args.clicks, None if args.input_size is None else (args.input_size,) * 2)
     result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__}
@@ -263,8 +263,11 @@ def main() -> None:
         print(f"\n{kind} ({args.model}; plain forward {result['forward_s'] * 1000:.0f} ms), medians:")
         for key, value in result[kind].items():
             print(f"  {key:45s} {value * 1000 if key.endswith('_s') else value:9.1f}{' ms' if key.endswith('_s') else ''}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.out:  # one file for every model measured, each under its spec and input size
+        out = Path(args.out)
+        merged = json.loads(out.read_text()) if out.exists() else {}
+        merged[f"{args.model} @ {args.input_size or 'default'} px"] = result
+        out.write_text(json.dumps(merged, indent=2))
 
 
 if __name__ == "__main__":
