@@ -20,7 +20,7 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(out.read_text())
     assert {"machine", "capture_overhead", "interaction_latency", "class_maps", "rendering", "rollout_scaling", "memory",
-            "dataset_throughput", "ablation_cost", "method_costs", "scoreboard"} <= set(results)
+            "dataset_throughput", "ablation_cost", "method_costs", "scoreboard", "decomposition_cost"} <= set(results)
     events = [row["event"] for row in results["interaction_latency"]]  # five controls, the upload, opening each tab
     assert len(events) == 6 + len(TABS) and sum(event.startswith("open tab: ") for event in events) == len(TABS)
     assert len(results["class_maps"]) == 3
@@ -36,6 +36,10 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
         pairs = row["pair_ratios"]
         assert row["method"] in ("LeGrad", "AttnLRP") and row["ratio"] == statistics.median(pairs), row
     assert results["scoreboard"][0]["methods"] == 6
+    for row in results["decomposition_cost"]:  # the upload's pass with the decomposition against the same pass without
+        added = row["pass_with_decomposition_s"] - row["pass_without_s"]
+        assert row["pass_ratio"] == statistics.median(row["pair_ratios"]), row
+        assert row["upload_ratio"] == pytest.approx(row["app_upload_s"] / (row["app_upload_s"] - added)), row
     for row in results["rollout_scaling"]:
         assert row["ratio"] == pytest.approx(row["row_s"] / row["full_s"]), row
         assert row["ratio_with_factors"] == pytest.approx((row["row_s"] + row["factors_s"]) / row["full_s"]), row
@@ -44,3 +48,23 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
     assert all(row["forward_passes"] == 1 + row["layers"] and row["layer_evaluations"] < row["unbatched_layer_evaluations"]
                for row in results["ablation_cost"])
     assert "capture_overhead" in result.stdout
+
+
+@pytest.mark.browser
+def test_the_browser_benchmark_splits_an_upload_and_a_click(tmp_path):
+    """One upload and one patch click after the warm-up, in Chromium: each split into its parts, with one analysis per
+    upload and one event per click seen by the server."""
+    pytest.importorskip("playwright.sync_api")
+    out = tmp_path / "browser.json"
+    script = SCRIPT.parent / "browser_latency.py"
+    result = subprocess.run([sys.executable, str(script), "--uploads", "1", "--clicks", "1", "--out", str(out)], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (measured,) = json.loads(out.read_text()).values()
+    (upload,), (click,) = measured["uploads"], measured["clicks"]
+    assert [event["fn_name"] for event in upload["events"]].count("analyze") == 1
+    assert [event["fn_name"] for event in click["events"]] == ["select_patch"]
+    for row in (upload, click):
+        assert 0 < row["until_request_sent_s"] < row["browser_total_s"] and row["main_event_server_s"] > 0
+        assert row["server_fn_call_s"] <= row["main_event_server_s"] + 1e-3
+    assert upload["callback_model pass (analyze)_s"] > 0 and upload["pictures_fetched"] >= 2
