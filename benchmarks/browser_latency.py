@@ -10,8 +10,9 @@ splits each interaction into:
   post-processing (which includes encoding each returned picture to a file in Gradio's cache);
 - inside the callback: the model's pass (``analyze``) and the drawing (every ``vit_explorer.draw`` call, outermost
   only), the rest being captions and bookkeeping;
-- the pictures' fetches by the browser (resource timing);
-- what remains: round trips, the page's own work and its paint.
+- the time before the page sends the event's request (Gradio's client), and from the event's end on the server to
+  the picture on screen (the result's transfer, the page's update, the picture's fetch, decoding and paint), from
+  the clocks of this one machine.
 
     python benchmarks/browser_latency.py [--model builtin:shapes] [--input-size PX] [--uploads 5] [--clicks 5] [--out FILE]
 
@@ -57,7 +58,9 @@ from vit_explorer.web.tabs import shared  # noqa: E402
 MARK_INPUT = """() => {
     window.__input = null;
     performance.clearResourceTimings();  // the buffer holds 250 entries: the earlier interactions' would fill it
-    const mark = () => { if (window.__input === null) window.__input = [performance.now(), performance.timeOrigin + performance.now()]; };
+    const mark = () => {
+        if (window.__input === null) window.__input = [performance.now(), performance.timeOrigin + performance.now()];
+    };
     document.addEventListener('change', mark, {capture: true, once: true});
     document.addEventListener('pointerdown', mark, {capture: true, once: true});
 }"""
@@ -133,7 +136,10 @@ def clear_traces(url: str) -> None:
 
 def resources(page, since: float) -> list[dict]:
     return page.evaluate("""(since) => performance.getEntriesByType('resource').filter((entry) => entry.startTime >= since)
-        .map((entry) => ({name: entry.name, start: entry.startTime, end: entry.responseEnd, type: entry.initiatorType}))""", since)
+        .map((entry) => ({name: entry.name, start: entry.startTime, end: entry.responseEnd}))""", since)
+
+
+IDENTIFIERS = ("session_hash", "event_id", "timestamp")
 
 
 def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetched: list[dict], upload_s: float,
@@ -156,13 +162,8 @@ def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetche
     joins = [entry for entry in fetched if "/queue/join" in entry["name"]]
     if joins:  # the first event's request leaving the page (the upload's file is sent before it)
         row["until_request_sent_s"] = (joins[0]["start"] - start_ms) / 1000
-    images = [entry for entry in fetched if "/file=" in entry["name"]]
-    row["pictures_fetched"] = len(images)
-    row["picture_fetch_s"] = (max(entry["end"] for entry in images) - min(entry["start"] for entry in images)) / 1000 if images else 0.0
-    accounted = upload_s + row["server_queue_wait_s"] + row["server_preprocess_s"] + row["server_fn_call_s"] + row["server_postprocess_s"]
-    row["unaccounted_s"] = browser_s - accounted - row["picture_fetch_s"]
-    row["events"] = [{key: value for key, value in trace.items() if value and key not in ("session_hash", "event_id", "timestamp")}
-                     for trace in traces]
+    row["pictures_fetched"] = sum("/file=" in entry["name"] for entry in fetched)
+    row["events"] = [{key: value for key, value in trace.items() if value and key not in IDENTIFIERS} for trace in traces]
     return row
 
 

@@ -130,8 +130,8 @@ def test_pictures_go_to_gradio_as_lossless_files_named_by_their_content(tmp_path
     other = picture.copy()
     other[0, 0, 0] ^= 1
     table = np.zeros((3, 3))
-    outputs = base.in_order({"a": picture, "b": gr.update(value=other, visible=True), "c": "text", "d": table, "e": picture.copy()},
-                            ("a", "b", "c", "d", "e"))
+    values = {"a": picture, "b": gr.update(value=other, visible=True), "c": "text", "d": table, "e": picture.copy()}
+    outputs = base.in_order(values, ("a", "b", "c", "d", "e"))
     assert Path(outputs[0]).parent.parent == tmp_path and outputs[4] == outputs[0] and outputs[1]["value"] != outputs[0]
     np.testing.assert_array_equal(read_back(outputs[0]), picture)
     np.testing.assert_array_equal(read_back(outputs[1])["value"], other)

@@ -57,8 +57,8 @@ def test_the_browser_benchmark_splits_an_upload_and_a_click(tmp_path):
     pytest.importorskip("playwright.sync_api")
     out = tmp_path / "browser.json"
     script = SCRIPT.parent / "browser_latency.py"
-    result = subprocess.run([sys.executable, str(script), "--uploads", "1", "--clicks", "1", "--out", str(out)], capture_output=True,
-                            text=True, timeout=600)
+    arguments = [sys.executable, str(script), "--uploads", "1", "--clicks", "1", "--out", str(out)]
+    result = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     (measured,) = json.loads(out.read_text()).values()
     (upload,), (click,) = measured["uploads"], measured["clicks"]

@@ -231,7 +231,8 @@ def zero_map_writes(module: nn.Module, adapter: CaptureAdapter, pixels: torch.Te
     """Each layer's attention write with its map at zero ``[layers, n, dim]``: what the out-projection's bias (through
     any layer scale) adds whatever the heads do. One forward pass of ``pixels`` ``[1, 3, H, W]`` with every map zeroed,
     kept for the module until its weights or the input size change."""
-    key = (tuple(pixels.shape), pixels.device, tuple((parameter.data_ptr(), parameter._version) for parameter in module.parameters()))
+    versions = tuple((parameter.data_ptr(), parameter._version) for parameter in module.parameters())
+    key = (tuple(pixels.shape), pixels.device, versions)
     kept = _zero_writes.get(module)
     if kept is not None and kept[0] == key:
         return kept[1]
