@@ -1138,6 +1138,10 @@ def test_a_dear_classifier_shows_its_forward_pass_first_then_its_evidence(models
     assert session.evidence.target == int(session.analysis.logits.argmax())
     np.testing.assert_array_equal(first["overview_rollout"], by_name(once[0], shared.FULL_OUTPUTS)["overview_rollout"])
     assert first["target"]["interactive"] is False and second["target"]["interactive"] is True
+    # the class-specific controls keep the user's method until the evidence comes; the words say it is coming
+    assert first["method"] == gr.update() and "choices" in second["method"]
+    pending = by_name(next(shared.analysis_stages(models, upload, checkpoint, "Class maps", *CONTROLS)), shared.FULL_OUTPUTS)
+    assert "gradients are being taken" in pending["class_text"]
 
 
 def test_a_query_event_carries_exactly_the_tabs_whose_views_follow_the_query(models, upload, checkpoint):

@@ -38,6 +38,17 @@ NO_CLASSIFIER = ("This model has no classifier head, so it has no class to expla
                  "image's embedding to its own, or to the query patch's. Rollout and last-layer class attention show meanwhile; "
                  "scoring waits for the target too.")
 
+# a dear classifier's upload shows the maps of its forward pass before its top class's evidence (``shared.analysis_stages``)
+EVIDENCE_PENDING = ("The top class's gradients are being taken (one forward and backward pass): the class-specific maps, "
+                    "their scores, the head ablation and the decomposition follow in a moment. Rollout and last-layer class "
+                    "attention show meanwhile.")
+
+
+def without_target(session: Session, backbone_text: str) -> str:
+    """What a view that needs a target says before it has one: a classifier's is on its way; a backbone's
+    (``backbone_text``) is to be chosen."""
+    return EVIDENCE_PENDING if session.analysis.num_classes and not session.analysis.similarity else backbone_text
+
 
 def model_summary(analysis: Analysis) -> str:
     """The lines above the views: the model, its input and token layout, what the analysis holds, and notices."""
@@ -173,7 +184,7 @@ def class_note(session: Session, method: str) -> str:
     """The class-maps tab's line before a score: the target, and what scoring costs; for a map that takes no target
     (rollout, class attention), that it is the same for every target, which only its score is measured against."""
     if session.evidence is None:
-        return NO_CLASSIFIER
+        return without_target(session, NO_CLASSIFIER)
     untargeted = "" if method in maps.CLASS_SPECIFIC else (
         f"**{maps.CLASS_METHODS[method]}** takes no target: its map is the same whatever the target, and only its score is "
         "measured against it. ")
@@ -281,7 +292,7 @@ def spearman_text(ablation: HeadAblation, session: Session) -> str:
 def ablation_note(session: Session, mode: str) -> str:
     """The head ablation tab's words before a run: what it measures and what it costs."""
     if session.evidence is None:
-        return NO_CLASS_SCORE
+        return without_target(session, NO_CLASS_SCORE)
     measure = "score" if session.analysis.similarity else "probability"
     return (f"Which heads does the {measure} of **{session.analysis.label(session.target)}** need? *Run ablation* removes each "
             f"head alone (**{ABLATION_NAMES[mode]}**: {ABLATION_MEANS[mode]}) and runs the model again: {ablation_passes(session)}. "

@@ -25,6 +25,7 @@ from vit_explorer.web.captions import (
     sanity_note,
     sanity_text,
     score_text,
+    without_target,
 )
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, stages, user_errors
@@ -167,7 +168,7 @@ def on_score(models: ModelCache, session: Session | None, baseline: str, *contro
     AUCs (``SCORED``)."""
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
-        raise VitExplorerError(NO_CLASSIFIER)
+        raise VitExplorerError(without_target(session, NO_CLASSIFIER))
     curves = score(session.model(models), session.analysis, session.evidence, controls.method, Protocol(baseline),
                        options=controls.rollout, progress=stages(progress))
     session.screen.score = (score_key(session, controls), curves)
@@ -191,7 +192,7 @@ def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *c
     """Every method scored and ranked for the target (``scoreboard``): the words and the table (``BOARD``)."""
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
-        raise VitExplorerError(NO_CLASSIFIER)
+        raise VitExplorerError(without_target(session, NO_CLASSIFIER))
     board = rank(session.model(models), session.analysis, session.evidence, Protocol(baseline), options=controls.rollout,
                      progress=stages(progress))
     session.screen.board = (check_key(session, controls), board)

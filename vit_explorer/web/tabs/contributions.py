@@ -15,7 +15,7 @@ from vit_explorer.draw import charts, pictures
 from vit_explorer.draw.render import grid_tile_px
 from vit_explorer.methods.ablation import kept_ablation
 from vit_explorer.run import decompose
-from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE, contributions_text
+from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE, contributions_text, without_target
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, unchanged, user_errors
 
@@ -69,7 +69,7 @@ def render(session: Session, controls: Controls) -> dict:
     decomposition = shown(session)
     if decomposition is None:
         session.screen.contribution_geometry = None
-        return {"contributions_text": NO_TARGET_TO_DECOMPOSE,
+        return {"contributions_text": without_target(session, NO_TARGET_TO_DECOMPOSE),
                 **{name: gr.update(value=None) for name in ("contributions_view", "contributions_split", "contributions_chart",
                                                             "contributions_lens")},
                 "contributions_ablation_title": gr.update(visible=False), "contributions_ablation": gr.update(value=None, visible=False)}

@@ -16,7 +16,15 @@ from vit_explorer.draw.render import GridGeometry, grid_tile_px
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.ablation import kept_ablation, prediction_without
 from vit_explorer.run import ablate
-from vit_explorer.web.captions import ABLATION_NAMES, NO_CLASS_SCORE, ablation_note, ablation_text, predictions, top_predictions
+from vit_explorer.web.captions import (
+    ABLATION_NAMES,
+    NO_CLASS_SCORE,
+    ablation_note,
+    ablation_text,
+    predictions,
+    top_predictions,
+    without_target,
+)
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, stages, unchanged, user_errors
 
@@ -95,7 +103,7 @@ def on_run(models: ModelCache, session: Session | None, *control_values, progres
     have run on this image) (``OUTPUTS``)."""
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
-        raise VitExplorerError(NO_CLASS_SCORE)
+        raise VitExplorerError(without_target(session, NO_CLASS_SCORE))
     ablate(session.model(models), session.analysis, session.evidence, controls.ablation_mode, progress=stages(progress))
     return in_order(refresh(TAB, session, controls), OUTPUTS)
 

@@ -70,7 +70,7 @@ def query_views(session: Session) -> dict:
 def target_update(session: Session) -> dict:
     """The target dropdown beside the model: every class, the target chosen; for a backbone, its similarity targets."""
     if session.evidence is None and session.analysis.num_classes:
-        return gr.update(choices=[], value=None, interactive=False, info=EVIDENCE_PENDING)
+        return gr.update(choices=[], value=None, interactive=False, info=TARGET_PENDING)
     if session.analysis.num_classes == 0 or session.analysis.similarity:
         choices = [(label, key) for key, label in SIMILARITY_TARGETS.items()]
         return gr.update(choices=choices, value=session.similarity_choice, interactive=True, info=SIMILARITY_INFO,
@@ -81,7 +81,7 @@ def target_update(session: Session) -> dict:
 
 TARGET_INFO = "what Class maps, Head ablation and Compare explain; type to search"
 # a dear classifier's maps are shown before its top class's evidence is (``analysis_stages``)
-EVIDENCE_PENDING = "the top class's gradients are being taken (one forward and backward pass)…"
+TARGET_PENDING = "the top class's gradients are being taken (one forward and backward pass)…"
 SIMILARITY_INFO = ("a backbone has no classes: its class maps and head ablation can explain the image's embedding, or what the "
                    "query patch's own output token is made of (click a patch first)")
 
@@ -181,9 +181,11 @@ def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
     top5 = gr.update(value=top_predictions(analysis), visible=True) if analysis.num_classes else gr.update(value=None, visible=False)
     values = {"state": session, "summary": model_summary(analysis), "top5": top5,
               "target": target_update(session), **query_views(session), **tab_views(session, controls, visible, clear_hidden=True)}
+    # before a classifier's evidence has come, the controls that follow the target keep the user's choice (a method)
+    pending = session.evidence is None and analysis.num_classes > 0
     for tab in TABS:
         if tab.set_ranges is not None:
-            values.update(tab.set_ranges(session))
+            values.update(unchanged(tab.ranges) if pending and tab.target_ranges else tab.set_ranges(session))
     return in_order(values, FULL_OUTPUTS)
 
 
