@@ -130,12 +130,13 @@ def test_pictures_go_to_gradio_as_lossless_files_named_by_their_content(tmp_path
     other = picture.copy()
     other[0, 0, 0] ^= 1
     table = np.zeros((3, 3))
-    values = {"a": picture, "b": gr.update(value=other, visible=True), "c": "text", "d": table, "e": picture.copy()}
-    outputs = base.in_order(values, ("a", "b", "c", "d", "e"))
+    rgba = np.zeros((4, 4, 4), dtype=np.uint8)
+    values = {"a": picture, "b": gr.update(value=other, visible=True), "c": "text", "d": table, "e": picture.copy(), "f": rgba}
+    outputs = base.in_order(values, ("a", "b", "c", "d", "e", "f"))
     assert Path(outputs[0]).parent.parent == tmp_path and outputs[4] == outputs[0] and outputs[1]["value"] != outputs[0]
     np.testing.assert_array_equal(read_back(outputs[0]), picture)
     np.testing.assert_array_equal(read_back(outputs[1])["value"], other)
-    assert outputs[1]["visible"] is True and outputs[2] == "text" and outputs[3] is table
+    assert outputs[1]["visible"] is True and outputs[2] == "text" and outputs[3] is table and outputs[5] is rgba
     assert len(list(tmp_path.glob("*/image.png"))) == 2
 
 

@@ -96,10 +96,10 @@ def in_order(values: dict[str, object], names: tuple[str, ...]) -> tuple:
 
 
 def as_file(value: object) -> object:
-    """A picture ``[H, W, 3]`` uint8 (bare or as an update's value) as the path ``files.screen_png`` writes it to, in
+    """An RGB picture ``[H, W, 3]`` uint8 (bare or as an update's value) as the path ``files.screen_png`` writes it to, in
     Gradio's cache, where Gradio serves it as it is. Gradio's own PNG encoder is three times slower: on an upload most
     of the server's time went to it. Anything else as it is."""
-    if isinstance(value, np.ndarray) and value.ndim == 3 and value.dtype == np.uint8:
+    if isinstance(value, np.ndarray) and value.ndim == 3 and value.shape[-1] == 3 and value.dtype == np.uint8:
         return files.screen_png(value, get_upload_folder())
     if isinstance(value, dict) and "value" in value:
         return {**value, "value": as_file(value["value"])}
