@@ -1161,3 +1161,34 @@ def test_a_query_event_carries_exactly_the_tabs_whose_views_follow_the_query(mod
         assert all(name in shared.QUERIED for name in tab.outputs) == tab.follows_query, tab.title
     clicked = by_name(shared.on_patch_click(models, click(40, 40), session, "Tokens", *CONTROLS), shared.QUERIED)
     assert isinstance(clicked["token_similarity"], np.ndarray) and "overview_rollout" in clicked
+
+
+def test_the_warm_up_leaves_the_first_upload_one_pass(upload, checkpoint):
+    """``warm_up`` (run beside the server at start) pays the model's once-only work: after it, the first upload runs
+    one forward pass, not the decomposition's extra pass with its maps at zero too."""
+    from vit_explorer.web.app import warm_up
+
+    def first_upload_passes(warmed: bool) -> int:
+        fresh = ModelCache()  # a model loaded anew: nothing of it kept yet
+        model = fresh.get(checkpoint)
+        if warmed:
+            warm_up(fresh, checkpoint)
+        passes = []
+        model.module.register_forward_pre_hook(lambda *_: passes.append(1))
+        analysed(fresh, upload, checkpoint)
+        return len(passes)
+
+    assert first_upload_passes(warmed=False) == 2 and first_upload_passes(warmed=True) == 1
+
+
+def test_the_warm_up_leaves_no_picture_behind(upload, checkpoint, tmp_path, monkeypatch):
+    """Its pictures never go through a Gradio event, so Gradio would never delete them: the warm-up does."""
+    from vit_explorer.web import app
+    from vit_explorer.web.tabs import base
+
+    monkeypatch.setattr(base, "get_upload_folder", lambda: str(tmp_path))
+    monkeypatch.setattr(app, "get_upload_folder", lambda: str(tmp_path))
+    app.warm_up(ModelCache(), checkpoint)
+    assert list(tmp_path.glob("*/*.png")) == []
+    analysed(ModelCache(), upload, checkpoint)  # an upload's pictures stay, for Gradio to serve
+    assert len(list(tmp_path.glob("*/*.png"))) >= 2

@@ -58,12 +58,15 @@ def png_bytes(picture: np.ndarray, level: int = SCREEN_COMPRESSION) -> bytes:
 
 def screen_png(picture: np.ndarray, folder: str) -> str:
     """A picture ``[H, W, 3]`` uint8 shown on screen, as a PNG file under ``folder`` named by its content
-    (``folder/<digest>/image.png``, written once): the path. Encoded for speed (``png_bytes``)."""
+    (``folder/<digest>/image.png``, written once, its time renewed each time it is asked for again): the path. Encoded
+    for speed (``png_bytes``)."""
     array = np.ascontiguousarray(picture)
     digest = hashlib.blake2b(array.tobytes(), digest_size=16)
     digest.update(repr(array.shape).encode())
     path = Path(folder) / digest.hexdigest() / "image.png"
-    if not path.exists():
+    try:
+        os.utime(path)  # shown again: a cache that ages files by their change time keeps it as long as a new one
+    except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(f".{os.getpid()}-{threading.get_ident()}.png")  # renamed into place: never seen half written
         staging.write_bytes(png_bytes(array))
