@@ -115,8 +115,10 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     result asked for. A target the model cannot have is refused before any pass."""
     request.target.check(model)
     progress(f"analysing {name or 'the image'}", 0, "")
-    analysis = analyze(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit, decompose=request.decompose)
     target = request.target.value
+    # the upload's pass decomposes the top class only: another target's pass decomposes that one
+    analysis = analyze(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit,
+                       decompose=request.decompose and target is None)
     if not analysis.num_classes and request.explains:
         model, analysis, target = retarget(model, analysis, request.target, request.memory_budget, request.fit, request.decompose)
         progress(f"target: {analysis.label(0)} (a backbone has no classes)", 0, "")

@@ -261,8 +261,8 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
         return ClassEvidence.from_capture(captured, analysis.label)
 
     kept = analysis.evidence.get(index)
-    if decompose and kept is not None and kept.decomposition is None:  # kept without it: the pass again, with it
-        analysis.evidence[index] = replace(compute(), method_maps=kept.method_maps, variants=kept.variants)
+    if decompose and kept is not None and kept.decomposition is None:  # kept without it: the pass again, for it
+        analysis.evidence[index] = replace(kept, decomposition=compute().decomposition)
     evidence = bounded(analysis.evidence, analysis.evidence_limit, index, compute)
     missing = [method for method in methods if method in MODEL_MAPS and method not in evidence.method_maps]
     if missing:

@@ -137,9 +137,9 @@ def recording_streams(module: nn.Module, adapter: CaptureAdapter) -> Iterator[di
             handle.remove()
 
 
-def readout_slope(module: nn.Module, adapter: CaptureAdapter, last: torch.Tensor, target: int) -> tuple[float, torch.Tensor]:
-    """The score read from the last stream ``last`` ``[n, dim]`` and the read-out's slope there ``[n, dim]`` (float64), with
-    every norm's standard deviation held at its value on ``last`` (the read-out is then affine in the stream)."""
+def readout_slope(module: nn.Module, adapter: CaptureAdapter, last: torch.Tensor, target: int) -> torch.Tensor:
+    """The read-out's slope at the last stream ``last`` ``[n, dim]`` (float64), with every norm's standard deviation held
+    at its value on ``last`` (the read-out is then affine in the stream)."""
     stream = last.detach()[None].requires_grad_(True)
     handles = [norm.register_forward_hook(constant_scale_norm) for norm in adapter.layer_norms(module)]
     try:
@@ -148,7 +148,7 @@ def readout_slope(module: nn.Module, adapter: CaptureAdapter, last: torch.Tensor
     finally:
         for handle in handles:
             handle.remove()
-    return float(score.detach()), slope[0].double()
+    return slope[0].double()
 
 
 Reader = Callable[[torch.Tensor, list[torch.Tensor], int], "Decomposition | VitExplorerError"]
@@ -185,7 +185,7 @@ def read_graph(module: nn.Module, adapter: CaptureAdapter, layout: TokenLayout, 
     num_layers = len(maps)
     if not 0 <= target < logits.shape[-1]:
         return VitExplorerError(f"class {target} is outside this model's {logits.shape[-1]} classes")
-    _, slope = readout_slope(module, adapter, streams["after", num_layers - 1][0], target)
+    slope = readout_slope(module, adapter, streams["after", num_layers - 1][0], target)
 
     def along(stream: torch.Tensor) -> torch.Tensor:
         return (stream.detach()[0].double() * slope).sum()
