@@ -196,11 +196,16 @@ def run_serve(args: argparse.Namespace) -> None:
 def run_train_default(args: argparse.Namespace) -> None:
     from vit_explorer.models.builtin import ASSETS
     from vit_explorer.shapes.train import train_default
+    from vit_explorer.shapes.train_clip import train_clip
 
-    shipped = ASSETS / "shapes.safetensors"
-    out = shipped if args.replace_shipped else Path(args.out).expanduser()
+    shipped = ASSETS / ("shapes-clip.safetensors" if args.clip else "shapes.safetensors")
+    out = shipped if args.replace_shipped else Path(args.out or shipped.name).expanduser()
     if out.resolve() == shipped.resolve() and not args.replace_shipped:
-        raise VitExplorerError(f"--out {args.out} is the shipped model; add --replace-shipped to write over it, or choose another path")
+        raise VitExplorerError(f"--out {out} is the shipped model; add --replace-shipped to write over it, or choose another path")
+    if args.clip:
+        figures = train_clip(out, seed=args.seed, scale=args.scale, resume=args.resume)
+        progress(f"wrote {out}: held-out zero-shot accuracy {figures['heldout_zero_shot_accuracy']:.1%}")
+        return
     figures = train_default(out, seed=args.seed, scale=args.scale, resume=args.resume)
     progress(f"wrote {out}: held-out accuracy {figures['heldout_accuracy']:.1%}")
 
@@ -461,10 +466,13 @@ def parser() -> argparse.ArgumentParser:
                                 help="train the embedded shapes model (about an hour on 2 CPU cores)",
                                 description="Trains the shapes ViT on images the generator draws and writes it with its "
                                             "out-of-distribution calibration; the shipped copy stays unless --replace-shipped.")
-    train.add_argument("--out", default="shapes.safetensors",
-                       help="where to write the weights; the shipped model is never overwritten unless --replace-shipped is given")
+    train.add_argument("--clip", action="store_true",
+                       help="train the shapes-CLIP instead (builtin:shapes-clip): the shipped ViT as image tower and a word-level "
+                            "text tower, on captioned images of one and two shapes (about an hour)")
+    train.add_argument("--out", help="where to write the weights (default: shapes.safetensors, or shapes-clip.safetensors with "
+                                     "--clip); the shipped model is never overwritten unless --replace-shipped is given")
     train.add_argument("--replace-shipped", action="store_true",
-                       help=f"write over the shipped model, {ASSETS / 'shapes.safetensors'} (for maintainers who retrain it)")
+                       help=f"write over the shipped model in {ASSETS} (for maintainers who retrain it)")
     train.add_argument("--seed", type=int, default=0, help="seed of the training images and initial weights")
     train.add_argument("--scale", type=float, default=1.0, help="share of the documented steps and pool sizes, for trials")
     train.add_argument("--resume", action="store_true", help="continue from the checkpoint beside --out")

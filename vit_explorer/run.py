@@ -2,9 +2,10 @@
 
 The entry points (the CLI's ``analyze``, ``explain``, the app's buttons and export) build a ``Request`` and call these
 functions; none of them writes the workflow again. ``run`` analyses the image, gives a backbone its similarity target
-(``retarget``), computes the target's evidence and every map asked for (AttnLRP and LeGrad too, as tensors), and the
-score, scoreboard, sanity check, ablation, norms and decomposition that were asked for. Each long stage reports through one
-``Progress`` callback, which says what it costs before it starts. The ``Run`` it returns holds no model.
+(``retarget``) and a CLIP-like model its prompts as classes (``targets.prompt_model``), computes the target's evidence
+and every map asked for (AttnLRP and LeGrad too, as tensors), and the score, scoreboard, sanity check, ablation, norms
+and decomposition that were asked for. Each long stage reports through one ``Progress`` callback, which says what it
+costs before it starts. The ``Run`` it returns holds no model.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from vit_explorer.core.results import (
     SanityCurves,
     Scoreboard,
 )
-from vit_explorer.core.targets import Target, similarity_model
+from vit_explorer.core.targets import Target, prompt_model, similarity_model
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import faithfulness, norms, scoreboard
 from vit_explorer.methods.ablation import ablation_of, cost_text
@@ -116,6 +117,8 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     request.target.check(model)
     progress(f"analysing {name or 'the image'}", 0, "")
     target = request.target.value
+    if request.target.prompts is not None:  # the prompts are the classes: explained like a classifier's
+        model, target = prompt_model(model, request.target.prompts), request.target.prompts.chosen
     # the upload's pass decomposes the top class only: another target's pass decomposes that one
     analysis = analyze(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit,
                        decompose=request.decompose and target is None)

@@ -5,7 +5,8 @@ The rules, each a change to the backward pass only (the forward values are the m
 
 - attention (CP-LRP): no relevance flows through queries and keys: the post-softmax map is a constant, so relevance
   reaches the values only;
-- LayerNorm: the standard deviation is a constant (the identity rule through the normalisation);
+- LayerNorm: the standard deviation is a constant (the identity rule through the normalisation); so is the length
+  a CLIP-like model divides its embedding by before the cosine;
 - element-wise activations (GELU, ...): the identity rule, ∂out/∂in replaced by out / in;
 - everything linear (projections, residual sums, the head) propagates by the gradient, which with × input is LRP-0.
 
@@ -44,8 +45,11 @@ class IdentityRule(torch.autograd.Function):
 
 
 def constant_scale_norm(norm: nn.Module, inputs: tuple, _output: torch.Tensor) -> torch.Tensor:
-    """A LayerNorm's output recomputed with its standard deviation out of the graph."""
+    """A LayerNorm's output recomputed with its standard deviation out of the graph (a norm of another kind, such as a
+    cosine's ``UnitNorm``, holds its own scale through ``held``)."""
     x = inputs[0]
+    if hasattr(norm, "held"):
+        return norm.held(x)
     centred = x - x.mean(dim=-1, keepdim=True)
     scale = (centred.pow(2).mean(dim=-1, keepdim=True) + norm.eps).sqrt().detach()
     result = centred / scale

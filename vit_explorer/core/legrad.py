@@ -55,7 +55,7 @@ def legrad(model: LoadedModel, pixels: torch.Tensor, target: int, last_layers: i
         forward(pixels.detach().requires_grad_(True))
         per_layer = []
         for layer in range(num_layers - last_layers, num_layers):
-            score = adapter.classify(module, streams[layer])[0, target]
+            score = adapter.layer_readout(module, streams[layer])[0, target]
             # only this layer's map: the read-out of layer l is explained by where layer l looked
             (gradient,) = torch.autograd.grad(score, maps[layer], retain_graph=True)  # [1, heads, n, n]
             per_layer.append(gradient[0].float().clamp_min(0.0).mean(dim=(0, 1)))  # [n]: over heads, then queries

@@ -24,6 +24,7 @@ unchanged image's score (``methods.faithfulness``).
 from __future__ import annotations
 
 import dataclasses
+from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from vit_explorer.core.images import ImageSource
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import CaptureAdapter, LoadedModel
 from vit_explorer.models.layout import TokenLayout
+from vit_explorer.models.text import UnitNorm
 
 SIMILARITY = "similarity"  # how a similarity target's label begins: what captions and files name
 
@@ -51,13 +53,36 @@ class OtherImage:
 
 
 @dataclass(frozen=True)
+class Prompts:
+    """Text prompts for a model with a text tower (``LoadedModel.text``): they become its classes, so the image gets a
+    zero-shot prediction over them (a softmax over their logits), and ``chosen`` (an index into ``texts``; None: the
+    best match) is the one explained."""
+
+    texts: tuple[str, ...]
+    chosen: int | None = 0
+
+    def __post_init__(self) -> None:
+        texts = tuple(text.strip() for text in self.texts if text.strip())
+        if not texts:
+            raise VitExplorerError("a text target needs a prompt, e.g. \"a photo of a dog\"")
+        if self.chosen is not None and not 0 <= self.chosen < len(texts):
+            raise VitExplorerError(f"prompt {self.chosen} is outside the {len(texts)} prompts given")
+        object.__setattr__(self, "texts", texts)
+
+    @classmethod
+    def parse(cls, text: str) -> Prompts:
+        """``a photo of a dog|a photo of a cat``: prompts split at ``|``, the first explained."""
+        return cls(tuple(text.split("|")))
+
+
+@dataclass(frozen=True)
 class Target:
     """What the class-specific methods explain: a class of a classifier (``value`` its index or name; None: the top
-    prediction), or for a backbone the similarity of the image's embedding to its own (``value`` None), of the output
-    token of the patch at (row, column) ``value`` to its own, or of the embedding to that of an ``OtherImage``. Room for
-    more kinds (a text prompt) as more models have them."""
+    prediction); for a model with a text tower, ``Prompts``; or for a backbone the similarity of the image's embedding to
+    its own (``value`` None), of the output token of the patch at (row, column) ``value`` to its own, or of the
+    embedding to that of an ``OtherImage``."""
 
-    value: int | str | tuple[int, int] | OtherImage | None = None
+    value: int | str | tuple[int, int] | OtherImage | Prompts | None = None
 
     @property
     def patch(self) -> tuple[int, int] | None:
@@ -68,13 +93,20 @@ class Target:
         return self.value if isinstance(self.value, OtherImage) else None
 
     @property
+    def prompts(self) -> Prompts | None:
+        return self.value if isinstance(self.value, Prompts) else None
+
+    @property
     def given(self) -> bool:
         """Whether one was asked for (else: the top class, or a backbone's own embedding)."""
         return self.value is not None
 
     @classmethod
     def parse(cls, text: str | None) -> Target:
-        """A command line's ``--target``: a class index or name, ``patch:ROW,COL``, ``image:PATH``, or None."""
+        """A command line's ``--target``: a class index or name, ``patch:ROW,COL``, ``image:PATH``, ``text:PROMPT|PROMPT…``
+        or None."""
+        if text is not None and text.startswith("text:"):
+            return cls(Prompts.parse(text.removeprefix("text:")))
         if text is not None and text.startswith("image:"):
             path = Path(text.removeprefix("image:"))
             if not path.is_file():
@@ -90,7 +122,12 @@ class Target:
 
     def check(self, model: LoadedModel) -> None:
         """Refuse, before any pass, a target ``model`` cannot have: a class on a backbone, a patch or another image on a
-        classifier."""
+        classifier, text prompts on a model without a text tower."""
+        if self.prompts is not None and model.text is None:
+            raise VitExplorerError(f"{model.name} has no text tower, so it cannot score a prompt: text targets are for CLIP and "
+                                   "SigLIP models (open_clip:ARCH@WEIGHTS, hf:FOLDER of a CLIPModel or SiglipModel)")
+        if self.prompts is not None:
+            return
         if model.num_classes and self.patch is not None:
             raise VitExplorerError(f"a patch target {self.patch} is for a backbone; {model.name} has classes: name one")
         if model.num_classes and self.other is not None:
@@ -99,31 +136,42 @@ class Target:
         if not model.num_classes and self.given and self.patch is None and self.other is None:
             raise VitExplorerError(f"{model.name} has no classifier head, so it has no class {self.value!r}: give no target (the "
                                    "similarity to the image's own embedding), a patch as (row, column), patch:ROW,COL on the "
-                                   "command line, or a second image, image:PATH")
+                                   "command line, or a second image, image:PATH"
+                                   + (", or text prompts, text:PROMPT|PROMPT" if model.text is not None else ""))
 
 
-class SimilarityAdapter(CaptureAdapter):
-    """The adapter of ``base``'s model with one score in place of class logits ``[b, 1]``: ⟨embed(x), ``reference``⟩, or
-    with ``token`` the output token at that sequence index, ⟨token(x), ``reference``⟩; ``reference`` ``[dim]`` a unit
-    vector. Everything else is ``base``'s."""
+def prompt_model(model: LoadedModel, prompts: Prompts) -> LoadedModel:
+    """``model`` (with a text tower) as a zero-shot classifier over ``prompts``: one logit per prompt, the model's own
+    image–text logit (``PromptAdapter``), the prompts as labels. Each prompt's text embedding is computed once, here."""
+    if model.text is None:
+        Target(prompts).check(model)
+    base = model.adapter.base if isinstance(model.adapter, PromptAdapter) else model.adapter
+    adapter = PromptAdapter(base, model.text.embed(prompts.texts), model.text.logit_scale, model.text.logit_bias)
+    return dataclasses.replace(model, adapter=adapter, labels=list(prompts.texts), ood=None)
 
-    def __init__(self, base: CaptureAdapter, reference: torch.Tensor, token: int | None = None) -> None:
+
+class ReadoutAdapter(CaptureAdapter):
+    """The adapter of ``base``'s model with other scores in place of its class logits: ``scores`` of the embedding (the
+    base's pooling of its final tokens) or, with ``token``, of the output token at that sequence index, read from the
+    last layer's stream. Everything else is ``base``'s."""
+
+    def __init__(self, base: CaptureAdapter, token: int | None = None) -> None:
         self.base = base
-        self.reference = reference
         self.read_token = token
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
-        return False  # made by ``similarity_model``, never found by ``adapter_for``
+        return False  # made by a target, never found by ``adapter_for``
+
+    @abstractmethod
+    def scores(self, read: torch.Tensor) -> torch.Tensor:
+        """The scores ``[b, classes]`` of what is read ``[b, dim']``."""
 
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
         return self.base.layout(module, input_hw)
 
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         return self.base.map_shape(module)
-
-    def num_classes(self, module: nn.Module) -> int:
-        return 1
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         return self.base.blocks(module)
@@ -158,13 +206,21 @@ class SimilarityAdapter(CaptureAdapter):
     def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         return self.base.pool(module, tokens)
 
+    def layer_embedding(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return self.base.layer_embedding(module, hidden)
+
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         tokens = self.final_tokens(module, hidden)  # [b, n, dim]
-        read = self.pool(module, tokens) if self.read_token is None else tokens[:, self.read_token]  # [b, dim]
-        return read @ self.reference.to(read.device, read.dtype)[:, None]
+        return self.scores(self.pool(module, tokens) if self.read_token is None else tokens[:, self.read_token])
 
-    def score_of(self, module: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` (pixels → the base's outputs) made to return the score, read from the last layer's stream."""
+    def layer_readout(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        if self.read_token is not None:
+            return self.classify(module, hidden)
+        return self.scores(self.layer_embedding(module, hidden))
+
+    def score_of(self, module: nn.Module,
+                 forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` (pixels → the base's outputs) made to return the scores, read from the last layer's stream."""
 
         def score(pixels: torch.Tensor) -> torch.Tensor:
             streams: dict[int, torch.Tensor] = {}
@@ -188,6 +244,40 @@ class SimilarityAdapter(CaptureAdapter):
             yield self.score_of(module, forward)
 
 
+class SimilarityAdapter(ReadoutAdapter):
+    """One score in place of class logits ``[b, 1]``: ⟨what is read, ``reference``⟩, ``reference`` ``[dim]`` a unit vector."""
+
+    def __init__(self, base: CaptureAdapter, reference: torch.Tensor, token: int | None = None) -> None:
+        super().__init__(base, token)
+        self.reference = reference
+
+    def num_classes(self, module: nn.Module) -> int:
+        return 1
+
+    def scores(self, read: torch.Tensor) -> torch.Tensor:
+        return read @ self.reference.to(read.device, read.dtype)[:, None]
+
+
+class PromptAdapter(ReadoutAdapter):
+    """One score per prompt ``[b, prompts]``: ``scale`` · ⟨unit(embedding), ``texts``ᵀ⟩ + ``bias``, the logit a CLIP
+    (``bias`` 0) or SigLIP model gives an image and a text; ``texts`` ``[prompts, dim]`` unit rows."""
+
+    def __init__(self, base: CaptureAdapter, texts: torch.Tensor, scale: float, bias: float) -> None:
+        super().__init__(base)
+        self.texts, self.scale, self.bias = texts, scale, bias
+        self.unit = UnitNorm()
+
+    def num_classes(self, module: nn.Module) -> int:
+        return self.texts.shape[0]
+
+    def scores(self, read: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.unit(read) @ self.texts.to(read.device, read.dtype).T + self.bias
+
+    def layer_norms(self, module: nn.Module) -> list[nn.Module]:
+        # the cosine's normalisation is a norm like the others: AttnLRP and the decomposition hold its scale
+        return [*self.base.layer_norms(module), self.unit]
+
+
 def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int, int] | None = None,
                      other: tuple[torch.Tensor, str] | None = None) -> LoadedModel:
     """``model`` scored, for ``patch`` and ``other`` None, by the projection of an image's embedding on the unit direction
@@ -204,12 +294,13 @@ def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int,
             raise VitExplorerError(f"patch ({row}, {col}) is outside the {layout.grid_hw[0]}×{layout.grid_hw[1]} patch grid")
         index = layout.patch_token(row, col)
     tokens = output_tokens(model, pixels if other is None else other[0])  # [1, n, dim]
-    if other is not None:
-        reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to {other[1]}'s embedding"
-    elif patch is None:
-        reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to the image's own embedding"
-    else:
-        reference, label = tokens[0, index], f"patch (row {patch[0]}, col {patch[1]}): its own output token"
+    with torch.inference_mode():  # a pooling with weights (a CLIP tower's projection) reads inference tensors
+        if other is not None:
+            reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to {other[1]}'s embedding"
+        elif patch is None:
+            reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to the image's own embedding"
+        else:
+            reference, label = tokens[0, index], f"patch (row {patch[0]}, col {patch[1]}): its own output token"
     reference = reference.float().clone()
     norm = float(reference.norm())
     if norm == 0:

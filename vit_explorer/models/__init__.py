@@ -1,7 +1,8 @@
 """Model loading: one adapter per family behind ``load_model(spec)``.
 
 Specs: ``builtin:NAME`` (shipped in assets/), ``timm:NAME`` or ``timm:NAME@WEIGHTS`` (timm, optional
-extra), ``hf:REPO_OR_FOLDER`` (transformers, optional extra), or a path to a ``.safetensors``/``.pt``
+extra), ``hf:REPO_OR_FOLDER`` (transformers, optional extra; CLIP and SigLIP with their text towers),
+``open_clip:ARCH@WEIGHTS`` (OpenCLIP, optional extra; WEIGHTS a file, a pretrained tag or ``random``), or a path to a ``.safetensors``/``.pt``
 checkpoint of a vit-pytorch ViT with its config.
 """
 
@@ -15,11 +16,13 @@ from torch import nn
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import CaptureAdapter, LoadedModel, Preprocess
 from vit_explorer.models.hf_adapter import HFAdapter
+from vit_explorer.models.hf_clip_adapter import HFTowerAdapter
+from vit_explorer.models.open_clip_adapter import OpenClipAdapter
 from vit_explorer.models.timm_adapter import TimmAdapter
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter
 
 DEFAULT_MODEL = "builtin:shapes"
-ADAPTERS: list[type[CaptureAdapter]] = [VitPytorchAdapter, TimmAdapter, HFAdapter]
+ADAPTERS: list[type[CaptureAdapter]] = [VitPytorchAdapter, TimmAdapter, HFAdapter, HFTowerAdapter, OpenClipAdapter]
 CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin"}
 
 
@@ -42,6 +45,7 @@ def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = Non
     from vit_explorer.models.builtin import load_builtin
     from vit_explorer.models.checkpoint import load_vit_checkpoint
     from vit_explorer.models.hf_adapter import load_hf
+    from vit_explorer.models.open_clip_adapter import load_open_clip
     from vit_explorer.models.timm_adapter import load_timm
 
     try:
@@ -57,14 +61,18 @@ def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = Non
         loaded = load_timm(rest, input_hw)
     elif prefix == "hf" and rest:
         loaded = load_hf(rest, input_hw)
+    elif prefix == "open_clip" and rest:
+        loaded = fixed_size(load_open_clip(rest), input_hw)
     elif Path(spec).expanduser().suffix in CHECKPOINT_SUFFIXES:
         loaded = fixed_size(load_vit_checkpoint(Path(spec).expanduser()), input_hw)
     else:
         raise VitExplorerError(
-            f"unknown model spec {spec!r}: use {DEFAULT_MODEL}, timm:NAME, hf:REPO_OR_FOLDER, "
+            f"unknown model spec {spec!r}: use {DEFAULT_MODEL}, timm:NAME, hf:REPO_OR_FOLDER, open_clip:ARCH@WEIGHTS, "
             "or a path to a .safetensors/.pt checkpoint with its config"
         )
     loaded.module.to(target)
+    if loaded.text is not None and loaded.text.module is not None:
+        loaded.text.module.to(target)
     return loaded
 
 

@@ -15,6 +15,7 @@ from torch import nn
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.ood import OodCalibration
+from vit_explorer.models.text import TextTower
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -146,6 +147,16 @@ class CaptureAdapter(ABC):
         """The image's embedding ``[b, dim']`` from ``final_tokens``: the model's own pooling (class token or mean) and
         whatever it applies before a head; what a backbone hands on."""
 
+    def layer_embedding(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The image's embedding ``[b, dim']`` as LeGrad reads it from a layer's stream ``hidden`` ``[b, n, dim]``: the
+        model's own read-out (``final_tokens``, then ``pool``), unless a family's reference reads it otherwise."""
+        return self.pool(module, self.final_tokens(module, hidden))
+
+    def layer_readout(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits ``[b, classes]`` LeGrad reads from a layer's stream ``hidden`` ``[b, n, dim]``: ``classify``, unless
+        a target reads the embedding as a family's reference does (``layer_embedding``)."""
+        return self.classify(module, hidden)
+
     def layer_norms(self, module: nn.Module) -> list[nn.Module]:
         """Every LayerNorm of ``module`` (AttnLRP treats their scale as a constant)."""
         return [part for part in module.modules() if isinstance(part, nn.LayerNorm)]
@@ -249,6 +260,7 @@ class LoadedModel:
     # statistics that tell when an image is outside what the model knows (``ood``); None: never flagged
     ood: OodCalibration | None = None
     random_weights: bool = False  # built with freshly initialised weights (``@random``): nothing learned
+    text: TextTower | None = None  # the text tower of a CLIP-like model: prompts become its classes (``targets.prompt_model``)
     # facts of the module's structure, read from it once through the adapter (a different adapter or module is a
     # different LoadedModel: ``dataclasses.replace`` reads them again)
     num_classes: int = field(init=False)  # class scores per image; 0 for a backbone, which has no class to explain

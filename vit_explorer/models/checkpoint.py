@@ -14,6 +14,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, Preprocess, listed
 from vit_explorer.models.ood import OodCalibration
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter, build_vit
+from vit_explorer.models.word_text import TEXT_KEY, text_tower
 
 CONFIG_KEY = "vit_explorer"
 
@@ -102,6 +103,10 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         raise VitExplorerError(f"model file {path} does not exist")
     state_dict, embedded = read_state_dict(path)
     config = read_config(path, embedded)
+    text_prefix = f"{TEXT_KEY}."
+    text_tensors = {key.removeprefix(text_prefix): tensor for key, tensor in state_dict.items() if key.startswith(text_prefix)}
+    if TEXT_KEY in config:  # a CLIP-like checkpoint: the ViT is its image tower
+        state_dict = {key: tensor for key, tensor in state_dict.items() if not key.startswith(text_prefix)}
     vit_config = config.get("vit", config)
     module = build_vit(vit_config, str(path))
     head = head_missing(module, state_dict)
@@ -128,6 +133,7 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         except VitExplorerError as error:  # e.g. written by an earlier version of train-default
             notes.append(f"{error}, so no image is flagged as unfamiliar; `vit-explorer train-default` writes one it reads")
     adapter = VitPytorchAdapter()
+    text = text_tower(config[TEXT_KEY], text_tensors, str(path)) if TEXT_KEY in config else None
     return LoadedModel(
         module=module,
         name=name or path.name,
@@ -136,5 +142,6 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         adapter=adapter,
         labels=list(labels) if labels is not None else None,
         ood=ood,
-        notes=notes,
+        notes=notes + (list(text.notes) if text is not None else []),
+        text=text,
     )

@@ -8,8 +8,10 @@ maps from the model's own ``attentions`` output.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -149,33 +151,36 @@ class HFAdapter(CaptureAdapter):
 
     @contextmanager
     def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-        # the edits reach the attention function as a keyword that transformers passes down from the model's forward
+        # the edits reach the attention function through a table by attention module: not every family passes its
+        # forward's keywords down to the attention function (SigLIP does not)
         attentions = self.attention_modules(module)
-        by_module = {attentions[layer]: edit for layer, edit in edits.items()}
         require_transformers().AttentionInterface.register(EDITED, edited_attention)
-
-        def forward(pixels: torch.Tensor) -> torch.Tensor:
-            return self.logits_of(self.run(module, pixels, **{EDITS_KEYWORD: by_module}), pixels)
-
-        with self.implementation(module, EDITED):
-            yield forward
+        try:
+            for layer, edit in edits.items():
+                _edits[attentions[layer]] = edit
+            with self.implementation(module, EDITED):
+                yield partial(self.logits, module)
+        finally:
+            for attention in attentions:
+                _edits.pop(attention, None)
 
 
 EDITED = "vit_explorer_edited"  # the attention function ``HFAdapter.edited`` registers
-EDITS_KEYWORD = "vit_explorer_edits"
+# the edit of each attention module while ``HFAdapter.edited`` is active (capture's lock keeps one pass per model)
+_edits: weakref.WeakKeyDictionary[nn.Module, Callable[[torch.Tensor], torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 def edited_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
                      scaling: float | None = None, dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' eager attention (``eager_attention_forward`` of ViT, DeiT and DINOv2), the map after dropout
-    passed through the edit ``kwargs[EDITS_KEYWORD]`` holds for ``module``, if any. ``query``, ``key``, ``value``
+    passed through the edit ``HFAdapter.edited`` holds for ``module``, if any. ``query``, ``key``, ``value``
     are ``[b, heads, n, head_dim]``; returns the heads' outputs ``[b, n, heads, head_dim]`` and the map."""
     scores = torch.matmul(query, key.transpose(2, 3)) * (query.size(-1) ** -0.5 if scaling is None else scaling)
     if attention_mask is not None:
         scores = scores + attention_mask
     weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # [b, heads, n, n]
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    edit = (kwargs.get(EDITS_KEYWORD) or {}).get(module)
+    edit = _edits.get(module)
     if edit is not None:
         weights = edit(weights)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
@@ -202,9 +207,11 @@ def preprocess_from(module: nn.Module, source: str | None) -> Preprocess:
     return Preprocess(input_hw=size, mean=mean, std=std, interpolation=interpolation)
 
 
-def from_hf_module(module: nn.Module, name: str, source: str | None = None, input_hw: tuple[int, int] | None = None) -> LoadedModel:
-    """A ``LoadedModel`` around a built transformers model; labels from ``config.id2label``."""
-    adapter = HFAdapter()
+def from_hf_module(module: nn.Module, name: str, source: str | None = None, input_hw: tuple[int, int] | None = None,
+                   adapter: HFAdapter | None = None) -> LoadedModel:
+    """A ``LoadedModel`` around a built transformers model (through ``adapter``, default ``HFAdapter``); labels from
+    ``config.id2label``."""
+    adapter = adapter or HFAdapter()
     if not adapter.matches(module):
         raise VitExplorerError(f"{name}: vit_explorer captures Hugging Face {sorted(MODEL_TYPES)} models, not {type(module).__name__}")
     module.eval()
@@ -294,6 +301,8 @@ def load_hf(source: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
     Every parameter comes from the weights (or the model is refused), except a missing classifier head:
     the model is then the backbone, without classes.
     """
+    from vit_explorer.models.hf_clip_adapter import FULL_TYPES, from_hf_clip  # it builds on this module
+
     transformers = require_transformers()
     random_weights = source.endswith(RANDOM_SUFFIX)
     location = source.removesuffix(RANDOM_SUFFIX)
@@ -303,6 +312,10 @@ def load_hf(source: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
     def build() -> LoadedModel:
         last_error: Exception | None = None
         config = transformers.AutoConfig.from_pretrained(where) if random_weights else None
+        if (config or transformers.AutoConfig.from_pretrained(where)).model_type in FULL_TYPES:  # an image and a text tower
+            module = transformers.AutoModel.from_config(config, attn_implementation="eager") if config is not None else (
+                load_pretrained(transformers.AutoModel, where, f"hf:{source}")[0])
+            return from_hf_clip(module, f"hf:{source}", where, input_hw, random_weights)
         for auto in (transformers.AutoModelForImageClassification, transformers.AutoModel):
             try:
                 if config is not None:

@@ -1,0 +1,76 @@
+"""A model's text tower: prompts become embeddings in the image embedding's space, and a score says how well they match.
+
+CLIP scores a prompt by ``logit_scale`` × cos(image, text); SigLIP adds its learned ``logit_bias`` to the same product and
+reads it through a sigmoid. ``TextTower`` holds each family's encoder behind one call, so that a prompt target
+(``core.targets.prompt_model``) treats every family alike. The image side is the adapter's ``pool``: the embedding a
+family hands on, projected into the shared space where the model has a projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vit_explorer.errors import VitExplorerError
+
+
+@dataclass(frozen=True)
+class TextTower:
+    """Prompts → embeddings ``[p, dim]`` (not yet unit length) through ``encode``; prompt i scores
+    ``logit_scale`` · cos(image, text_i) + ``logit_bias``, the logit the model itself uses. ``score_name`` says what that
+    logit is, in words; ``notes``: what a user should know about this tower (a tokenizer without the model's vocabulary)."""
+
+    encode: Callable[[list[str]], torch.Tensor]
+    logit_scale: float
+    logit_bias: float = 0.0
+    score_name: str = "similarity logit (scale × cosine)"
+    notes: tuple[str, ...] = ()
+    module: nn.Module | None = None
+
+    def embed(self, prompts: Sequence[str]) -> torch.Tensor:
+        """Unit-length embeddings of ``prompts`` ``[p, dim]`` (float32, CPU, no graph): computed once per prompt set."""
+        texts = [str(prompt).strip() for prompt in prompts]
+        if not texts or any(not text for text in texts):
+            raise VitExplorerError("a text target needs at least one prompt, and no prompt may be empty")
+        with torch.inference_mode():
+            embeddings = self.encode(texts).float().cpu()  # [p, dim]
+        return nn.functional.normalize(embeddings, dim=-1).clone()
+
+
+class UnitNorm(nn.Module):
+    """x / ‖x‖ over the last dimension: the normalisation CLIP and SigLIP apply before the cosine.
+
+    Like a LayerNorm's standard deviation, its length can be held at its value on the image (``held``), so that AttnLRP
+    and the decomposition see an affine read-out."""
+
+    def __init__(self, eps: float = 1e-12) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps)
+
+    def held(self, x: torch.Tensor) -> torch.Tensor:
+        """The same output with the length out of the graph (a constant scale)."""
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps).detach()
+
+
+def byte_tokens(prompts: list[str], length: int, vocab_size: int, start: int | None, end: int | None,
+                pad: int = 0) -> torch.Tensor:
+    """Token ids ``[p, length]`` for a model built with random weights and no tokenizer files: each UTF-8 byte b as id
+    b + 1 (below ``vocab_size``), between the model's start and end ids where it has them, padded with ``pad``. A random
+    model has learned no words, so any fixed tokenization serves; a trained one needs its own tokenizer."""
+    rows = []
+    room = length - (start is not None) - (end is not None)
+    for prompt in prompts:
+        ids = [1 + byte % (vocab_size - 1) for byte in prompt.encode()][:room]
+        ids = ([start] if start is not None else []) + ids + ([end] if end is not None else [])
+        rows.append(ids + [pad] * (length - len(ids)))
+    return torch.tensor(rows, dtype=torch.long)
+
+
+RANDOM_TOKENIZER = ("random weights, no tokenizer files: prompts are tokenized byte by byte, which a random text tower "
+                    "treats like any other tokenization; nothing here is learned")
