@@ -1,6 +1,8 @@
 """LeGrad against a line-by-line transcription of its authors' formula (WalBouss/LeGrad, ``legrad/wrapper.py``,
 ``compute_legrad_clip``), written on timm's ViT blocks without the adapter, on the same weights."""
 
+import dataclasses
+
 import pytest
 import torch
 from einops import rearrange
@@ -97,3 +99,35 @@ def test_a_clicked_patch_is_read_out_from_its_own_token_in_every_layer():
     torch.testing.assert_close((ours - ours.min()) / (ours.max() - ours.min()), expected.detach(), rtol=1e-4, atol=1e-5)
     assert variant(target) == "all 4 layers' read-outs"
     assert variant(similarity_model(backbone, image)) == "the last 2 of 4 layers' read-outs, the authors' default"
+
+
+@pytest.mark.slow
+def test_legrad_for_a_text_prompt_equals_the_authors_package_on_openclip(tmp_path):
+    """A random OpenCLIP model and two prompts: our LeGrad map of each prompt, upsampled and min-max normalised as the
+    authors do, equals ``legrad-torch``'s ``compute_legrad_clip`` on the same weights, image and text embeddings (run in
+    its own process with the OpenCLIP it pins), to 1e-4."""
+    import torch.nn.functional as F
+    from legrad_reference import run as run_reference
+    from open_clip.model import CLIP, CLIPTextCfg, CLIPVisionCfg
+    from real_weights import cache_dir
+
+    from vit_explorer.core.targets import PromptAdapter
+    from vit_explorer.models.open_clip_adapter import from_open_clip
+
+    config = {"embed_dim": 16, "vision": {"layers": 4, "width": 32, "head_width": 8, "patch_size": 8, "image_size": 32},
+              "text": {"context_length": 16, "vocab_size": 300, "width": 32, "heads": 4, "layers": 2}}
+    torch.manual_seed(5)
+    model = CLIP(embed_dim=config["embed_dim"], vision_cfg=CLIPVisionCfg(**config["vision"]), text_cfg=CLIPTextCfg(**config["text"]))
+    loaded = from_open_clip(model.eval(), "open_clip:tiny", random_weights=True)
+    texts = F.normalize(torch.randn(2, 16), dim=-1)  # [prompts, dim]: the text tower is not what is compared
+    image = torch.randn(1, 3, 32, 32)
+    torch.save({"config": config, "state": model.state_dict(), "image": image, "texts": texts, "layer_index": -LAST_LAYERS},
+               tmp_path / "in.pt")
+    run_reference(cache_dir(), tmp_path / "in.pt", tmp_path / "out.pt")
+    theirs = torch.load(tmp_path / "out.pt")  # [1, prompts, H, W]
+    prompted = dataclasses.replace(loaded, adapter=PromptAdapter(loaded.adapter, texts, scale=14.3, bias=-2.0), labels=["a", "b"])
+    for prompt in range(2):
+        ours = legrad(prompted, image, prompt)  # [grid_h, grid_w]
+        upsampled = F.interpolate(ours[None, None], scale_factor=8, mode="bilinear")
+        torch.testing.assert_close(min_max(upsampled)[0, 0], theirs[0, prompt], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(theirs[0, 0], theirs[0, 1], atol=1e-2)  # the two prompts' maps differ: the text matters

@@ -1,7 +1,8 @@
 """LeGrad (Bousselham et al., ICCV 2025): every layer's own read-out of the target, differentiated by that layer's attention.
 
 For each aggregated layer l, the target's score is computed from the residual stream after layer l as if it were the
-last (the final norm, the model's pooling and its head: ``CaptureAdapter.classify``); its gradient with respect to
+last (the final norm, the model's pooling and its head: ``CaptureAdapter.layer_readout``; for a CLIP prompt, as the
+authors read CLIP: the final norm of the mean of all tokens, projected, ``layer_embedding``); its gradient with respect to
 layer l's post-softmax map A_l ``[heads, n, n]`` is clipped at zero and averaged over heads and query tokens, giving
 one weight per key token ``[n]``. The layers' maps are averaged and the prefix tokens dropped.
 
