@@ -495,7 +495,7 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     with pytest.raises(gr.Error, match="click a patch"):
         shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)  # the query is the class token
     targeted = by_name(shared.on_target(models, session, "own", CLASS_MAPS, *controls(method="attnlrp")), shared.TARGETED)
-    assert session.analysis.similarity and session.target == 0 and session.similarity is not None
+    assert session.analysis.similarity and session.target == 0 and session.target_model is not None
     assert "similarity to the image's own embedding" in targeted["class_text"] and "not a probability" in targeted["class_text"]
     assert [key for _, key in targeted["method"]["choices"]] == list(maps.CLASS_METHODS)
     assert targeted["score"]["interactive"] is True and targeted["scoreboard"]["interactive"] is True
@@ -892,7 +892,7 @@ def test_controls_are_matched_by_name_and_the_type_says_which_run_the_model():
     chosen = Controls.named(cmap="gray", start_layer=2, fit="pad")
     assert chosen.inputs.fit == "pad" and chosen.cmap == "gray" and chosen.rollout.start_layer == 2
     assert Controls.from_values(chosen.values()) == chosen  # values in CONTROL_NAMES order, matched back by name
-    assert set(INPUT_NAMES) == {"fit", "comparison"} and not set(INPUT_NAMES) & set(VIEW_NAMES)  # what costs a pass
+    assert set(INPUT_NAMES) == {"fit", "comparison", "prompts"} and not set(INPUT_NAMES) & set(VIEW_NAMES)  # what costs a pass
     assert CONTROL_NAMES == VIEW_NAMES + INPUT_NAMES
     with pytest.raises(ValueError):  # a component wired without its name: the count no longer matches
         Controls.from_values(chosen.values()[:-1])
@@ -1192,3 +1192,35 @@ def test_the_warm_up_leaves_no_picture_behind(upload, checkpoint, tmp_path, monk
     assert list(tmp_path.glob("*/*.png")) == []
     analysed(ModelCache(), upload, checkpoint)  # an upload's pictures stay, for Gradio to serve
     assert len(list(tmp_path.glob("*/*.png"))) >= 2
+
+
+def test_text_prompts_become_the_classes_of_a_clip_model(upload):
+    """A model with a text tower: without prompts it is a backbone that says it reads text; with prompts (one per line)
+    the top-5 is the zero-shot prediction over them, the target menu offers them, and every class view explains the one
+    chosen, scored by the model's own image–text logit."""
+    from test_clip_families import tiny_open_clip
+
+    loaded, own_logits = tiny_open_clip()
+    models = ModelCache()
+    models.put("open_clip:tiny", loaded)
+    plain = by_name(shared.run_analysis(models, upload, "open_clip:tiny", CLASS_MAPS, *CONTROLS), shared.FULL_OUTPUTS)
+    assert "Text prompts" in plain["summary"] and plain["top5"]["visible"] is False
+
+    prompts = ("a photo of a dog", "a red star", "two shapes")
+    outputs = by_name(shared.run_analysis(models, upload, "open_clip:tiny", CLASS_MAPS,
+                                          *controls(method="attnlrp", prompts="\n".join(prompts) + "\n\n")), shared.FULL_OUTPUTS)
+    session = outputs["state"]
+    expected = own_logits(pixels_of(loaded, session.analysis), prompts)[0].detach()
+    torch.testing.assert_close(session.analysis.logits, expected, rtol=1e-4, atol=1e-4)
+    top = outputs["top5"]["value"]  # {label: probability}
+    assert set(top) == set(prompts) and top[prompts[int(expected.argmax())]] == pytest.approx(float(expected.softmax(-1).max()), abs=1e-4)
+    assert "Best-matching prompt" in outputs["summary"] and "zero-shot among the 3 prompts" in outputs["summary"]
+    assert sorted(index for _, index in outputs["target"]["choices"]) == [0, 1, 2]  # each prompt, once
+    assert all(shown.startswith(prompts[index]) for shown, index in outputs["target"]["choices"])
+    assert session.target == int(expected.argmax())  # the best match, as the top class of a classifier
+    other = (session.target + 1) % len(prompts)
+    targeted = by_name(shared.on_target(models, session, other, CLASS_MAPS, *controls(method="attnlrp")), shared.TARGETED)
+    assert session.evidence.target == other and prompts[other] in targeted["class_text"]
+    single = by_name(shared.run_analysis(models, upload, "open_clip:tiny", OVERVIEW, *controls(prompts="a red star")),
+                     shared.FULL_OUTPUTS)
+    assert "one prompt, so 100% whatever the image" in single["summary"]

@@ -156,15 +156,21 @@ def test_an_out_that_cannot_be_a_folder_is_refused_before_any_pass(tmp_path, cap
 
 
 def test_train_default_never_writes_over_the_shipped_model_unless_asked(tmp_path, capsys, monkeypatch):
-    from vit_explorer.cli import parser
+    import vit_explorer.shapes.train as train
+    import vit_explorer.shapes.train_clip as train_clip
     from vit_explorer.models.builtin import ASSETS
 
-    assert parser().parse_args(["train-default"]).out == "shapes.safetensors"  # beside the user, not in the package
-    import vit_explorer.shapes.train as train
-
-    monkeypatch.setattr(train, "train_default", lambda *args, **kwargs: pytest.fail("trained over the shipped model"))
-    assert main(["train-default", "--out", str(ASSETS / "shapes.safetensors")]) == 1
-    assert "--replace-shipped" in capsys.readouterr().err
+    written = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "train_default", lambda out, **kwargs: written.append(out) or {"heldout_accuracy": 0.5})
+    monkeypatch.setattr(train_clip, "train_clip", lambda out, **kwargs: written.append(out) or {"heldout_zero_shot_accuracy": 0.5})
+    assert main(["train-default"]) == 0 and main(["train-default", "--clip"]) == 0
+    # beside the user, not in the package
+    assert written == [Path("shapes.safetensors"), Path("shapes-clip.safetensors")]
+    for shipped, flags in (("shapes.safetensors", []), ("shapes-clip.safetensors", ["--clip"])):
+        assert main(["train-default", *flags, "--out", str(ASSETS / shipped)]) == 1
+        assert "--replace-shipped" in capsys.readouterr().err
+    assert len(written) == 2
 
 
 @pytest.mark.timm

@@ -89,7 +89,7 @@ def run_analyze(args: argparse.Namespace) -> None:
         print(line, flush=True)
     if analysis.num_classes == 0:
         progress("no classifier head, so the map was not scored: a class-specific --method, --target patch:ROW,COL or "
-                 "--target image:PATH scores a similarity instead")
+                 "--target image:PATH scores a similarity instead" + (", --target text:PROMPT a prompt" if model.text else ""))
     progress(npz_note)
     progress(f"wrote {', '.join(path.name for path in written)} to {args.out}")
 
@@ -404,7 +404,8 @@ def parser() -> argparse.ArgumentParser:
                          help="the map to write as METHOD.png and score: " + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
     analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction); for a "
                          "backbone, patch:ROW,COL: what that patch's own output token is made of, or image:PATH: why the image's embedding "
-                         "matches that second image's (default: the image's own embedding)")
+                         "matches that second image's (default: the image's own embedding); for a CLIP or SigLIP model, text:PROMPT or "
+                         "text:PROMPT|PROMPT|…: the prompts' zero-shot prediction, the first explained")
     analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
     analyze.add_argument("--baseline", default="blur", choices=list(PROTOCOLS),

@@ -70,7 +70,8 @@ def loaded_inputs(image: ImageSource | np.ndarray, model: str | LoadedModel | No
 
 
 def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None, method: str = "relevance",
-            target: int | str | tuple[int, int] | OtherImage | None = None, options: RolloutOptions | None = None) -> Explanation:
+            target: int | str | tuple[int, int] | OtherImage | list[str] | None = None,
+            options: RolloutOptions | None = None) -> Explanation:
     """Explain ``image`` (a path, bytes, a PIL image or an ``[H, W, 3]`` uint8 array) with ``model`` (a spec such as
     ``"timm:vit_base_patch16_224"``, a loaded model, or None for the built-in one) by ``method`` (``CLASS_METHODS``),
     for ``target`` (a class name or index; None: the top class).
@@ -79,9 +80,13 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     its own direction (``target`` None), of the output token of the patch at ``target`` = (row, column) on its own
     direction (what that patch's representation is made of), or of the embedding on a second image's, ``target`` =
     ``OtherImage(source, name)`` (why the two match). Its class-agnostic maps (``rollout``, ``cls``) need none.
+
+    A CLIP or SigLIP model explains a text: ``target="a photo of a dog"``, or several prompts, ``target=["a dog", "a
+    cat"]`` (the first explained; ``analysis.top_k()`` is the zero-shot prediction over them); the score is the model's
+    own image–text logit.
     """
     loaded, image = loaded_inputs(image, model)
-    request = Request(method=method, target=Target(target), options=options or RolloutOptions())
+    request = Request(method=method, target=Target.of(target, loaded), options=options or RolloutOptions())
     result = run(loaded, image, request)
     analysis, evidence, grid_map = result.analysis, result.evidence, result.maps[method]
     # a class-agnostic map explains no class: it names none, unless one was asked for
@@ -93,12 +98,12 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
 
 
 def decompose(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None,
-              target: int | str | tuple[int, int] | OtherImage | None = None) -> Decomposition:
+              target: int | str | tuple[int, int] | OtherImage | list[str] | None = None) -> Decomposition:
     """The score of ``target`` (as in ``explain``: a class, None for the top class; for a backbone its similarity
-    score) for ``image`` split exactly over what the model's parts write into the stream it is read from: each head of
+    score; a CLIP model's prompt) for ``image`` split exactly over what the model's parts write into the stream it is read from: each head of
     each layer (``.heads`` ``[layers, heads]``, and over the patches it attended to, ``.head_patches``), each MLP
     (``.mlps``), the embeddings and the biases (``.rest``), with the final norm's scale held at the image's own; and
     the logit lens (``.lens``: the score read after every layer). ``core.decomposition`` says what a direct
     contribution does and does not show."""
     loaded, image = loaded_inputs(image, model)
-    return run(loaded, image, Request(target=Target(target), decompose=True)).decomposition
+    return run(loaded, image, Request(target=Target.of(target, loaded), decompose=True)).decomposition

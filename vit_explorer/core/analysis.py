@@ -27,7 +27,7 @@ from vit_explorer.core.capture import TOP, Captured, ReducingSink, RowSink, Stac
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
 from vit_explorer.core.map_store import MapStore, compact_layer, stack_compact
-from vit_explorer.core.targets import SimilarityAdapter
+from vit_explorer.core.targets import PromptAdapter, SimilarityAdapter
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.models.layout import TokenLayout
@@ -75,6 +75,9 @@ class Analysis:
             pass (the same views at an earlier layer); None when not captured.
         similarity: the one "class" is a backbone's similarity score (``targets``), not a class: its logit is the score
             and its softmax means nothing.
+        prompted: the classes are text prompts (``targets.prompt_model``): each logit is the model's image–text logit,
+            and the softmax over them is a zero-shot prediction among the prompts given.
+        reads_text: the model has a text tower, so prompts can be its targets.
     """
 
     image: np.ndarray
@@ -92,6 +95,8 @@ class Analysis:
     output_tokens: torch.Tensor | None = None
     layer_tokens: torch.Tensor | None = None
     similarity: bool = False
+    prompted: bool = False
+    reads_text: bool = False
     # tensors that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
     derived_limit: ClassVar[int] = 32
@@ -321,7 +326,8 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
                       random_weights=model.random_weights,
                       token_norms=captured.token_norms[0], output_tokens=captured.output_tokens[0],
                       layer_tokens=captured.layer_tokens[0],
-                      similarity=isinstance(model.adapter, SimilarityAdapter))
+                      similarity=isinstance(model.adapter, SimilarityAdapter), prompted=isinstance(model.adapter, PromptAdapter),
+                      reads_text=model.text is not None)
     if captured.targets is not None:
         evidence = ClassEvidence.from_capture(captured, result.label)
         result.evidence[evidence.target] = evidence

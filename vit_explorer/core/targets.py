@@ -102,6 +102,17 @@ class Target:
         return self.value is not None
 
     @classmethod
+    def of(cls, value, model: LoadedModel) -> Target:
+        """What a notebook or script passes as ``target``, for ``model``: on a model with a text tower and no classes, a
+        string is a prompt and a list of strings are prompts (the first explained); anything else as it is."""
+        if model.text is not None and not model.num_classes:
+            if isinstance(value, str):
+                return cls(Prompts((value,)))
+            if isinstance(value, (list, tuple)) and value and all(isinstance(text, str) for text in value):
+                return cls(Prompts(tuple(value)))
+        return cls(value)
+
+    @classmethod
     def parse(cls, text: str | None) -> Target:
         """A command line's ``--target``: a class index or name, ``patch:ROW,COL``, ``image:PATH``, ``text:PROMPT|PROMPT…``
         or None."""

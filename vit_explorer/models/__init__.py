@@ -44,7 +44,7 @@ def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = Non
     another input size where the family allows it."""
     from vit_explorer.models.builtin import load_builtin
     from vit_explorer.models.checkpoint import load_vit_checkpoint
-    from vit_explorer.models.hf_adapter import load_hf
+    from vit_explorer.models.hf_loading import load_hf
     from vit_explorer.models.open_clip_adapter import load_open_clip
     from vit_explorer.models.timm_adapter import load_timm
 

@@ -14,7 +14,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import IMAGENET_MEAN, IMAGENET_STD, LoadedModel, Preprocess, listed
 from vit_explorer.models.ood import OodCalibration
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter, build_vit
-from vit_explorer.models.word_text import TEXT_KEY, text_tower
+from vit_explorer.models.word_text import TEXT_KEY, text_encoder, text_tower
 
 CONFIG_KEY = "vit_explorer"
 
@@ -133,7 +133,11 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         except VitExplorerError as error:  # e.g. written by an earlier version of train-default
             notes.append(f"{error}, so no image is flagged as unfamiliar; `vit-explorer train-default` writes one it reads")
     adapter = VitPytorchAdapter()
-    text = text_tower(config[TEXT_KEY], text_tensors, str(path)) if TEXT_KEY in config else None
+    text = None
+    if TEXT_KEY in config:
+        encoder = text_encoder(config[TEXT_KEY], str(path))
+        load_strict(encoder, text_tensors, f"{path} (text tower)")
+        text = text_tower(config[TEXT_KEY], encoder)
     return LoadedModel(
         module=module,
         name=name or path.name,

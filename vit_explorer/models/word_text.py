@@ -55,17 +55,18 @@ def tokenize(prompts: list[str], vocabulary: tuple[str, ...], length: int) -> to
     return torch.tensor(rows, dtype=torch.long)
 
 
-def text_tower(config: dict[str, Any], tensors: dict[str, torch.Tensor], source: str) -> TextTower:
-    """The ``TextTower`` of a checkpoint's ``text`` config section and its ``text.*`` tensors."""
-    from vit_explorer.models.checkpoint import load_strict
-
+def text_encoder(config: dict[str, Any], source: str) -> WordTextEncoder:
+    """The (untrained) text tower a checkpoint's ``text`` config section describes."""
     try:
-        vocabulary = tuple(config["vocabulary"])
-        encoder = WordTextEncoder(vocab_size=len(vocabulary), **{key: config[key] for key in (
+        return WordTextEncoder(vocab_size=len(config["vocabulary"]), **{key: config[key] for key in (
             "length", "dim", "depth", "heads", "dim_head", "mlp_dim", "embed_dim")})
     except (KeyError, TypeError) as error:
         raise VitExplorerError(f"{source}: the text tower's config lacks {error}") from None
-    load_strict(encoder, tensors, f"{source} (text tower)")
+
+
+def text_tower(config: dict[str, Any], encoder: WordTextEncoder) -> TextTower:
+    """The ``TextTower`` of a checkpoint's ``text`` config section and its loaded ``encoder``."""
+    vocabulary = tuple(config["vocabulary"])
     encoder.eval()
 
     def encode(prompts: list[str]) -> torch.Tensor:

@@ -25,7 +25,7 @@ from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import DEFAULT_MODEL
 from vit_explorer.models.builtin import EXAMPLES
-from vit_explorer.web.session import CACHE_TTL_S, CONTROL_NAMES, Controls, ModelCache, model_choices
+from vit_explorer.web.session import CACHE_TTL_S, CONTROL_NAMES, INPUT_NAMES, Controls, ModelCache, model_choices
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import MAP_VIEW, Wiring
 from vit_explorer.web.tabs.shared import (
@@ -59,8 +59,9 @@ CSS = f""".{MAP_VIEW} .icon-button-wrapper {{ position: static; justify-content:
 NORMALISATIONS = ("per tile", "shared")
 
 
-def page_header(model_spec: str) -> dict:
-    """Upload, model, fit, the model summary and the examples."""
+def page_header(model_spec: str, reads_text: bool) -> dict:
+    """Upload, model, fit, the target, the text prompts (for a model with a text tower, ``reads_text``), the model summary
+    and the examples."""
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=280):
             upload = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=200, elem_id="upload")
@@ -72,6 +73,9 @@ def page_header(model_spec: str) -> dict:
                                info="for images of other proportions", scale=2, min_width=220)
                 # in sight from every tab: the tabs that explain a class (class maps, ablation, compare) all follow this one
                 target = gr.Dropdown([], label="Target class", interactive=False, scale=2, min_width=200, elem_id="target")
+            prompts = gr.Textbox("", label="Text prompts", lines=2, max_lines=6, visible=reads_text, elem_id="prompts",
+                                 placeholder="one prompt per line, e.g.\na photo of a dog\na photo of a cat",
+                                 info=PROMPTS_INFO)
             summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
             # the shapes are what the built-in model knows; another model is offered no examples it would misread.
             # Open until an image is analysed, then folded, so that the maps come up on the first screen
@@ -79,8 +83,20 @@ def page_header(model_spec: str) -> dict:
                               elem_id="examples") as examples:
                 shown = (gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label=None)
                          if EXAMPLES.is_dir() else None)
-    return {"upload": upload, "model": model, "fit": fit, "target": target, "summary": summary, "examples": examples,
-            "example_images": shown}
+    return {"upload": upload, "model": model, "fit": fit, "target": target, "prompts": prompts, "summary": summary,
+            "examples": examples, "example_images": shown}
+
+
+PROMPTS_INFO = ("this model reads text: its prompts become its classes (a zero-shot prediction over them), and the target "
+                "menu explains any of them; press Enter (Shift+Enter for a new line) to analyse with them")
+
+
+def reads_text(models: ModelCache, spec: str) -> bool:
+    """Whether the model of ``spec`` has a text tower (one that cannot be loaded has none to offer)."""
+    try:
+        return models.get(spec).text is not None
+    except VitExplorerError:
+        return False
 
 
 def shows_examples(model_spec: str) -> bool:
@@ -148,7 +164,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
         ui: dict = {"state": gr.State(None, time_to_live=CACHE_TTL_S), "current_model": gr.State(model_spec),
                     "visible_tab": gr.State(FIRST_TAB)}
         gr.Markdown(f"### {TITLE}\n{INTRO}")
-        ui.update(page_header(model_spec))
+        ui.update(page_header(model_spec, reads_text(models, model_spec)))
         # the query image sits beside the tabs, level with the grid and the maps that follow the query
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=280):
@@ -194,9 +210,11 @@ def wire(app: Wiring, containers: dict) -> None:
                          concurrency_limit=2, show_progress_on=progress_on),
         app["model"].input(switch_model, [app["model"], current_model, upload, state, visible, *controls],
                            [current_model, app["model"], *app.all(FULL_OUTPUTS)], api_name="change_model", concurrency_limit=2),
+        app["prompts"].submit(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="set_prompts",
+                              concurrency_limit=2, show_progress_on=progress_on),
     )
-    analyses[2].then(lambda spec: gr.update(visible=shows_examples(spec)), current_model, app["examples"], api_name=False,
-                     show_progress="hidden")
+    analyses[2].then(lambda spec: (gr.update(visible=shows_examples(spec)), gr.update(visible=reads_text(app.models, spec))),
+                     current_model, [app["examples"], app["prompts"]], api_name=False, show_progress="hidden")
     upload.clear(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name=False)  # empties the views
     if app["example_images"] is not None:
         analyses += (app["example_images"].load_input_event.then(
@@ -204,7 +222,7 @@ def wire(app: Wiring, containers: dict) -> None:
             concurrency_limit=2, show_progress="full", show_progress_on=progress_on, trigger_mode=LATEST),)
     for event in (analyses[0], *analyses[3:]):
         event.then(lambda: gr.update(open=False), None, app["examples"], api_name=False, show_progress="hidden")
-    for event, name in zip(analyses, ("analyze", "set_fit", "change_model", "analyze_example")):
+    for event, name in zip(analyses, ("analyze", "set_fit", "change_model", "set_prompts", "analyze_example")):
         # a tab opened while the model ran was drawn from the previous analysis, or not at all: draw it now
         event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",
                       show_progress="hidden")
@@ -222,8 +240,8 @@ def wire(app: Wiring, containers: dict) -> None:
                         concurrency_limit=2)
     for name in CONTROL_NAMES:
         component = app[name]
-        # the fit changes the model's input: it analyses again, above; a state is set by its own tab's events
-        if name != "fit" and not isinstance(component, gr.State):
+        # the fit and the prompts change the model's input: they analyse again, above; a state is set by its own tab's events
+        if name not in INPUT_NAMES and not isinstance(component, gr.State):
             # a text box answers once its text is submitted, not at every key
             event = component.submit if isinstance(component, gr.Textbox) else component.input
             event(on_controls, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"set_{component.label.lower().replace(' ', '_')}")

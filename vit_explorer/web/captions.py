@@ -33,6 +33,7 @@ from vit_explorer.web.session import Controls, Session
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
 BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions; attention, rollout and head statistics work, and the target "
                  "menu offers similarities for the class maps, their faithfulness score and the head ablation to explain.")
+TEXT_NOTE = "This model reads text: type prompts in **Text prompts** above, one per line, to explain a sentence."
 NO_CLASSIFIER = ("This model has no classifier head, so it has no class to explain: the class-specific maps (relevance, AttnLRP, "
                  "LeGrad, gradient-weighted rollout) wait for a target. Choose one in the target menu above: the similarity of the "
                  "image's embedding to its own, or to the query patch's. Rollout and last-layer class attention show meanwhile; "
@@ -65,11 +66,16 @@ def model_summary(analysis: Analysis) -> str:
         # the notice of a flagged image (above) says it already
         stated = analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged
         domain = f" · *{analysis.ood.domain(analysis.model_name)}*" if stated else ""
-        summary = f"Prediction: **{top.label}** {top.prob:.1%}{domain}  \n{summary}"
+        if analysis.prompted:  # a softmax over the prompts given, not over everything the image could be
+            among = (f"zero-shot among the {analysis.num_classes} prompts" if analysis.num_classes > 1
+                     else "one prompt, so 100% whatever the image: give two or more to compare")
+            summary = f"Best-matching prompt: **{top.label}** {top.prob:.1%} ({among})  \n{summary}"
+        else:
+            summary = f"Prediction: **{top.label}** {top.prob:.1%}{domain}  \n{summary}"
     if analysis.random_weights:
         summary += f"  \n**{RANDOM_WEIGHTS_NOTE}**"
     if analysis.num_classes == 0:
-        summary += f"  \n{BACKBONE_NOTE}"
+        summary += f"  \n{BACKBONE_NOTE}" + (f" {TEXT_NOTE}" if analysis.reads_text else "")
     if analysis.view_note:
         summary += f"  \n{analysis.view_note}"
     for note in analysis.model_notes:  # e.g. a resampled position embedding: the maps are not the model's own grid

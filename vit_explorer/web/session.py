@@ -62,6 +62,7 @@ class ModelInputs:
 
     fit: str = "stretch"
     comparison: Comparison | None = None
+    prompts: str = ""  # a CLIP-like model's text prompts, one per line: they become its classes (``core.targets``)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class Controls:
         return self.inputs.comparison
 
     @property
+    def prompts(self) -> str:
+        return self.inputs.prompts
+
+    @property
     def rollout(self) -> maps.RolloutOptions:
         return maps.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer), float(self.residual_weight))
 
@@ -165,9 +170,10 @@ class Session:
     head: int | None  # None: the mean of heads
     evidence: ClassEvidence | None = None
     screen: Screen = field(default_factory=Screen, compare=False)
-    # a backbone's similarity model (``core.targets``) once a similarity target is chosen: ``analysis`` is then its
-    # analysis, whose one "class" is the similarity score
-    similarity: LoadedModel | None = None
+    # the model the target is scored with where it is not the spec's: a backbone's similarity model once a similarity
+    # target is chosen (its one "class" is the similarity score), or a CLIP model's prompt model once prompts are given
+    # (its classes are the prompts, ``core.targets``); ``analysis`` is then its analysis
+    target_model: LoadedModel | None = None
     similarity_choice: str | None = None  # which one: a key of ``SIMILARITY_TARGETS``
     # the app's shared model cache, for the explicit model work a tab asks for before it draws (``Tab.prepare``)
     models: ModelCache | None = field(default=None, repr=False, compare=False)
@@ -178,9 +184,9 @@ class Session:
         return None if self.evidence is None else self.evidence.target
 
     def model(self, models: ModelCache | None = None) -> LoadedModel:
-        """The model the session's target is scored with: the similarity model where one was chosen, else its spec's (from
-        ``models``, by default the cache the session was made with)."""
-        return self.similarity if self.similarity is not None else (models or self.models).get(self.model_spec)
+        """The model the session's target is scored with: the similarity or prompt model where there is one, else its
+        spec's (from ``models``, by default the cache the session was made with)."""
+        return self.target_model if self.target_model is not None else (models or self.models).get(self.model_spec)
 
 
 # a backbone's targets, by the target dropdown's value

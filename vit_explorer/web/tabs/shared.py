@@ -13,9 +13,10 @@ import gradio as gr
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import analyze, class_evidence, recompute_query_rows
-from vit_explorer.core.targets import Target
+from vit_explorer.core.targets import Prompts, Target, prompt_model
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import LoadedModel
 from vit_explorer.run import retarget
 from vit_explorer.web.captions import (
     MEAN_PATCHES,
@@ -112,7 +113,7 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
     # only the image is read from the analysis shown, which may be another similarity's
     similarity, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget, decompose=True)
     query, layer, head = session.query, session.layer, session.head
-    session.analysis, session.similarity, session.similarity_choice = analysis, similarity, choice
+    session.analysis, session.target_model, session.similarity_choice = analysis, similarity, choice
     session.evidence = class_evidence(similarity, analysis, 0, decompose=True)
     session.query, session.layer, session.head = query, layer, head
     session.screen = type(session.screen)()  # every result on screen was for another target
@@ -160,18 +161,26 @@ def analysis_stages(models: ModelCache, upload: str | None, spec: str, visible: 
 
 def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *control_values) -> Iterator[tuple]:
     """``analysis_stages`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
-    model = models.get(spec)
     controls = replace(Controls.from_values(control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
+    model = prompted(models.get(spec), controls.prompts)
     staged = bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
     # the Head contributions tab's decomposition is read off the upload's pass (the evidence's pass, when staged)
     analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit,
                        explain=not staged, decompose=True)
     session = new_session(analysis, spec, None, models)
+    session.target_model = model if analysis.prompted else None
     if staged:
         yield analysed_views(session, controls, visible)
         session.screen = type(session.screen)()  # what was drawn without the evidence is drawn again
     session.evidence = class_evidence(model, analysis, decompose=True) if analysis.num_classes else None
     yield analysed_views(session, controls, visible)
+
+
+def prompted(model: LoadedModel, prompts: str) -> LoadedModel:
+    """``model`` as a zero-shot classifier over ``prompts`` (one per line) where it has a text tower and prompts are given
+    (``targets.prompt_model``); else ``model``."""
+    texts = tuple(line for line in prompts.splitlines() if line.strip())
+    return prompt_model(model, Prompts(texts)) if model.text is not None and texts else model
 
 
 def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
