@@ -431,3 +431,24 @@ def test_decompose_writes_every_part_and_the_lens_for_the_target(tmp_path, capsy
     for name in ("contributions.png", "contributions_chart.png", "lens.png"):
         assert Image.open(out / name).size[0] > 300
     assert "decomposition of 'thing 1'" in capsys.readouterr().out
+
+
+def test_analyze_explains_text_prompts_on_a_clip_model(tmp_path, capsys):
+    """``--target text:A|B|C`` on a CLIP model: the zero-shot prediction over the prompts, the first prompt's map, its
+    decomposition and the report's table of prompts; on a model without a text tower, a refusal before any pass."""
+    transformers = pytest.importorskip("transformers")
+    from test_clip_families import TEXT, VISION
+
+    transformers.CLIPConfig(vision_config=VISION, text_config=TEXT, projection_dim=16).save_pretrained(tmp_path / "clip")
+    photo((40, 40)).save(tmp_path / "image.png")
+    prompts = ["a red star", "a blue circle", "a cat"]
+    assert main(["analyze", str(tmp_path / "image.png"), "--model", f"hf:{tmp_path / 'clip'}@random", "--out", str(tmp_path / "out"),
+                 "--method", "attnlrp", "--target", "text:" + "|".join(prompts), "--decompose", "--html", "--no-faithfulness"]) == 0
+    err = capsys.readouterr().err
+    assert "best-matching prompt:" in err and "among 3 prompts" in err
+    decomposition = json.loads((tmp_path / "out" / "decomposition.json").read_text())
+    assert decomposition["target_label"] == prompts[0] and decomposition["target"] == 0  # the first prompt is explained
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Zero-shot prediction</h2>" in report and all(prompt in report for prompt in prompts)
+    assert main(["analyze", str(tmp_path / "image.png"), "--out", str(tmp_path / "refused"), "--target", "text:a dog"]) == 1
+    assert "no text tower" in capsys.readouterr().err

@@ -198,3 +198,19 @@ def test_capture_leaves_the_library_fused_path_behind(family):
     assert not any("forward" in vars(part) for part in loaded.module.modules())
     assert hooks() == before
     assert getattr(getattr(loaded.module, "config", None), "_attn_implementation", None) == implementation
+
+
+def test_explain_takes_a_sentence_or_a_list_of_prompts():
+    """``explain(image, clip_model, target="...")`` explains one prompt; a list of prompts gives the zero-shot prediction
+    over them and explains the first; ``decompose`` splits that prompt's logit."""
+    from vit_explorer import explain
+    from vit_explorer.explain import decompose
+
+    loaded, own_logits = tiny_open_clip()
+    one = explain(photo((40, 40)), loaded, "legrad", target="a red star")
+    assert one.target == "a red star" and one.probability == pytest.approx(1.0) and one.map.shape == (4, 4)
+    several = explain(photo((40, 40)), loaded, "attnlrp", target=["a red star", "a blue circle"])
+    expected = own_logits(pixels_of(loaded, several.analysis), ("a red star", "a blue circle"))[0].detach()
+    assert several.target == "a red star" and several.probability == pytest.approx(float(expected.softmax(-1)[0]), abs=1e-4)
+    parts = decompose(photo((40, 40)), loaded, target=["a blue circle", "a red star"])
+    assert parts.score == pytest.approx(float(expected[1]), abs=1e-4) and parts.total == pytest.approx(parts.score, abs=1e-4)

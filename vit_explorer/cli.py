@@ -105,7 +105,11 @@ def analysis_notes(analysis) -> list[str]:
         lines.append(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
     elif analysis.num_classes:
         top = analysis.top_k(1)[0]
-        lines.append(f"top prediction: {top.label} ({top.prob:.1%})")
+        if analysis.prompted:
+            lines.append(f"best-matching prompt: {top.label} ({top.prob:.1%} among {analysis.num_classes} prompts; its logit "
+                         f"{float(analysis.logits[top.index]):.3f})")
+        else:
+            lines.append(f"top prediction: {top.label} ({top.prob:.1%})")
         if analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged:  # the warning above says it already
             lines.append(analysis.ood.domain(analysis.model_name))
     return lines

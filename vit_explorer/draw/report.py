@@ -59,12 +59,14 @@ def top_five(analysis: Analysis) -> str:
     if analysis.similarity:
         return (f"<p>{html.escape(analysis.label(0))}: <b>{float(analysis.logits[0]):.3f}</b> (a projection on a unit direction, "
                 "not a probability)</p>")
+    if analysis.prompted:  # a softmax over the prompts given
+        return predictions_table(analysis.top_k(5), "prompt", f"probability among the {analysis.num_classes} prompts")
     return predictions_table(analysis.top_k(5))
 
 
-def predictions_table(top: list[Prediction]) -> str:
+def predictions_table(top: list[Prediction], kind: str = "class", measure: str = "probability") -> str:
     rows = "".join(f"<tr><td>{html.escape(p.label)}</td><td>{p.prob:.1%}</td></tr>" for p in top)
-    return f"<table><tr><th>class</th><th>probability</th></tr>{rows}</table>"
+    return f"<table><tr><th>{kind}</th><th>{measure}</th></tr>{rows}</table>"
 
 
 def provenance(analysis: Analysis) -> str:
@@ -122,7 +124,8 @@ def report_html(run: Run, cmap: str = "inferno") -> str:
     analysis, query, evidence = run.analysis, default_query(run.analysis), run.evidence
     sections = [f"<h1>vit_explorer report: {html.escape(analysis.model_name)}</h1>{provenance(analysis)}"]
     if analysis.num_classes:
-        sections.append(f"<h2>{'Target score' if analysis.similarity else 'Predictions'}</h2>{top_five(analysis)}")
+        heading = "Target score" if analysis.similarity else "Zero-shot prediction" if analysis.prompted else "Predictions"
+        sections.append(f"<h2>{heading}</h2>{top_five(analysis)}")
     sections.append(f"<h2>Overview</h2>{analysis_html(analysis, cmap, header=False)}")
     grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap)
     sections.append(f"<h2>Layers × heads</h2>{figure(grid, 'where the class token looks in every layer (rows) and head (columns), each tile on its own scale')}")
