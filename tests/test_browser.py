@@ -390,3 +390,37 @@ def test_each_upload_and_each_example_runs_the_model_once(tmp_path):
         ran = analyses_run(url)
         assert ran.count("analyze") == 2 and ran.count("analyze_example") == 1, ran
         assert errors == []
+
+
+def test_text_prompts_on_the_shipped_shapes_clip_in_chromium(tmp_path):
+    """``builtin:shapes-clip`` offers a Text prompts box; two prompts on a two-shape image of the independent generator
+    give the zero-shot prediction over them, and the target menu switches AttnLRP's map between them. Screenshots of
+    each prompt's map go to test-output/browser/clip-*.png."""
+    from independent_shapes import CLASSES, independent_pairs
+    from PIL import Image
+    from serving import running_server
+
+    pair = next(pair for pair in independent_pairs(60) if {CLASSES[label] for label in pair.labels} == {"star", "circle"})
+    upload = tmp_path / "star-and-circle.png"
+    Image.fromarray(pair.image).save(upload)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    prompts = ("the star", "the circle")
+    with running_server("builtin:shapes-clip", tmp_path / "server.log") as (url, _), chromium_page(1280, 800) as (page, errors):
+        open_and_upload(page, url, upload)
+        box = page.locator("#prompts textarea")
+        assert box.is_visible()
+        page.get_by_text("This model reads text").first.wait_for(timeout=30_000)
+        box.fill("\n".join(prompts))
+        box.press("Shift+Enter")  # Enter is a new line in a box of several lines
+        page.get_by_text("Best-matching prompt").first.wait_for(timeout=60_000)
+        top5 = page.locator("#top5").inner_text()
+        assert all(prompt in top5 for prompt in prompts), top5
+        open_tab(page, "Class maps")
+        page.get_by_label("AttnLRP").first.check()
+        for prompt in prompts:
+            page.get_by_label("Target class").first.click()
+            page.get_by_role("option", name=prompt).first.click()
+            page.locator(f"#class-text >> text={prompt}").first.wait_for(timeout=60_000)
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(OUTPUT / f"clip-{prompt.replace(' ', '-')}.png"), full_page=True)
+        assert errors == []

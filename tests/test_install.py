@@ -1,4 +1,4 @@
-"""Install like a user: the built wheel carries the shipped model and runs from any folder."""
+"""Install like a user: the built wheel carries both shipped models and runs from any folder."""
 
 import site
 import subprocess
@@ -25,7 +25,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_holds_the_model_and_the_examples(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "vit_explorer/assets/shapes.safetensors" in names
+    assert {"vit_explorer/assets/shapes.safetensors", "vit_explorer/assets/shapes-clip.safetensors"} <= names  # both shipped models
+    assert wheel.stat().st_size < 20 * 2**20
     assert {"vit_explorer/web/app.py", "vit_explorer/web/tabs/__init__.py", "vit_explorer/web/tabs/shared.py", "vit_explorer/core/capture.py",
             "vit_explorer/methods/sanity.py", "vit_explorer/draw/render.py", "vit_explorer/shapes/train.py"} <= names  # every layer
     assert len([name for name in names if name.startswith("vit_explorer/assets/examples/") and name.endswith(".png")]) == 6
@@ -63,3 +64,7 @@ def test_an_installed_wheel_analyses_an_example_from_an_unrelated_folder(wheel, 
     assert result.returncode == 0, result.stderr
     assert {"rollout.png", "heads.png", "attention.npz"} <= {path.name for path in (elsewhere / "out").iterdir()}
     assert "loading builtin:shapes" in result.stderr
+    prompted = subprocess.run([str(environment / "bin" / "vit-explorer"), "analyze", str(example), "--out", "prompted", "--model",
+                               "builtin:shapes-clip", "--target", "text:a star|a circle", "--no-faithfulness"],
+                              cwd=elsewhere, capture_output=True, text=True, timeout=600)
+    assert prompted.returncode == 0 and "best-matching prompt:" in prompted.stderr, prompted.stderr

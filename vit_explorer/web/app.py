@@ -75,7 +75,7 @@ def page_header(model_spec: str, reads_text: bool) -> dict:
                 target = gr.Dropdown([], label="Target class", interactive=False, scale=2, min_width=200, elem_id="target")
             prompts = gr.Textbox("", label="Text prompts", lines=2, max_lines=6, visible=reads_text, elem_id="prompts",
                                  placeholder="one prompt per line, e.g.\na photo of a dog\na photo of a cat",
-                                 info=PROMPTS_INFO)
+                                 info=PROMPTS_INFO, submit_btn="Explain")
             summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
             # the shapes are what the built-in model knows; another model is offered no examples it would misread.
             # Open until an image is analysed, then folded, so that the maps come up on the first screen
@@ -88,7 +88,7 @@ def page_header(model_spec: str, reads_text: bool) -> dict:
 
 
 PROMPTS_INFO = ("this model reads text: its prompts become its classes (a zero-shot prediction over them), and the target "
-                "menu explains any of them; press Enter (Shift+Enter for a new line) to analyse with them")
+                "menu explains any of them; Explain (or Shift+Enter) analyses the image with them")
 
 
 def reads_text(models: ModelCache, spec: str) -> bool:
