@@ -1221,6 +1221,12 @@ def test_text_prompts_become_the_classes_of_a_clip_model(upload):
     other = (session.target + 1) % len(prompts)
     targeted = by_name(shared.on_target(models, session, other, CLASS_MAPS, *controls(method="attnlrp")), shared.TARGETED)
     assert session.evidence.target == other and prompts[other] in targeted["class_text"]
+    # a second image in Compare is read with the same prompts, and explained for the same one
+    second = Path(upload).with_name("second.png")
+    photo((64, 64), seed=5).save(second)
+    with_prompts = controls(method="attnlrp", prompts="\n".join(prompts))
+    compared = by_name(compare_tab.on_compare(models, session, upload, str(second), None, *with_prompts), compare_tab.COMPARED)
+    assert compared["comparison"].analysis.labels == list(prompts) and compared["comparison"].evidence.target == other
     single = by_name(shared.run_analysis(models, upload, "open_clip:tiny", OVERVIEW, *controls(prompts="a red star")),
                      shared.FULL_OUTPUTS)
     assert "one prompt, so 100% whatever the image" in single["summary"]

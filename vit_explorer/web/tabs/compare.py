@@ -18,7 +18,7 @@ from PIL import Image
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import MODEL_MAPS, analyze, class_evidence, pixels_of
 from vit_explorer.core.results import Patching
-from vit_explorer.core.targets import OtherImage, Target
+from vit_explorer.core.targets import OtherImage, Target, prompted
 from vit_explorer.draw import pictures, plots
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.comparison import Comparison, Match, Side, grid_mismatch, relative_depth, sides, target_b
@@ -265,11 +265,12 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     if source is None:
         raise VitExplorerError("the main image is no longer uploaded: upload it again, or upload a second image too")
     step = counter(progress, 2, f"B: loading {spec}, then one pass", "step")
-    model = models.get(spec)  # a hub model not yet loaded: a download, the longest wait
+    # a hub model not yet loaded: a download, the longest wait; a model that reads text is given the main one's prompts
+    model = prompted(models.get(spec), controls.prompts)
     if step is not None:
         step()
     earlier = controls.comparison
-    if earlier is not None and earlier.made_from(source, spec, controls.fit):
+    if earlier is not None and earlier.made_from(source, spec, controls.fit) and earlier.analysis.labels == model.labels:
         analysis = earlier.analysis
     else:
         analysis = analyze(model, source, name=Path(source).name, memory_budget=models.memory_budget, fit=controls.fit)
@@ -340,7 +341,8 @@ def prepare(session: Session, controls: Controls) -> None:
     class_maps.prepare(session, controls)
     comparison = controls.comparison
     if controls.method in MODEL_MAPS and comparison is not None and comparison.evidence is not None:
-        class_evidence(session.models.get(comparison.spec), comparison.analysis, comparison.evidence.target, (controls.method,))
+        class_evidence(prompted(session.models.get(comparison.spec), controls.prompts), comparison.analysis,
+                       comparison.evidence.target, (controls.method,))
 
 
 TAB = Tab("Compare", OUTPUTS, layout, render, depends, wire, ranges=("compare_layer", "compare_head"), set_ranges=set_ranges,

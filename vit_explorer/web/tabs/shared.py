@@ -13,10 +13,9 @@ import gradio as gr
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import analyze, class_evidence, recompute_query_rows
-from vit_explorer.core.targets import Prompts, Target, prompt_model
+from vit_explorer.core.targets import Target, prompted
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models import LoadedModel
 from vit_explorer.run import retarget
 from vit_explorer.web.captions import (
     MEAN_PATCHES,
@@ -174,13 +173,6 @@ def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *
         session.screen = type(session.screen)()  # what was drawn without the evidence is drawn again
     session.evidence = class_evidence(model, analysis, decompose=True) if analysis.num_classes else None
     yield analysed_views(session, controls, visible)
-
-
-def prompted(model: LoadedModel, prompts: str) -> LoadedModel:
-    """``model`` as a zero-shot classifier over ``prompts`` (one per line) where it has a text tower and prompts are given
-    (``targets.prompt_model``); else ``model``."""
-    texts = tuple(line for line in prompts.splitlines() if line.strip())
-    return prompt_model(model, Prompts(texts)) if model.text is not None and texts else model
 
 
 def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
