@@ -179,7 +179,9 @@ def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
     """``FULL_OUTPUTS`` of a new analysis."""
     analysis = session.analysis
     # a backbone has no predictions: no empty box (the summary says "Backbone: no classifier head")
-    top5 = gr.update(value=top_predictions(analysis), visible=True) if analysis.num_classes else gr.update(value=None, visible=False)
+    label = "Zero-shot over the prompts" if analysis.prompted else "Top-5 predictions"
+    top5 = (gr.update(value=top_predictions(analysis), visible=True, label=label) if analysis.num_classes
+            else gr.update(value=None, visible=False))
     values = {"state": session, "summary": model_summary(analysis), "top5": top5,
               "target": target_update(session), **query_views(session), **tab_views(session, controls, visible, clear_hidden=True)}
     # before a classifier's evidence has come, the controls that follow the target keep the user's choice (a method)
