@@ -1230,3 +1230,22 @@ def test_text_prompts_become_the_classes_of_a_clip_model(upload):
     single = by_name(shared.run_analysis(models, upload, "open_clip:tiny", OVERVIEW, *controls(prompts="a red star")),
                      shared.FULL_OUTPUTS)
     assert "one prompt, so 100% whatever the image" in single["summary"]
+
+
+@pytest.mark.parametrize("family", ["open_clip", "hf-clip", "hf-siglip"])
+def test_every_tab_draws_for_a_text_model_with_prompts(upload, family):
+    """Every tab opens on each CLIP-like family with prompts as its classes (SigLIP has no class token; its Head
+    contributions tab says why it cannot be decomposed instead of failing)."""
+    from test_clip_families import FAMILIES
+
+    loaded, _ = FAMILIES[family]()
+    models = ModelCache()
+    models.put(family, loaded)
+    values = controls(method="legrad", prompts="a red star\na blue circle")
+    outputs = by_name(shared.run_analysis(models, upload, family, OVERVIEW, *values), shared.FULL_OUTPUTS)
+    session = outputs["state"]
+    assert session.analysis.prompted and session.evidence is not None
+    views = {tab.title: opened(tab.title, session, values) for tab in TABS}
+    assert all(views.values())
+    text = views["Head contributions"]["contributions_text"]
+    assert ("cannot be split over its parts" in text and "read-out is not affine" in text) == (family == "hf-siglip")

@@ -13,6 +13,7 @@ from vit_explorer.core.analysis import class_evidence
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.draw import charts, pictures
 from vit_explorer.draw.render import grid_tile_px
+from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.ablation import kept_ablation
 from vit_explorer.run import decompose
 from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE, contributions_text, without_target
@@ -65,14 +66,22 @@ def shown_head(session: Session, decomposition: Decomposition) -> tuple[int, int
     return divmod(int(decomposition.heads.abs().argmax()), decomposition.heads.shape[1])
 
 
+def nothing_shown(session: Session, text: str) -> dict:
+    """The tab's outputs with no decomposition to show: ``text`` says why."""
+    session.screen.contribution_geometry = None
+    return {"contributions_text": text,
+            **{name: gr.update(value=None) for name in ("contributions_view", "contributions_split", "contributions_chart",
+                                                        "contributions_lens")},
+            "contributions_ablation_title": gr.update(visible=False), "contributions_ablation": gr.update(value=None, visible=False)}
+
+
 def render(session: Session, controls: Controls) -> dict:
-    decomposition = shown(session)
+    try:
+        decomposition = shown(session)
+    except VitExplorerError as error:  # the tab says why, in place of the views; the other tabs work as ever
+        return nothing_shown(session, f"**This model's score cannot be split over its parts.** {error}")
     if decomposition is None:
-        session.screen.contribution_geometry = None
-        return {"contributions_text": without_target(session, NO_TARGET_TO_DECOMPOSE),
-                **{name: gr.update(value=None) for name in ("contributions_view", "contributions_split", "contributions_chart",
-                                                            "contributions_lens")},
-                "contributions_ablation_title": gr.update(visible=False), "contributions_ablation": gr.update(value=None, visible=False)}
+        return nothing_shown(session, without_target(session, NO_TARGET_TO_DECOMPOSE))
     layer, head = shown_head(session, decomposition)
     tile_px = min(TILE_PX, grid_tile_px(decomposition.heads.shape[1], pictures.GRID_PX))
     grid, session.screen.contribution_geometry = pictures.contribution_picture(decomposition, selected=(layer, head), tile_px=tile_px)
