@@ -30,6 +30,7 @@ def test_the_shipped_shapes_clip_reads_text_offline(shapes_clip):
     model, prompted = shapes_clip
     assert model.text is not None and model.num_classes == 0 and prompted.labels == [f"a {name}" for name in CLASSES]
     assert any("knows 25 words" in note for note in model.notes)  # the app and the CLI say which words it knows
+    assert any("on a photo its matches mean nothing" in note for note in model.notes)  # and what it was trained on
     embeddings = model.text.embed(["a star", "a circle", "the star on the left"])
     assert embeddings.shape == (3, model.module.transformer.norm.normalized_shape[0])
     assert not torch.allclose(embeddings[0], embeddings[1], atol=1e-3)

@@ -17,6 +17,7 @@ from vit_explorer.models.vit_pytorch import VitPytorchAdapter, build_vit
 from vit_explorer.models.word_text import TEXT_KEY, text_encoder, text_tower
 
 CONFIG_KEY = "vit_explorer"
+DOMAIN_KEY = "domain"  # what a shipped model was trained on, in words, for a model without an out-of-distribution score
 
 
 def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
@@ -126,6 +127,8 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
     )
     notes = [f"backbone: the checkpoint has no classifier head ({listed(head)}), so it was loaded without one: no classes, "
              "no class maps"] if head else []
+    if DOMAIN_KEY in config:
+        notes.append(str(config[DOMAIN_KEY]))
     ood = None
     if "ood" in config and not head:  # a calibration of the logits means nothing without the classifier
         try:

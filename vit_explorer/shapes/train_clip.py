@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from vit_explorer.models.builtin import ASSETS
-from vit_explorer.models.checkpoint import CONFIG_KEY, read_state_dict
+from vit_explorer.models.checkpoint import CONFIG_KEY, DOMAIN_KEY, read_state_dict
 from vit_explorer.models.vit import ViT
 from vit_explorer.models.word_text import TEXT_KEY, WordTextEncoder, tokenize
 from vit_explorer.shapes.captions import VOCABULARY, Caption, Thing, draw_caption
@@ -34,6 +34,8 @@ TEXT_CONFIG = {"length": 8, "dim": 64, "depth": 2, "heads": 4, "dim_head": 16, "
 CHECKPOINT_EVERY = 100
 STEPS, BATCH, POOL = 2000, 64, 16_000  # half the pool and of each batch one shape per image, half two
 IMAGE_LR, TEXT_LR = 2e-4, 1e-3  # the image tower starts trained, the text tower from nothing
+DOMAIN = ("trained on images of six synthetic shapes (" + ", ".join(CLASSES) + "), one or two per image, and captions "
+          "about them: on a photo its matches mean nothing")
 
 
 def zero_shot_prompt(label: int) -> str:
@@ -176,7 +178,7 @@ def train_clip(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = Fals
     print(f"held-out zero-shot accuracy {figures['heldout_zero_shot_accuracy']:.3f}; {figures['train_minutes']} min",
           file=sys.stderr)
     config = {"vit": {**SHAPES_VIT, "num_classes": 0}, TEXT_KEY: {**TEXT_CONFIG, "vocabulary": list(VOCABULARY)},
-              "mean": list(MEAN), "std": list(STD), "training": figures}
+              "mean": list(MEAN), "std": list(STD), "training": figures, DOMAIN_KEY: DOMAIN}
     state = {name: tensor.contiguous() for name, tensor in image.state_dict().items()}
     state.update({f"{TEXT_KEY}.{name}": tensor.contiguous() for name, tensor in text.state_dict().items()})
     partial = out.with_suffix(".partial")
