@@ -1,4 +1,4 @@
-"""Targets beyond classes: what a backbone's class-specific maps explain.
+"""Targets beyond classes: what a backbone's class-specific maps explain, and text prompts for a model that reads text.
 
 A backbone has no class scores, so relevance, AttnLRP, LeGrad, gradient-weighted rollout, head ablation and the sanity
 check have nothing to differentiate. ``similarity_model`` gives them one score instead, a projection on a unit
@@ -19,6 +19,12 @@ The score is served through an adapter that wraps the model's own (``SimilarityA
 model with one "class", so every method reaches it through the same interface as a class logit. It is a score,
 not a probability (a softmax over one class is 1 whatever the image), so faithfulness follows it as a share of the
 unchanged image's score (``methods.faithfulness``).
+
+A model with a text tower (CLIP, SigLIP, the shipped shapes-CLIP: ``LoadedModel.text``) is asked in words instead:
+``prompt_model`` makes its ``Prompts`` its classes, each scored by the model's own image–text logit,
+scale · cos(embed(x), text) + bias (``PromptAdapter``), so the softmax over them is a zero-shot prediction and every
+method explains the prompt chosen as it explains a class. The cosine's length is a norm like a LayerNorm's standard
+deviation: AttnLRP and the decomposition hold it at its value on the image (``models.text.UnitNorm``).
 """
 
 from __future__ import annotations
