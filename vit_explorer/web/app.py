@@ -79,7 +79,7 @@ def page_header(model_spec: str, reads_text: bool) -> dict:
             summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
             # the shapes are what the built-in model knows; another model is offered no examples it would misread.
             # Open until an image is analysed, then folded, so that the maps come up on the first screen
-            with gr.Accordion("Examples (generated shapes, for the built-in model)", open=True, visible=shows_examples(model_spec),
+            with gr.Accordion("Examples (generated shapes, for the built-in models)", open=True, visible=shows_examples(model_spec),
                               elem_id="examples") as examples:
                 shown = (gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label=None)
                          if EXAMPLES.is_dir() else None)
@@ -100,8 +100,9 @@ def reads_text(models: ModelCache, spec: str) -> bool:
 
 
 def shows_examples(model_spec: str) -> bool:
-    """Whether the generated-shape examples are offered: for the built-in model only."""
-    return model_spec == DEFAULT_MODEL
+    """Whether the generated-shape examples are offered: for the built-in models (the shapes model and the
+    shapes-CLIP) only."""
+    return model_spec.startswith("builtin:")
 
 
 def query_panel() -> dict:

@@ -215,7 +215,8 @@ CURATED_TIMM = (
     "vit_small_patch16_224.dino",
     "vit_small_patch14_reg4_dinov2.lvd142m",
 )
-CURATED_HF = ("google/vit-base-patch16-224", "facebook/dinov2-with-registers-small")
+CURATED_HF = ("google/vit-base-patch16-224", "facebook/dinov2-with-registers-small", "openai/clip-vit-base-patch32")
+CURATED_OPEN_CLIP = ("ViT-B-32@laion2b_s34b_b79k",)  # with its text tower: prompts
 # architectures to try with no download: the real token layout (class, distillation, register tokens), random weights
 CURATED_TIMM_RANDOM = ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_small_patch14_reg4_dinov2")
 
@@ -230,6 +231,8 @@ def model_choices(initial: str) -> list[str]:
         names += [f"timm:{name}@random" for name in CURATED_TIMM_RANDOM]
     if find_spec("transformers") is not None:
         names += [f"hf:{name}" for name in CURATED_HF]
+    if find_spec("open_clip") is not None:
+        names += [f"open_clip:{name}" for name in CURATED_OPEN_CLIP]
     return names if initial in names else [initial, *names]
 
 
