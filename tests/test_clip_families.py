@@ -101,11 +101,13 @@ def test_every_method_explains_a_prompt(family):
 def test_a_prompt_target_runs_every_result_and_names_the_prompt(family):
     name, loaded, _ = family
     request = Request(method="attnlrp", target=Target(Prompts(PROMPTS, chosen=2)), every_map=True, score=True, steps=2,
-                      random_orders=1, sanity=True, ablation="zero", decompose=name != "hf-siglip")
+                      random_orders=1, sanity=True, ablation="zero", scoreboard=True, decompose=name != "hf-siglip")
     result = run(loaded, photo((40, 40)), request)
     assert result.evidence.target == 2 and result.target_label == PROMPTS[2]
     assert set(result.maps) == set(maps.CLASS_METHODS)
     assert result.curves is not None and result.sanity is not None and result.ablation is not None
+    assert {entry.method for entry in result.scoreboard.entries} == set(maps.CLASS_METHODS)
+    assert result.scoreboard.target_label == PROMPTS[2]
     if name != "hf-siglip":
         parts = result.decomposition
         assert parts.total == pytest.approx(parts.score, rel=1e-4, abs=1e-4)
