@@ -216,3 +216,20 @@ def test_explain_takes_a_sentence_or_a_list_of_prompts():
     assert several.target == "a red star" and several.probability == pytest.approx(float(expected.softmax(-1)[0]), abs=1e-4)
     parts = decompose(photo((40, 40)), loaded, target=["a blue circle", "a red star"])
     assert parts.score == pytest.approx(float(expected[1]), abs=1e-4) and parts.total == pytest.approx(parts.score, abs=1e-4)
+
+
+def test_text_embeddings_are_computed_once_per_prompt_until_the_weights_change():
+    """A redraw, a target change or Compare asks for the same prompts again: the text tower runs for new prompts only,
+    and again after its weights change in place."""
+    loaded, _ = tiny_open_clip()
+    passes = []
+    handle = loaded.text.module.transformer.register_forward_pre_hook(lambda _module, inputs: passes.append(inputs[0].shape[0]))
+    first = loaded.text.embed(["a red star", "a cat"])
+    again = loaded.text.embed(["a cat", "a red star", "a dog"])
+    assert passes == [2, 1]  # only "a dog" was new
+    torch.testing.assert_close(again[:2], first.flip(0))
+    with torch.no_grad():
+        loaded.text.module.token_embedding.weight.mul_(2.0)
+    changed = loaded.text.embed(["a cat"])
+    handle.remove()
+    assert passes == [2, 1, 1] and not torch.allclose(changed[0], first[1])

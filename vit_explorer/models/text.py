@@ -9,7 +9,7 @@ family hands on, projected into the shared space where the model has a projectio
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -29,15 +29,27 @@ class TextTower:
     score_name: str = "similarity logit (scale × cosine)"
     notes: tuple[str, ...] = ()
     module: nn.Module | None = None
+    # each prompt's unit embedding ([dim]) by (prompt, weights' stamp): a redraw, a target change or Compare asks for the
+    # same prompts again, and a weight changed in place (a notebook's fine-tuning) gives another stamp
+    known: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def stamp(self) -> tuple:
+        """What changes when the tower's weights do: each parameter's storage and in-place version."""
+        return () if self.module is None else tuple((p.data_ptr(), p._version) for p in self.module.parameters())
 
     def embed(self, prompts: Sequence[str]) -> torch.Tensor:
-        """Unit-length embeddings of ``prompts`` ``[p, dim]`` (float32, CPU, no graph): computed once per prompt set."""
+        """Unit-length embeddings of ``prompts`` ``[p, dim]`` (float32, CPU, no graph): one pass of the text tower for the
+        prompts not embedded before with these weights."""
         texts = [str(prompt).strip() for prompt in prompts]
         if not texts or any(not text for text in texts):
             raise VitExplorerError("a text target needs at least one prompt, and no prompt may be empty")
-        with torch.inference_mode():
-            embeddings = self.encode(texts).float().cpu()  # [p, dim]
-        return nn.functional.normalize(embeddings, dim=-1).clone()
+        stamp = self.stamp()
+        new = list(dict.fromkeys(text for text in texts if (text, stamp) not in self.known))
+        if new:
+            with torch.inference_mode():
+                embeddings = nn.functional.normalize(self.encode(new).float().cpu(), dim=-1)  # [new, dim]
+            self.known.update(((text, stamp), embedding.clone()) for text, embedding in zip(new, embeddings))
+        return torch.stack([self.known[text, stamp] for text in texts])
 
 
 class UnitNorm(nn.Module):
