@@ -100,10 +100,10 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
 def decompose(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None,
               target: int | str | tuple[int, int] | OtherImage | list[str] | None = None) -> Decomposition:
     """The score of ``target`` (as in ``explain``: a class, None for the top class; for a backbone its similarity
-    score; a CLIP model's prompt) for ``image`` split exactly over what the model's parts write into the stream it is read from: each head of
-    each layer (``.heads`` ``[layers, heads]``, and over the patches it attended to, ``.head_patches``), each MLP
-    (``.mlps``), the embeddings and the biases (``.rest``), with the final norm's scale held at the image's own; and
-    the logit lens (``.lens``: the score read after every layer). ``core.decomposition`` says what a direct
-    contribution does and does not show."""
+    score; a CLIP model's prompt) for ``image`` split exactly over what the model's parts write into the stream it is
+    read from: each head of each layer (``.heads`` ``[layers, heads]``, and over the patches it attended to,
+    ``.head_patches``), each MLP (``.mlps``), the embeddings and the biases (``.rest``), with the final norm's scale held
+    at the image's own; and the logit lens (``.lens``: the score read after every layer). ``core.decomposition`` says
+    what a direct contribution does and does not show."""
     loaded, image = loaded_inputs(image, model)
     return run(loaded, image, Request(target=Target.of(target, loaded), decompose=True)).decomposition

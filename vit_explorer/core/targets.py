@@ -160,13 +160,13 @@ class Target:
 def prompted(model: LoadedModel, lines: str) -> LoadedModel:
     """``model`` as a zero-shot classifier over the prompts in ``lines`` (one per line; the app's text box) where it has a
     text tower and ``lines`` holds any; else ``model`` as it is."""
-    texts = tuple(line for line in lines.splitlines() if line.strip())
-    return prompt_model(model, Prompts(texts)) if model.text is not None and texts else model
+    return prompt_model(model, Prompts(tuple(lines.splitlines()))) if model.text is not None and lines.strip() else model
 
 
 def prompt_model(model: LoadedModel, prompts: Prompts) -> LoadedModel:
     """``model`` (with a text tower) as a zero-shot classifier over ``prompts``: one logit per prompt, the model's own
-    image–text logit (``PromptAdapter``), the prompts as labels. Each prompt's text embedding is computed once, here."""
+    image–text logit (``PromptAdapter``), the prompts as labels; the text tower embeds each prompt once
+    (``TextTower.embed``)."""
     if model.text is None:
         Target(prompts).check(model)
     base = model.adapter.base if isinstance(model.adapter, PromptAdapter) else model.adapter

@@ -64,9 +64,10 @@ class Comparison:
             return None
         return self.patching[1]
 
-    def made_from(self, source: str, spec: str, fit: str) -> bool:
-        """Whether B is the analysis of ``source`` by ``spec`` with ``fit``: then a new comparison reuses it."""
-        return (self.source, self.spec, self.fit) == (source, spec, fit)
+    def made_from(self, source: str, spec: str, fit: str, labels: list[str] | None) -> bool:
+        """Whether B is the analysis of ``source`` by ``spec`` with ``fit``, its classes ``labels`` (a text model's
+        prompts change them): then a new comparison reuses it."""
+        return (self.source, self.spec, self.fit, self.analysis.labels) == (source, spec, fit, labels)
 
     def outdated(self, main: Analysis, main_spec: str, fit: str) -> str | None:
         """What of the main side changed since B was made beside it, where B follows it: "image" (a new main

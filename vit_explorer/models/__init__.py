@@ -2,8 +2,8 @@
 
 Specs: ``builtin:NAME`` (shipped in assets/), ``timm:NAME`` or ``timm:NAME@WEIGHTS`` (timm, optional
 extra), ``hf:REPO_OR_FOLDER`` (transformers, optional extra; CLIP and SigLIP with their text towers),
-``open_clip:ARCH@WEIGHTS`` (OpenCLIP, optional extra; WEIGHTS a file, a pretrained tag or ``random``), or a path to a ``.safetensors``/``.pt``
-checkpoint of a vit-pytorch ViT with its config.
+``open_clip:ARCH@WEIGHTS`` (OpenCLIP, optional extra; WEIGHTS a file, a pretrained tag or ``random``), or a path
+to a ``.safetensors``/``.pt`` checkpoint of a vit-pytorch ViT with its config.
 """
 
 from __future__ import annotations

@@ -104,10 +104,14 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         raise VitExplorerError(f"model file {path} does not exist")
     state_dict, embedded = read_state_dict(path)
     config = read_config(path, embedded)
-    text_prefix = f"{TEXT_KEY}."
-    text_tensors = {key.removeprefix(text_prefix): tensor for key, tensor in state_dict.items() if key.startswith(text_prefix)}
-    if TEXT_KEY in config:  # a CLIP-like checkpoint: the ViT is its image tower
-        state_dict = {key: tensor for key, tensor in state_dict.items() if not key.startswith(text_prefix)}
+    text = None
+    if TEXT_KEY in config:  # a CLIP-like checkpoint: the ViT is its image tower, the text tower's tensors are under text.
+        prefix = f"{TEXT_KEY}."
+        encoder = text_encoder(config[TEXT_KEY], str(path))
+        load_strict(encoder, {key.removeprefix(prefix): tensor for key, tensor in state_dict.items() if key.startswith(prefix)},
+                    f"{path} (text tower)")
+        text = text_tower(config[TEXT_KEY], encoder)
+        state_dict = {key: tensor for key, tensor in state_dict.items() if not key.startswith(prefix)}
     vit_config = config.get("vit", config)
     module = build_vit(vit_config, str(path))
     head = head_missing(module, state_dict)
@@ -136,11 +140,6 @@ def load_vit_checkpoint(path: Path, name: str | None = None) -> LoadedModel:
         except VitExplorerError as error:  # e.g. written by an earlier version of train-default
             notes.append(f"{error}, so no image is flagged as unfamiliar; `vit-explorer train-default` writes one it reads")
     adapter = VitPytorchAdapter()
-    text = None
-    if TEXT_KEY in config:
-        encoder = text_encoder(config[TEXT_KEY], str(path))
-        load_strict(encoder, text_tensors, f"{path} (text tower)")
-        text = text_tower(config[TEXT_KEY], encoder)
     return LoadedModel(
         module=module,
         name=name or path.name,

@@ -121,10 +121,7 @@ def text_tower(full: nn.Module, tokenizer, random_weights: bool) -> TextTower:
 
     bias = getattr(full, "logit_bias", None)
     return TextTower(encode=encode, logit_scale=float(full.logit_scale.detach().exp()),
-                     logit_bias=0.0 if bias is None else float(bias.detach()),
-                     score_name=("SigLIP's logit (scale × cosine + bias)" if siglip
-                                 else "CLIP's similarity logit (scale × cosine)"),
-                     notes=notes, module=full)
+                     logit_bias=0.0 if bias is None else float(bias.detach()), notes=notes, module=full)
 
 
 def from_hf_clip(full: nn.Module, name: str, source: str | None = None, input_hw: tuple[int, int] | None = None,

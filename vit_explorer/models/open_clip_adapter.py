@@ -186,10 +186,7 @@ def from_open_clip(model: nn.Module, name: str, tokenizer=None, random_weights: 
         return model.encode_text(tokenizer(prompts).to(next(model.parameters()).device))
 
     text = TextTower(encode=encode, logit_scale=float(model.logit_scale.detach().exp()),
-                     logit_bias=0.0 if bias is None else float(bias.detach()),
-                     score_name=("SigLIP's logit (scale × cosine + bias)" if bias is not None
-                                 else "CLIP's similarity logit (scale × cosine)"),
-                     notes=tuple(notes), module=model)
+                     logit_bias=0.0 if bias is None else float(bias.detach()), notes=tuple(notes), module=model)
     adapter = OpenClipAdapter()
     return LoadedModel(module=visual, name=name, preprocess=preprocess, layout=adapter.layout(visual, preprocess.input_hw),
                        adapter=adapter, notes=notes, random_weights=random_weights, text=text)

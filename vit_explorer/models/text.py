@@ -20,13 +20,13 @@ from vit_explorer.errors import VitExplorerError
 @dataclass(frozen=True)
 class TextTower:
     """Prompts → embeddings ``[p, dim]`` (not yet unit length) through ``encode``; prompt i scores
-    ``logit_scale`` · cos(image, text_i) + ``logit_bias``, the logit the model itself uses. ``score_name`` says what that
-    logit is, in words; ``notes``: what a user should know about this tower (a tokenizer without the model's vocabulary)."""
+    ``logit_scale`` · cos(image, text_i) + ``logit_bias``, the logit the model itself uses. ``notes``: what a user should
+    know about this tower (a tokenizer without the model's vocabulary); ``module``: the module holding its weights, moved
+    with the image tower to the model's device."""
 
     encode: Callable[[list[str]], torch.Tensor]
     logit_scale: float
     logit_bias: float = 0.0
-    score_name: str = "similarity logit (scale × cosine)"
     notes: tuple[str, ...] = ()
     module: nn.Module | None = None
     # each prompt's unit embedding ([dim]) by (prompt, weights' stamp): a redraw, a target change or Compare asks for the

@@ -75,6 +75,6 @@ def text_tower(config: dict[str, Any], encoder: WordTextEncoder) -> TextTower:
 
     known = [word for word in vocabulary if not word.startswith("[")]
     return TextTower(encode=encode, logit_scale=float(encoder.logit_scale.detach().exp()),
-                     logit_bias=float(encoder.logit_bias.detach()), score_name="its logit (scale × cosine + bias)",
+                     logit_bias=float(encoder.logit_bias.detach()),
                      notes=(f"its text tower knows {len(known)} words ({', '.join(known)}); any other word is unknown to it",),
                      module=encoder)

@@ -270,7 +270,7 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     if step is not None:
         step()
     earlier = controls.comparison
-    if earlier is not None and earlier.made_from(source, spec, controls.fit) and earlier.analysis.labels == model.labels:
+    if earlier is not None and earlier.made_from(source, spec, controls.fit, model.labels):
         analysis = earlier.analysis
     else:
         analysis = analyze(model, source, name=Path(source).name, memory_budget=models.memory_budget, fit=controls.fit)
