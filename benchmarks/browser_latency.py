@@ -51,6 +51,7 @@ from serving import chromium_page, click_natural, free_port  # noqa: E402
 
 from vit_explorer.draw import charts, pictures, plots, render  # noqa: E402
 from vit_explorer.web import app as web_app  # noqa: E402
+from vit_explorer.web import patch_click  # noqa: E402
 from vit_explorer.web.session import ModelCache  # noqa: E402
 from vit_explorer.web.tabs import shared  # noqa: E402
 
@@ -109,6 +110,7 @@ class Stages:
 def instrument(stages: Stages) -> None:
     """Time the model's pass and every public drawing function, where the app's callbacks call them."""
     shared.analyze = stages.timed("model pass (analyze)", shared.analyze)
+    patch_click.quick_views = stages.timed("quick answer (drawing and files)", patch_click.quick_views)
     for module in (pictures, charts, plots, render):
         for name, function in list(vars(module).items()):
             if callable(function) and getattr(function, "__module__", None) == module.__name__ and not name.startswith("_") \
@@ -135,7 +137,8 @@ def clear_traces(url: str) -> None:
 
 
 def resources(page, since: float) -> list[dict]:
-    return page.evaluate("""(since) => performance.getEntriesByType('resource').filter((entry) => entry.startTime >= since)
+    # a patch click's quick answer is requested by a listener that runs just before the one that marks the click
+    return page.evaluate("""(since) => performance.getEntriesByType('resource').filter((entry) => entry.startTime >= since - 5)
         .map((entry) => ({name: entry.name, start: entry.startTime, end: entry.responseEnd}))""", since)
 
 
@@ -163,6 +166,10 @@ def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetche
     if joins:  # the first event's request leaving the page (the upload's file is sent before it)
         row["until_request_sent_s"] = (joins[0]["start"] - start_ms) / 1000
     row["pictures_fetched"] = sum("/file=" in entry["name"] for entry in fetched)
+    quick = [entry for entry in fetched if patch_click.ROUTE in entry["name"]]
+    if quick:  # a patch click's quick answer: its request's start after the click, and its round trip
+        row["quick_answer_sent_s"] = (quick[0]["start"] - start_ms) / 1000
+        row["quick_answer_round_trip_s"] = (quick[0]["end"] - quick[0]["start"]) / 1000
     row["events"] = [{key: value for key, value in trace.items() if value and key not in IDENTIFIERS} for trace in traces]
     return row
 
@@ -187,7 +194,7 @@ def measure(model_spec: str, uploads: int, clicks: int, input_hw: tuple[int, int
     demo = web_app.build_demo(model_spec, models)
     demo.queue(default_concurrency_limit=4)
     port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=web_app.CSS)
+    web_app.launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
     url = f"http://127.0.0.1:{port}/"
     upload_rows, click_rows = [], []
     try:

@@ -148,6 +148,58 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
     print(f"\nbrowser: {timings}")
 
 
+# in the page: the order in which the pictures change and Gradio's event requests leave, from the click on
+LOG_CLICK = """() => {
+    if (window.__order) {  // logging already
+        window.__order = [];
+        return;
+    }
+    window.__order = [];
+    const fetched = window.fetch;
+    window.fetch = (...args) => {
+        if (String(args[0]).includes('/queue/join')) window.__order.push('event');
+        return fetched(...args);
+    };
+    const img = document.querySelector('#head-view img');
+    new MutationObserver(() => window.__order.push(img.src.split(':')[0])).observe(img, {attributes: true, attributeFilter: ['src']});
+}"""
+PAGE_PIXELS = """async (url) => {
+    const img = new Image();
+    img.src = url;
+    await img.decode();
+    const canvas = Object.assign(document.createElement('canvas'), {width: img.naturalWidth, height: img.naturalHeight});
+    const context = canvas.getContext('2d');
+    context.drawImage(img, 0, 0);
+    return Array.from(context.getImageData(0, 0, canvas.width, canvas.height).data);
+}"""
+
+
+def test_a_patch_click_shows_the_quick_answer_before_gradio_sends_the_event_and_then_the_same_pixels(served, tmp_path):
+    """The page's script (``web.patch_click``) shows the clicked patch's views from its own request, before the click
+    reaches Gradio; Gradio's event then sets the query and sends the same pictures (the script picked the same patch as
+    Gradio's select event, at every one of a few clicks, some on patch borders)."""
+    url, _ = served
+    upload = tmp_path / "upload.png"
+    photo((256, 256), seed=12).save(upload)
+    with chromium_page() as (page, errors):
+        open_and_upload(page, url, upload)
+        page.get_by_role("tab", name="Layers × heads").click()
+        page.wait_for_selector("#head-view img", timeout=30_000)
+        # a 320 px view of 16 × 16 patches of 20 px; 19.5, 40 and 100 lie on borders, where rounding decides the patch
+        for x, y, patch in ((30, 30, "row 1, col 1"), (19.5, 299, None), (300, 50, "row 2, col 15"), (40, 100, None)):
+            page.evaluate(LOG_CLICK)
+            click_natural(page, "query-image", x, y)
+            page.wait_for_function("() => document.querySelector('#head-view img').src.startsWith('blob:')", timeout=10_000)
+            quick = page.evaluate(PAGE_PIXELS, page.locator("#head-view img").first.get_attribute("src"))
+            page.wait_for_function("() => document.querySelector('#head-view img').src.includes('/file=')", timeout=30_000)
+            order = page.evaluate("() => window.__order")
+            assert order[:2] == ["blob", "event"], order
+            assert page.evaluate(PAGE_PIXELS, page.locator("#head-view img").first.get_attribute("src")) == quick
+            if patch is not None:
+                page.locator(f"#query-caption >> text={patch}").first.wait_for(timeout=10_000)
+        assert errors == []
+
+
 def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path):
     """The notice as a user sees it, on a model whose calibration flags every image (what the shipped
     model flags is tested in ``test_default_model``)."""

@@ -4,9 +4,11 @@ export zips."""
 
 from __future__ import annotations
 
+import secrets
 import tempfile
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -151,6 +153,13 @@ class Screen:
     token_layer: int | None = None  # the tokens tab's layer (None: the last, the output tokens)
     contribution_geometry: render.GridGeometry | None = None  # the contributions heat map as drawn, for tile clicks
     contribution_head: tuple[int, int] | None = None  # its clicked head (None: the head of largest contribution)
+    # the tab last drawn (the open one) and the controls it was drawn with: what a patch click's quick answer draws
+    open_tab: str | None = None
+    controls: Controls | None = None
+    # per tab: views a patch click's quick answer drew ahead of the click's Gradio event (``web.patch_click``), and the
+    # key they were drawn for; the event takes them, so that the two draw once between them
+    ahead: dict[str, tuple[Hashable, dict]] = field(default_factory=dict)
+    drawing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 @dataclass(eq=False)
@@ -177,6 +186,8 @@ class Session:
     similarity_choice: str | None = None  # which one: a key of ``SIMILARITY_TARGETS``
     # the app's shared model cache, for the explicit model work a tab asks for before it draws (``Tab.prepare``)
     models: ModelCache | None = field(default=None, repr=False, compare=False)
+    # names the session to the page's own script (``web.patch_click``); unguessable, as the page is its only holder
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(16), compare=False)
 
     @property
     def target(self) -> int | None:
@@ -193,9 +204,15 @@ class Session:
 SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "the query patch: its own output token"}
 
 
+# every live session by its key; one leaves with the last reference to it (Gradio's state drops it after its time to live)
+SESSIONS: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+
+
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None, models: ModelCache | None = None) -> Session:
-    return Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis), layer=analysis.map_shape[0] - 1, models=models,
-                   head=None, evidence=evidence)
+    session = Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis), layer=analysis.map_shape[0] - 1,
+                      models=models, head=None, evidence=evidence)
+    SESSIONS[session.key] = session
+    return session
 
 
 def export_dir(ttl_s: float = CACHE_TTL_S) -> Path:

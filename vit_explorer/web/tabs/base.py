@@ -112,14 +112,31 @@ def unchanged(names: Iterable[str]) -> dict[str, Any]:
 
 
 def refresh(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
-    """The tab's views, drawn only if what they depend on changed since the tab last drew for this analysis."""
+    """The tab's views, drawn only if what they depend on changed since the tab last drew for this analysis. The tab
+    is the open one: a patch click's quick answer draws it next, with these controls (``web.patch_click``)."""
+    session.screen.open_tab, session.screen.controls = tab.title, controls
     key = tab.depends(session, controls)
     if session.screen.shown.get(tab.title) == key:
         return unchanged(tab.outputs)
-    if tab.prepare is not None:
-        tab.prepare(session, controls)
-    values = tab.render(session, controls)
+    values = drawn(tab, session, controls)
     session.screen.shown[tab.title] = key
+    return values
+
+
+def drawn(tab: Tab, session: Session, controls: Controls, ahead: bool = False) -> dict[str, Any]:
+    """The tab's views for the session as it is, pictures as files (``as_file``). A patch click's quick answer draws them
+    ``ahead`` of the click's Gradio event (``web.patch_click``); the event's ``refresh`` then takes those same files
+    instead of drawing again, so that the page's components come to hold what the page already shows."""
+    key = tab.depends(session, controls)
+    with session.screen.drawing:  # the quick answer and the event may come at once: the second waits for the first
+        early = session.screen.ahead.pop(tab.title, None)
+        if early is not None and early[0] == key:
+            return early[1]
+        if tab.prepare is not None:
+            tab.prepare(session, controls)
+        values = {name: as_file(value) for name, value in tab.render(session, controls).items()}
+        if ahead:
+            session.screen.ahead[tab.title] = (key, values)
     return values
 
 

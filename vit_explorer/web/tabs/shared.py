@@ -26,6 +26,7 @@ from vit_explorer.web.captions import (
     target_choices,
     top_predictions,
 )
+from vit_explorer.web.patch_click import session_key_html
 from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, new_session
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import Tab, in_order, refresh, require, unchanged, user_errors
@@ -36,7 +37,7 @@ RANGES = tuple(name for tab in TABS for name in tab.ranges)
 QUERY_OUTPUTS = ("query_image", "caption", "query")
 # what an analysis fills, by name: the app wires these components in this order, and the callbacks return them by name
 # (API clients read the summary, the query image and the predictions first)
-FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "target", "caption", "query", *TAB_OUTPUTS, *RANGES)
+FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "target", "caption", "query", "session_key", *TAB_OUTPUTS, *RANGES)
 QUERY_TAB_OUTPUTS = tuple(name for tab in TABS if tab.follows_query for name in tab.outputs)
 QUERIED = ("state", *QUERY_OUTPUTS, *QUERY_TAB_OUTPUTS)
 # the tabs whose ranges follow the target, and those ranges
@@ -121,7 +122,7 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
 def empty_outputs(summary: str = "Upload an image to begin.") -> tuple:
     """``FULL_OUTPUTS`` before any upload (or after one that could not be analysed, ``summary`` saying why): nothing shown."""
     values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
-    values.update(summary=summary, caption="", query=gr.update(), target=gr.update(), top5=gr.update(value=None, visible=False),
+    values.update(summary=summary, caption="", session_key="", query=gr.update(), target=gr.update(), top5=gr.update(value=None, visible=False),
                   **unchanged(RANGES))
     return in_order(values, FULL_OUTPUTS)
 
@@ -182,7 +183,7 @@ def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
     label = "Zero-shot over the prompts" if analysis.prompted else "Top-5 predictions"
     top5 = (gr.update(value=top_predictions(analysis), visible=True, label=label) if analysis.num_classes
             else gr.update(value=None, visible=False))
-    values = {"state": session, "summary": model_summary(analysis), "top5": top5,
+    values = {"state": session, "summary": model_summary(analysis), "top5": top5, "session_key": session_key_html(session),
               "target": target_update(session), **query_views(session), **tab_views(session, controls, visible, clear_hidden=True)}
     # before a classifier's evidence has come, the controls that follow the target keep the user's choice (a method)
     pending = session.evidence is None and analysis.num_classes > 0

@@ -1,0 +1,140 @@
+"""A patch click's quick answer (``web.patch_click``): it draws what the click's Gradio event then sends, the event draws
+nothing twice, model work is left to the event, and the route serves the pictures in one answer."""
+
+import io
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from conftest import CLI_MODEL, photo, write_checkpoint
+from PIL import Image
+
+from vit_explorer.draw import pictures
+from vit_explorer.web import app, patch_click
+from vit_explorer.web.session import SESSIONS, Controls, ModelCache
+from vit_explorer.web.tabs import layers_heads, overview, shared
+
+GRID, OVERVIEW, CLASS_MAPS = "Layers × heads", "Overview", "Class maps"
+CONTROLS = Controls().values()
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return str(write_checkpoint(tmp_path / "six.safetensors", CLI_MODEL))
+
+
+@pytest.fixture
+def upload(tmp_path):
+    path = tmp_path / "upload.png"
+    photo((300, 200), seed=5).save(path)
+    return str(path)
+
+
+def by_name(values: tuple, names: tuple) -> dict:
+    return dict(zip(names, values))
+
+
+def click(x: int, y: int):
+    import gradio as gr
+
+    return gr.SelectData(None, {"index": [x, y], "value": None, "selected": True})
+
+
+def pixels(path: str) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def test_the_click_event_sends_the_files_the_quick_answer_drew_and_draws_nothing_again(checkpoint, upload, monkeypatch):
+    models = ModelCache()
+    session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    assert SESSIONS[session.key] is session
+    height, width = pictures.view_hw(session.analysis)
+    x, y = width - 3, height // 2
+    quick = patch_click.quick_views(session, x, y)
+    token = pictures.token_at(session.analysis, x, y, (height, width))
+    assert session.query != token  # the quick answer does not make the query the session's: the event does
+
+    # the same views drawn independently: a fresh analysis's session with that query, through the tab's own render
+    fresh = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    fresh.query = token
+    expected = layers_heads.TAB.render(fresh, Controls())
+    np.testing.assert_array_equal(pixels(quick["grid"]), expected["grid"])
+    np.testing.assert_array_equal(pixels(quick["head_view"]), expected["head_view"])
+    np.testing.assert_array_equal(pixels(quick["query_image"]), pictures.image_picture(session.analysis, token))
+    assert quick["grid_caption"] == expected["grid_caption"]
+
+    drawn = []
+    monkeypatch.setattr(pictures, "grid_picture", lambda *a, **k: drawn.append(1))
+    event = by_name(shared.on_patch_click(models, click(x, y), session, GRID, *CONTROLS), shared.QUERIED)
+    assert not drawn and not session.screen.ahead  # taken, not drawn again
+    assert session.query == token
+    for name in ("query_image", "grid", "head_view"):
+        assert event[name] == quick[name], name  # the same file: the page's component holds what the page shows
+
+
+def test_a_quick_answer_for_another_patch_is_not_what_a_later_event_sends(checkpoint, upload):
+    """Quick answers may come without their event (a click held longer than the script waits, a press dragged away):
+    the event of another patch draws its own views."""
+    models = ModelCache()
+    session = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    height, width = pictures.view_hw(session.analysis)
+    first = patch_click.quick_views(session, 2, 2)
+    event = by_name(shared.on_patch_click(models, click(width - 2, height - 2), session, OVERVIEW, *CONTROLS), shared.QUERIED)
+    assert event["overview_rollout"] != first["overview_rollout"] and not session.screen.ahead
+    last = pictures.token_at(session.analysis, width - 2, height - 2, (height, width))
+    fresh = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    fresh.query = last
+    expected = overview.TAB.render(fresh, Controls())
+    for name in ("overview_rollout", "overview_last"):
+        np.testing.assert_array_equal(pixels(event[name]), expected[name])
+
+
+def test_the_quick_answer_leaves_model_work_and_views_that_do_not_follow_the_query_to_the_event(checkpoint, upload):
+    models = ModelCache(memory_budget=1)  # compact: a clicked patch's rows need the model again
+    session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    height, width = pictures.view_hw(session.analysis)
+    assert not session.analysis.store.keeps_rows_of(pictures.token_at(session.analysis, 5, 5, (height, width)))
+    assert set(patch_click.quick_views(session, 5, 5)) == {"query_image"}
+
+    session = by_name(shared.run_analysis(ModelCache(), upload, checkpoint, CLASS_MAPS, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    assert session.screen.open_tab == CLASS_MAPS
+    assert set(patch_click.quick_views(session, 5, 5)) == {"query_image"}
+
+
+def test_the_route_serves_the_pictures_in_one_answer(checkpoint, upload):
+    from serving import free_port
+
+    models = ModelCache()
+    demo = app.build_demo(checkpoint, models)
+    demo.queue()
+    port = free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+        route = f"http://127.0.0.1:{port}{patch_click.ROUTE}"
+        with urllib.request.urlopen(f"{route}?session={session.key}&x=7&y=9") as answer:
+            layout = [entry.split(":") for entry in answer.headers[patch_click.PICTURES_HEADER].split(",")]
+            body = answer.read()
+        with urllib.request.urlopen(f"{route}?session=not-a-session&x=7&y=9") as unknown:
+            assert unknown.status == 204
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{route}?session={session.key}&x=seven&y=9")
+    finally:
+        demo.close()
+    assert sum(int(length) for _, length in layout) == len(body)
+    quick = patch_click.quick_views(session, 7, 9)  # drawn again: the same files
+    names = {"query-image": "query_image", "grid": "grid", "head-view": "head_view"}
+    assert [elem_id for elem_id, _ in layout] == list(names)
+    at = 0
+    for elem_id, length in layout:
+        picture = np.asarray(Image.open(io.BytesIO(body[at:at + int(length)])).convert("RGB"))
+        at += int(length)
+        np.testing.assert_array_equal(picture, pixels(quick[names[elem_id]]))
+
+
+def test_the_page_holds_the_session_key_only_after_an_analysis(checkpoint, upload):
+    empty = by_name(shared.empty_outputs(), shared.FULL_OUTPUTS)
+    assert empty["session_key"] == ""
+    session = by_name(shared.run_analysis(ModelCache(), upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
+    assert session["session_key"] == f'<span data-session="{session["state"].key}"></span>'
