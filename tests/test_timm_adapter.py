@@ -70,6 +70,34 @@ def test_capture_matches_manual_attention_and_keeps_logits(case):
     assert attentions.shape[-1] == layout.num_tokens
 
 
+@pytest.mark.parametrize("case", ["vit", "dinov2-reg4-98px"])
+def test_one_image_without_gradients_is_captured_in_place_with_the_same_maps_and_logits(case):
+    """The app's pass (one image, no gradients, every map kept): the softmax is written straight into the kept stack."""
+    from vit_explorer.core.capture import StackingSink, capture
+
+    make, _, _, input_hw = CASES[case]
+    model = make()
+    images = torch.randn(1, 3, *input_hw)
+    with torch.no_grad():
+        fused_logits = model(images)
+    seen = []  # where each map the capture's hook sees lives
+    handles = [block.attn.attn_drop.register_forward_hook(lambda _m, _i, output: seen.append(output.data_ptr())) for block in model.blocks]
+    sink = StackingSink(len(model.blocks))
+    captured = capture(model, images, sink)
+    for handle in handles:
+        handle.remove()
+    assert seen == [sink.stacked[:, layer].data_ptr() for layer in range(len(model.blocks))]  # no copy
+    assert all("forward" not in block.attn.__dict__ for block in model.blocks)  # timm's own forward again
+    torch.testing.assert_close(captured.logits, fused_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(captured.kept, manual_maps(model, images), rtol=1e-4, atol=1e-6)
+    seen.clear()
+    handles = [block.attn.attn_drop.register_forward_hook(lambda _m, _i, output: seen.append(output.data_ptr())) for block in model.blocks]
+    graph_sink = StackingSink(len(model.blocks))
+    with_gradients = capture(model, images, graph_sink, target=0)  # timm's own path: out= takes no gradients
+    assert seen and not set(seen) & {graph_sink.stacked[:, layer].data_ptr() for layer in range(len(model.blocks))}
+    torch.testing.assert_close(with_gradients.kept, captured.kept, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_class_specific_maps_and_faithfulness(case):
     make, _, _, input_hw = CASES[case]

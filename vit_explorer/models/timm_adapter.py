@@ -5,14 +5,19 @@ hook can see. Each block's attention module also has an explicit path,
 ``softmax → attn_drop → @ v``; for the capture the adapter flips ``fused_attn`` off on every block
 (it is read per module, so the global ``set_fused_attn`` would not reach built models), hooks
 ``attn_drop``, and restores each flag afterwards.
+
+A pass without gradients into a sink that keeps every whole map (``slot``) goes one step further for timm's plain
+``Attention``: its softmax is computed straight into the sink's place for the map (``attention_in_place``), which saves
+a copy of every map and the allocation of two more.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -68,6 +73,20 @@ class TimmAdapter(HookAdapter):
         finally:
             for attention, fused in zip(attentions, saved):
                 attention.fused_attn = fused
+
+    @contextmanager
+    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        with ExitStack() as stack:
+            forward = stack.enter_context(super().attached(module, sink))
+            slot = getattr(sink, "slot", None)
+            attentions = attention_modules(module)
+            timm = require_timm()
+            if slot is not None and all(type(attention) is timm.layers.Attention for attention in attentions):
+                for layer, attention in enumerate(attentions):
+                    # an instance attribute shadows the class's forward for this module only
+                    attention.forward = partial(attention_in_place, attention, partial(slot, layer))
+                    stack.callback(attention.__dict__.pop, "forward", None)
+            yield forward
 
     def attention_writes(self, module: nn.Module) -> list[nn.Module]:
         # a pre-norm block adds ``ls1(attn(norm1(x)))``; BEiT's and EVA's ``gamma_1``, a norm inside the attention
@@ -129,6 +148,29 @@ class TimmAdapter(HookAdapter):
             if tuple(input_hw) != expected:
                 raise VitExplorerError(f"this timm model takes {expected[0]}×{expected[1]} inputs, not {input_hw[0]}×{input_hw[1]}")
         return TokenLayout(prefix_names=tuple(names), grid_hw=grid, patch_hw=tuple(patch_embed.patch_size))
+
+
+def attention_in_place(attention: nn.Module, slot: Callable[..., torch.Tensor | None], x: torch.Tensor,
+                       attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    """timm's ``Attention.forward`` on its explicit path, with q·kᵀ and the softmax written into ``slot(shape, dtype,
+    device)``, the sink's place for this layer's map ``[b, heads, n, n]``. ``attn_drop`` still sees the map, so the
+    capture's hook (and any edit) works as on timm's own path. With gradients (``out=`` has none), a mask or a place
+    that is not one contiguous block, timm's own forward runs."""
+    b, n, _ = x.shape
+    place = None if torch.is_grad_enabled() or attn_mask is not None or is_causal else slot((b, attention.num_heads, n, n),
+                                                                                             x.dtype, x.device)
+    if place is None or not place.is_contiguous():
+        return type(attention).forward(attention, x, attn_mask, is_causal)
+    gate = attention.gate(x).sigmoid() if getattr(attention, "gate", None) is not None else None
+    q, k, v = attention.qkv(x).reshape(b, n, 3, attention.num_heads, attention.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k = attention.q_norm(q), attention.k_norm(k)
+    torch.matmul(q * attention.scale, k.transpose(-2, -1), out=place)
+    torch.ops.aten._softmax.out(place, -1, False, out=place)  # in place, row by row: the same values as ``softmax``
+    x = (attention.attn_drop(place) @ v).transpose(1, 2).reshape(b, n, -1)
+    x = getattr(attention, "norm", nn.Identity())(x)
+    if gate is not None:
+        x = x * gate
+    return attention.proj_drop(attention.proj(x))
 
 
 def built_patch_hw(name: str) -> tuple[int, int] | None:
