@@ -78,6 +78,44 @@ def test_capture_matches_manual_attention_and_restores_sdpa(case):
     assert layout.prefix_names == prefix and layout.grid_hw == grid and attentions.shape[-1] == layout.num_tokens
 
 
+@pytest.mark.parametrize("case", ["vit", "dinov2-registers-56px"])
+def test_one_image_without_gradients_is_captured_in_place_with_the_same_maps_and_output(case):
+    """The app's pass (one image, no gradients, every map kept): each softmax is written straight into the kept stack
+    (the sink is asked for its place, and the map it keeps is that place), with the maps and output of the plain path."""
+    from vit_explorer.core.capture import StackingSink, capture
+
+    make, _, _, input_hw = CASES[case]
+    model = make()
+    images = torch.randn(1, 3, *input_hw)
+    layers = adapter_for(model).map_shape(model)[0]
+
+    class Watched(StackingSink):
+        def __init__(self) -> None:
+            super().__init__(layers)
+            self.places, self.handed = [], []
+
+        def slot(self, layer, shape, dtype, device):
+            place = super().slot(layer, shape, dtype, device)
+            self.places.append(place.data_ptr())
+            return place
+
+        def __setitem__(self, layer, attention):
+            self.handed.append(attention.data_ptr())
+            super().__setitem__(layer, attention)
+
+    sink = Watched()
+    captured = capture(model, images, sink)
+    assert sink.handed == sink.places[::2] == [sink.stacked[:, layer].data_ptr() for layer in range(layers)]  # no copy
+    assert model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(captured.kept, manual_maps(model, images), rtol=1e-4, atol=1e-6)
+    if hasattr(model, "classifier"):
+        torch.testing.assert_close(captured.logits, output_of(model, images), rtol=1e-4, atol=1e-5)
+    with_gradients = Watched()  # out= takes no gradients: the maps are handed over after the backward pass, and copied
+    capture(model, images, with_gradients, target=0 if hasattr(model, "classifier") else "top")
+    assert not set(with_gradients.handed) & {with_gradients.stacked[:, layer].data_ptr() for layer in range(layers)}
+    torch.testing.assert_close(with_gradients.stacked, captured.kept, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("case", ["vit", "deit-teacher"])
 def test_class_specific_maps_and_faithfulness(case):
     module = CASES[case][0]()

@@ -1,8 +1,9 @@
 """Adapter for Hugging Face ``transformers`` ViT, DeiT, DINOv2 and DINOv2-with-registers models.
 
-With the default ``sdpa`` attention, ``output_attentions=True`` silently returns no maps; the
-adapter switches the model to eager attention while capturing and back afterwards, and takes the
-maps from the model's own ``attentions`` output.
+With the default ``sdpa`` attention no hook sees a map (and ``output_attentions=True`` silently returns none). While
+capturing, the adapter registers an attention function of its own (``captured_attention``: transformers' eager
+attention, each map handed to the sink as it is made) and switches the model to it, and back afterwards. A pass without
+gradients into a sink that keeps every whole map writes each softmax straight into the sink's place for it.
 """
 
 from __future__ import annotations
@@ -136,14 +137,16 @@ class HFAdapter(CaptureAdapter):
 
     @contextmanager
     def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-        def forward(pixels: torch.Tensor) -> torch.Tensor:
-            outputs = self.run(module, pixels, output_attentions=True)
-            for layer, attention in enumerate(outputs.attentions or ()):
-                sink[layer] = attention
-            return self.logits_of(outputs, pixels)
-
-        with self.implementation(module, "eager"):
-            yield forward
+        attentions = self.attention_modules(module)
+        require_transformers().AttentionInterface.register(CAPTURED, captured_attention)
+        try:
+            for layer, attention in enumerate(attentions):
+                _captures[attention] = (layer, sink)
+            with self.implementation(module, CAPTURED):
+                yield partial(self.logits, module)
+        finally:
+            for attention in attentions:
+                _captures.pop(attention, None)
 
     @contextmanager
     def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
@@ -180,6 +183,32 @@ def edited_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if edit is not None:
         weights = edit(weights)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+CAPTURED = "vit_explorer_captured"  # the attention function ``HFAdapter.attached`` registers
+# each attention module's layer and the sink its map goes to while ``HFAdapter.attached`` is active
+_captures: weakref.WeakKeyDictionary[nn.Module, tuple[int, MutableMapping[int, torch.Tensor]]] = weakref.WeakKeyDictionary()
+
+
+def captured_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                       **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' eager attention (``edited_attention`` without an edit), its map ``[b, heads, n, n]`` handed to the
+    sink of ``module``'s layer. Without gradients, in float32 and unmasked, q·kᵀ and the softmax are written into the
+    sink's place for the map where it offers one (``slot``): the same operations, without a copy of every map."""
+    layer, sink = _captures[module]
+    slot = getattr(sink, "slot", None)
+    place = None
+    if slot is not None and not torch.is_grad_enabled() and attention_mask is None and query.dtype == torch.float32:
+        place = slot(layer, (query.shape[0], query.shape[1], query.shape[2], key.shape[2]), query.dtype, query.device)
+    if place is None or not place.is_contiguous() or module.training:
+        output, weights = edited_attention(module, query, key, value, attention_mask, scaling, dropout)
+    else:
+        torch.matmul(query, key.transpose(2, 3), out=place).mul_(query.size(-1) ** -0.5 if scaling is None else scaling)
+        weights = torch.ops.aten._softmax.out(place, -1, False, out=place)
+        output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    sink[layer] = weights
+    return output, weights
 
 
 def preprocess_from(module: nn.Module, source: str | None) -> Preprocess:
