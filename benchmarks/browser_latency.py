@@ -51,7 +51,7 @@ from serving import chromium_page, click_natural, free_port  # noqa: E402
 
 from vit_explorer.draw import charts, pictures, plots, render  # noqa: E402
 from vit_explorer.web import app as web_app  # noqa: E402
-from vit_explorer.web import patch_click  # noqa: E402
+from vit_explorer.web import quick_answer  # noqa: E402
 from vit_explorer.web.session import ModelCache  # noqa: E402
 from vit_explorer.web.tabs import shared  # noqa: E402
 
@@ -62,8 +62,9 @@ MARK_INPUT = """() => {
     const mark = () => {
         if (window.__input === null) window.__input = [performance.now(), performance.timeOrigin + performance.now()];
     };
-    document.addEventListener('change', mark, {capture: true, once: true});
-    document.addEventListener('pointerdown', mark, {capture: true, once: true});
+    // on the window, the first to see an event: the page's quick answers hold the file's change back from the document
+    window.addEventListener('change', mark, {capture: true, once: true});
+    window.addEventListener('pointerdown', mark, {capture: true, once: true});
 }"""
 
 # the first frame that shows the element's <img> with a new picture, loaded, in the page's clock. It waits on the page's
@@ -116,7 +117,8 @@ class Stages:
 def instrument(stages: Stages) -> None:
     """Time the model's pass and every public drawing function, where the app's callbacks call them."""
     shared.analyze = stages.timed("model pass (analyze)", shared.analyze)
-    patch_click.quick_views = stages.timed("quick answer (drawing and files)", patch_click.quick_views)
+    quick_answer.quick_views = stages.timed("quick answer (drawing and files)", quick_answer.quick_views)
+    quick_answer.uploaded_views = stages.timed("quick answer (analysis, drawing and files)", quick_answer.uploaded_views)
     for module in (pictures, charts, plots, render):
         for name, function in list(vars(module).items()):
             if callable(function) and getattr(function, "__module__", None) == module.__name__ and not name.startswith("_") \
@@ -143,8 +145,7 @@ def clear_traces(url: str) -> None:
 
 
 def resources(page, since: float) -> list[dict]:
-    # a patch click's quick answer is requested by a listener that runs just before the one that marks the click
-    return page.evaluate("""(since) => performance.getEntriesByType('resource').filter((entry) => entry.startTime >= since - 5)
+    return page.evaluate("""(since) => performance.getEntriesByType('resource').filter((entry) => entry.startTime >= since)
         .map((entry) => ({name: entry.name, start: entry.startTime, end: entry.responseEnd}))""", since)
 
 
@@ -172,8 +173,8 @@ def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetche
     if joins:  # the first event's request leaving the page (the upload's file is sent before it)
         row["until_request_sent_s"] = (joins[0]["start"] - start_ms) / 1000
     row["pictures_fetched"] = sum("/file=" in entry["name"] for entry in fetched)
-    quick = [entry for entry in fetched if patch_click.ROUTE in entry["name"]]
-    if quick:  # a patch click's quick answer: its request's start after the click, and its round trip
+    quick = [entry for entry in fetched if quick_answer.CLICK_ROUTE in entry["name"] or quick_answer.UPLOAD_ROUTE in entry["name"]]
+    if quick:  # a quick answer (``web.quick_answer``): its request's start after the click or the file, and its round trip
         row["quick_answer_sent_s"] = (quick[0]["start"] - start_ms) / 1000
         row["quick_answer_round_trip_s"] = (quick[0]["end"] - quick[0]["start"]) / 1000
     row["events"] = [{key: value for key, value in trace.items() if value and key not in IDENTIFIERS} for trace in traces]

@@ -53,7 +53,7 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
 @pytest.mark.browser
 def test_the_browser_benchmark_splits_an_upload_and_a_click(tmp_path):
     """One upload and one patch click after the warm-up, in Chromium: each split into its parts, with one analysis per
-    upload and one event per click seen by the server; the click's map shown from its quick answer first."""
+    upload and one event per click seen by the server; the maps shown from their quick answers first."""
     pytest.importorskip("playwright.sync_api")
     out = tmp_path / "browser.json"
     script = SCRIPT.parent / "browser_latency.py"
@@ -67,8 +67,10 @@ def test_the_browser_benchmark_splits_an_upload_and_a_click(tmp_path):
     for row in (upload, click):
         assert row["until_request_sent_s"] > 0 and row["main_event_server_s"] > 0
         assert row["server_fn_call_s"] <= row["main_event_server_s"] + 1e-3
-    assert upload["until_request_sent_s"] < upload["browser_total_s"]
-    assert upload["callback_model pass (analyze)_s"] > 0 and upload["pictures_fetched"] >= 2
-    # a click's map comes from the quick answer, asked for at the press, before Gradio's event request leaves
-    assert abs(click["quick_answer_sent_s"]) < 0.05 and 0 < click["quick_answer_round_trip_s"] < click["browser_total_s"]
-    assert click["browser_total_s"] < click["until_request_sent_s"] and click["callback_quick answer (drawing and files)_s"] > 0
+    # the maps come from the quick answer, asked for at the file or the press, before Gradio's event request leaves; the
+    # upload's event takes its analysis (no model pass of its own)
+    for row in (upload, click):
+        assert abs(row["quick_answer_sent_s"]) < 0.05 and 0 < row["quick_answer_round_trip_s"] < row["browser_total_s"]
+        assert row["browser_total_s"] < row["until_request_sent_s"]
+    assert upload["callback_quick answer (analysis, drawing and files)_s"] > 0 and "callback_model pass (analyze)_s" not in upload
+    assert click["callback_quick answer (drawing and files)_s"] > 0

@@ -175,7 +175,7 @@ PAGE_PIXELS = """async (url) => {
 
 
 def test_a_patch_click_shows_the_quick_answer_before_gradio_sends_the_event_and_then_the_same_pixels(served, tmp_path):
-    """The page's script (``web.patch_click``) shows the clicked patch's views from its own request, before the click
+    """The page's script (``web.quick_answer``) shows the clicked patch's views from its own request, before the click
     reaches Gradio; Gradio's event then sets the query and sends the same pictures (the script picked the same patch as
     Gradio's select event, at every one of a few clicks, some on patch borders)."""
     url, _ = served
@@ -198,6 +198,67 @@ def test_a_patch_click_shows_the_quick_answer_before_gradio_sends_the_event_and_
             if patch is not None:
                 page.locator(f"#query-caption >> text={patch}").first.wait_for(timeout=10_000)
         assert errors == []
+
+
+LOG_UPLOAD = """() => {
+    window.__order = [];
+    const fetched = window.fetch;
+    window.fetch = (...args) => {
+        const url = String(args[0] && args[0].url || args[0]);
+        if (url.includes('gradio_api/upload')) window.__order.push('gradio upload');
+        return fetched(...args);
+    };
+    new MutationObserver(() => {
+        const img = document.querySelector('#overview-rollout img');
+        if (img) window.__order.push(img.src.split(':')[0]);
+    }).observe(document.querySelector('#overview-rollout'), {subtree: true, childList: true, attributes: true, attributeFilter: ['src']});
+}"""
+
+
+def test_an_upload_shows_its_quick_answer_before_gradio_has_the_file_and_runs_the_model_once(tmp_path):
+    """After the page's first analysis, an uploaded file goes to the quick answer first (``web.quick_answer``): its maps
+    are on screen before Gradio's own upload starts, Gradio's event then shows the same pixels from the same analysis,
+    and the model runs as often as for an analysis of another image outside the page."""
+    from serving import free_port
+
+    from vit_explorer.web import app
+    from vit_explorer.web.session import Controls, ModelCache
+    from vit_explorer.web.tabs import shared
+
+    checkpoint = write_checkpoint(tmp_path / "browser.safetensors", CLI_MODEL)
+    models = ModelCache()
+    passes: list = []
+    models.get(str(checkpoint)).module.register_forward_pre_hook(lambda *_: passes.append(1))
+    demo = app.build_demo(str(checkpoint), models)
+    demo.queue()
+    port = free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
+    first, second = tmp_path / "first.png", tmp_path / "second.png"
+    photo((256, 256), seed=21).save(first)
+    photo((300, 200), seed=22).save(second)
+    try:
+        with chromium_page() as (page, errors):
+            open_and_upload(page, f"http://127.0.0.1:{port}/", first)  # no session yet: the event alone
+            page.wait_for_function("() => document.querySelector('#session-key [data-session]')", timeout=30_000)
+            page.wait_for_timeout(1000)
+            before = len(passes)
+            page.evaluate(LOG_UPLOAD)
+            page.locator("#upload input[type=file]").set_input_files(str(second))
+            page.wait_for_function("() => document.querySelector('#overview-rollout img').src.startsWith('blob:')", timeout=30_000)
+            quick = page.evaluate(PAGE_PIXELS, page.locator("#overview-rollout img").first.get_attribute("src"))
+            page.wait_for_function("() => document.querySelector('#overview-rollout img').src.includes('/file=')", timeout=30_000)
+            page.wait_for_timeout(1000)
+            order = page.evaluate("() => window.__order")
+            assert order[:2] == ["blob", "gradio upload"], order
+            assert page.evaluate(PAGE_PIXELS, page.locator("#overview-rollout img").first.get_attribute("src")) == quick
+            uploaded = len(passes) - before
+            assert "300×200 image" in page.locator("#summary").inner_text()  # the new image's analysis, by the event too
+            assert errors == []
+    finally:
+        demo.close()
+    passes.clear()
+    shared.run_analysis(models, str(first), str(checkpoint), "Overview", *Controls().values())
+    assert uploaded == len(passes) > 0
 
 
 def test_a_flagged_image_shows_the_outside_notice_above_the_predictions(tmp_path):

@@ -57,6 +57,8 @@ def test_share_is_off_by_default_and_warns_when_on(monkeypatch, capsys, tmp_path
 
     monkeypatch.setattr(app.gr.Blocks, "launch", launch)
     monkeypatch.setattr(app.gr.Blocks, "block_thread", lambda self: None)
+    routed = []  # the quick answers' routes go on the launched server's app
+    monkeypatch.setattr(app.quick_answer, "add_routes", routed.append)
     checkpoint = str(write_checkpoint(tmp_path / "m.safetensors", CLI_MODEL))
     app.serve(checkpoint, open_browser=False)
     assert launches[-1]["share"] is False and launches[-1]["server_name"] == "127.0.0.1"
@@ -65,6 +67,7 @@ def test_share_is_off_by_default_and_warns_when_on(monkeypatch, capsys, tmp_path
     assert launches[-1]["share"] is True
     assert app.SHARE_WARNING in capsys.readouterr().err
     assert launches[-1]["max_file_size"] == app.MAX_UPLOAD
+    assert len(routed) == 2 and launches[-1]["head"] == app.quick_answer.SCRIPT
 
 
 def test_uploads_over_the_size_limit_are_refused(tmp_path):

@@ -25,8 +25,8 @@ from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import DEFAULT_MODEL
 from vit_explorer.models.builtin import EXAMPLES
-from vit_explorer.web import patch_click
-from vit_explorer.web.session import CACHE_TTL_S, CONTROL_NAMES, INPUT_NAMES, Controls, ModelCache, model_choices
+from vit_explorer.web import quick_answer
+from vit_explorer.web.session import CACHE_TTL_S, CONTROL_NAMES, INPUT_NAMES, SESSION_KEY_ID, Controls, ModelCache, model_choices
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import MAP_VIEW, Wiring
 from vit_explorer.web.tabs.shared import (
@@ -57,7 +57,7 @@ MAX_UPLOAD = "20mb"
 # A dropdown's arrow is drawn over the right end of its text box: the text stops short of it (and ends in "…")
 CSS = f""".{MAP_VIEW} .icon-button-wrapper {{ position: static; justify-content: flex-end; margin: 0 0 2px auto; }}
 .secondary-wrap input {{ padding-right: 28px; text-overflow: ellipsis; min-width: 0; }}
-#{patch_click.SESSION_KEY_ID} {{ display: none; }}"""
+#{SESSION_KEY_ID} {{ display: none; }}"""
 NORMALISATIONS = ("per tile", "shared")
 
 
@@ -113,8 +113,8 @@ def query_panel() -> dict:
     query_image = gr.Image(show_label=False, label="The image as the model sees it", interactive=False, format="png", buttons=[],
                            elem_id="query-image")
     caption = gr.Markdown("", elem_id="query-caption")
-    # not shown: names the session to the page's script that answers a patch click at once (``patch_click``)
-    session_key = gr.HTML("", elem_id=patch_click.SESSION_KEY_ID, padding=False)
+    # not shown: names the session to the page's script that answers a patch click or an upload at once (``quick_answer``)
+    session_key = gr.HTML("", elem_id=SESSION_KEY_ID, padding=False)
     query = gr.Dropdown([], label="Query token", info="a prefix token, the mean of patch queries, or the clicked patch", elem_id="query")
     reset = gr.Button("Back to class token", size="sm")
     top5 = gr.Label(num_top_classes=5, label="Top-5 predictions", elem_id="top5")
@@ -183,15 +183,15 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                         with gr.Tab(tab.title, elem_id=f"tab-{tab.slug}") as containers[tab.title]:
                             ui.update(tab.layout())
         wire(Wiring(ui, models, cache_ttl_s), containers)
-    patch_click.register(demo, ui)
+    quick_answer.register(demo, ui, models)
     return demo
 
 
 def launch(demo: gr.Blocks, **options) -> None:
     """Launch the page ``build_demo`` made (``options``: ``gr.Blocks.launch``'s, never blocking) with its style, its script
-    and the route that answers a patch click at once (``patch_click``)."""
-    demo.launch(css=CSS, head=patch_click.SCRIPT, prevent_thread_lock=True, **options)
-    patch_click.add_route(demo)
+    and the routes that answer a patch click or an upload at once (``quick_answer``)."""
+    demo.launch(css=CSS, head=quick_answer.SCRIPT, prevent_thread_lock=True, **options)
+    quick_answer.add_routes(demo)
 
 
 # an image given while the last one is still being analysed is analysed after it (Gradio's default, "once", dropped it)

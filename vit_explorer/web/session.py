@@ -156,7 +156,7 @@ class Screen:
     # the tab last drawn (the open one) and the controls it was drawn with: what a patch click's quick answer draws
     open_tab: str | None = None
     controls: Controls | None = None
-    # per tab: views a patch click's quick answer drew ahead of the click's Gradio event (``web.patch_click``), and the
+    # per tab: views a patch click's quick answer drew ahead of the click's Gradio event (``web.quick_answer``), and the
     # key they were drawn for; the event takes them, so that the two draw once between them
     ahead: dict[str, tuple[Hashable, dict]] = field(default_factory=dict)
     drawing: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -186,7 +186,7 @@ class Session:
     similarity_choice: str | None = None  # which one: a key of ``SIMILARITY_TARGETS``
     # the app's shared model cache, for the explicit model work a tab asks for before it draws (``Tab.prepare``)
     models: ModelCache | None = field(default=None, repr=False, compare=False)
-    # names the session to the page's own script (``web.patch_click``); unguessable, as the page is its only holder
+    # names the session to the page's own script (``web.quick_answer``); unguessable, as the page is its only holder
     key: str = field(default_factory=lambda: secrets.token_urlsafe(16), compare=False)
 
     @property
@@ -206,6 +206,12 @@ SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "the qu
 
 # every live session by its key; one leaves with the last reference to it (Gradio's state drops it after its time to live)
 SESSIONS: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+SESSION_KEY_ID = "session-key"  # the page's hidden element whose ``data-session`` names its session to its script
+
+
+def session_key_html(session: Session | None) -> str:
+    """The content of the hidden ``SESSION_KEY_ID`` element: the session's key, or nothing before an analysis."""
+    return "" if session is None else f'<span data-session="{session.key}"></span>'
 
 
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None, models: ModelCache | None = None) -> Session:

@@ -113,7 +113,7 @@ def unchanged(names: Iterable[str]) -> dict[str, Any]:
 
 def refresh(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
     """The tab's views, drawn only if what they depend on changed since the tab last drew for this analysis. The tab
-    is the open one: a patch click's quick answer draws it next, with these controls (``web.patch_click``)."""
+    is the open one: a patch click's quick answer draws it next, with these controls (``web.quick_answer``)."""
     session.screen.open_tab, session.screen.controls = tab.title, controls
     key = tab.depends(session, controls)
     if session.screen.shown.get(tab.title) == key:
@@ -125,7 +125,7 @@ def refresh(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
 
 def drawn(tab: Tab, session: Session, controls: Controls, ahead: bool = False) -> dict[str, Any]:
     """The tab's views for the session as it is, pictures as files (``as_file``). A patch click's quick answer draws them
-    ``ahead`` of the click's Gradio event (``web.patch_click``); the event's ``refresh`` then takes those same files
+    ``ahead`` of the click's Gradio event (``web.quick_answer``); the event's ``refresh`` then takes those same files
     instead of drawing again, so that the page's components come to hold what the page already shows."""
     key = tab.depends(session, controls)
     with session.screen.drawing:  # the quick answer and the event may come at once: the second waits for the first

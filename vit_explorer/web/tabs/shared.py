@@ -5,6 +5,9 @@ the other tabs draw when they are opened."""
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +19,7 @@ from vit_explorer.core.analysis import analyze, class_evidence, recompute_query_
 from vit_explorer.core.targets import Target, prompted
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import LoadedModel
 from vit_explorer.run import retarget
 from vit_explorer.web.captions import (
     MEAN_PATCHES,
@@ -26,8 +30,7 @@ from vit_explorer.web.captions import (
     target_choices,
     top_predictions,
 )
-from vit_explorer.web.patch_click import session_key_html
-from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, new_session
+from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, new_session, session_key_html
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import Tab, in_order, refresh, require, unchanged, user_errors
 
@@ -162,18 +165,69 @@ def analysis_stages(models: ModelCache, upload: str | None, spec: str, visible: 
 def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *control_values) -> Iterator[tuple]:
     """``analysis_stages`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
     controls = replace(Controls.from_values(control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
+    ahead = taken_ahead(upload, spec, controls)
+    if ahead is not None:
+        yield analysed_views(ahead, controls, visible)
+        return
     model = prompted(models.get(spec), controls.prompts)
-    staged = bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
-    # the Head contributions tab's decomposition is read off the upload's pass (the evidence's pass, when staged)
-    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit,
-                       explain=not staged, decompose=True)
-    session = new_session(analysis, spec, None, models)
-    session.target_model = model if analysis.prompted else None
+    staged = answers_in_stages(model)
+    session = first_session(models, model, upload, spec, controls, explain=not staged)
     if staged:
         yield analysed_views(session, controls, visible)
         session.screen = type(session.screen)()  # what was drawn without the evidence is drawn again
-    session.evidence = class_evidence(model, analysis, decompose=True) if analysis.num_classes else None
+    session.evidence = class_evidence(model, session.analysis, decompose=True) if session.analysis.num_classes else None
     yield analysed_views(session, controls, visible)
+
+
+def answers_in_stages(model: LoadedModel) -> bool:
+    """Whether an upload shows this model's maps before its evidence: a classifier dearer than ``STAGED_FLOPS``."""
+    return bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
+
+
+def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str, controls: Controls, explain: bool) -> Session:
+    """The session of one analysis of ``upload`` (with the top class's evidence where ``explain``)."""
+    # the Head contributions tab's decomposition is read off the upload's pass (the evidence's pass, when staged)
+    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit,
+                       explain=explain, decompose=True)
+    session = new_session(analysis, spec, None, models)
+    session.target_model = model if analysis.prompted else None
+    return session
+
+
+# uploads analysed by the page's quick answer ahead of Gradio's event for them (``web.quick_answer``), by what decides an
+# analysis (``analysis_key``); the event takes its session instead of analysing again. A few, for answers whose event
+# never came
+AHEAD: OrderedDict[tuple, Session] = OrderedDict()
+AHEAD_KEPT = 4
+AHEAD_LOCK = threading.Lock()
+
+
+def analysis_key(upload: str, spec: str, controls: Controls) -> tuple:
+    """What decides an upload's analysis: the image file's bytes, the model, the fit and the prompts."""
+    return hashlib.blake2b(Path(upload).read_bytes(), digest_size=16).hexdigest(), spec, controls.fit, controls.prompts
+
+
+def analyse_ahead(models: ModelCache, upload: str, spec: str, controls: Controls) -> Session | None:
+    """The upload's whole analysis (its evidence too) for the quick answer, kept for the event that follows it; None for
+    a model whose upload answers in stages (``answers_in_stages``: the event shows its first maps early already)."""
+    model = prompted(models.get(spec), controls.prompts)
+    if answers_in_stages(model):
+        return None
+    session = first_session(models, model, upload, spec, controls, explain=True)
+    session.evidence = class_evidence(model, session.analysis, decompose=True) if session.analysis.num_classes else None
+    with AHEAD_LOCK:
+        AHEAD[analysis_key(upload, spec, controls)] = session
+        while len(AHEAD) > AHEAD_KEPT:
+            AHEAD.popitem(last=False)
+    return session
+
+
+def taken_ahead(upload: str, spec: str, controls: Controls) -> Session | None:
+    """The session ``analyse_ahead`` made for this upload, model and inputs, once; None if there is none."""
+    with AHEAD_LOCK:
+        if not AHEAD:
+            return None
+        return AHEAD.pop(analysis_key(upload, spec, controls), None)
 
 
 def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:

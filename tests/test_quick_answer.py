@@ -1,5 +1,6 @@
-"""A patch click's quick answer (``web.patch_click``): it draws what the click's Gradio event then sends, the event draws
-nothing twice, model work is left to the event, and the route serves the pictures in one answer."""
+"""Quick answers (``web.quick_answer``): a patch click's draws what the click's Gradio event then sends, and an upload's
+analysis is the one the upload's event shows; neither event does the work again, model work a click's views need is
+left to the event, and the routes serve the pictures in one answer."""
 
 import io
 import urllib.error
@@ -11,7 +12,7 @@ from conftest import CLI_MODEL, photo, write_checkpoint
 from PIL import Image
 
 from vit_explorer.draw import pictures
-from vit_explorer.web import app, patch_click
+from vit_explorer.web import app, quick_answer
 from vit_explorer.web.session import SESSIONS, Controls, ModelCache
 from vit_explorer.web.tabs import layers_heads, overview, shared
 
@@ -51,7 +52,7 @@ def test_the_click_event_sends_the_files_the_quick_answer_drew_and_draws_nothing
     assert SESSIONS[session.key] is session
     height, width = pictures.view_hw(session.analysis)
     x, y = width - 3, height // 2
-    quick = patch_click.quick_views(session, x, y)
+    quick = quick_answer.quick_views(session, x, y)
     token = pictures.token_at(session.analysis, x, y, (height, width))
     assert session.query != token  # the quick answer does not make the query the session's: the event does
 
@@ -79,7 +80,7 @@ def test_a_quick_answer_for_another_patch_is_not_what_a_later_event_sends(checkp
     models = ModelCache()
     session = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
     height, width = pictures.view_hw(session.analysis)
-    first = patch_click.quick_views(session, 2, 2)
+    first = quick_answer.quick_views(session, 2, 2)
     event = by_name(shared.on_patch_click(models, click(width - 2, height - 2), session, OVERVIEW, *CONTROLS), shared.QUERIED)
     assert event["overview_rollout"] != first["overview_rollout"] and not session.screen.ahead
     last = pictures.token_at(session.analysis, width - 2, height - 2, (height, width))
@@ -95,11 +96,11 @@ def test_the_quick_answer_leaves_model_work_and_views_that_do_not_follow_the_que
     session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
     height, width = pictures.view_hw(session.analysis)
     assert not session.analysis.store.keeps_rows_of(pictures.token_at(session.analysis, 5, 5, (height, width)))
-    assert set(patch_click.quick_views(session, 5, 5)) == {"query_image"}
+    assert set(quick_answer.quick_views(session, 5, 5)) == {"query_image"}
 
     session = by_name(shared.run_analysis(ModelCache(), upload, checkpoint, CLASS_MAPS, *CONTROLS), shared.FULL_OUTPUTS)["state"]
     assert session.screen.open_tab == CLASS_MAPS
-    assert set(patch_click.quick_views(session, 5, 5)) == {"query_image"}
+    assert set(quick_answer.quick_views(session, 5, 5)) == {"query_image"}
 
 
 def test_the_route_serves_the_pictures_in_one_answer(checkpoint, upload):
@@ -112,9 +113,9 @@ def test_the_route_serves_the_pictures_in_one_answer(checkpoint, upload):
     app.launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
     try:
         session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
-        route = f"http://127.0.0.1:{port}{patch_click.ROUTE}"
+        route = f"http://127.0.0.1:{port}{quick_answer.CLICK_ROUTE}"
         with urllib.request.urlopen(f"{route}?session={session.key}&x=7&y=9") as answer:
-            layout = [entry.split(":") for entry in answer.headers[patch_click.PICTURES_HEADER].split(",")]
+            layout = [entry.split(":") for entry in answer.headers[quick_answer.PICTURES_HEADER].split(",")]
             body = answer.read()
         with urllib.request.urlopen(f"{route}?session=not-a-session&x=7&y=9") as unknown:
             assert unknown.status == 204
@@ -123,7 +124,7 @@ def test_the_route_serves_the_pictures_in_one_answer(checkpoint, upload):
     finally:
         demo.close()
     assert sum(int(length) for _, length in layout) == len(body)
-    quick = patch_click.quick_views(session, 7, 9)  # drawn again: the same files
+    quick = quick_answer.quick_views(session, 7, 9)  # drawn again: the same files
     names = {"query-image": "query_image", "grid": "grid", "head-view": "head_view"}
     assert [elem_id for elem_id, _ in layout] == list(names)
     at = 0
@@ -138,3 +139,88 @@ def test_the_page_holds_the_session_key_only_after_an_analysis(checkpoint, uploa
     assert empty["session_key"] == ""
     session = by_name(shared.run_analysis(ModelCache(), upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
     assert session["session_key"] == f'<span data-session="{session["state"].key}"></span>'
+
+
+def forward_counter(models: ModelCache, spec: str) -> list:
+    calls: list = []
+    models.get(spec).module.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_the_upload_event_shows_the_analysis_its_quick_answer_made_and_runs_no_pass(checkpoint, upload, tmp_path):
+    models = ModelCache()
+    previous = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    image = tmp_path / "next.png"
+    photo((200, 300), seed=8).save(image)
+    passes = forward_counter(models, checkpoint)
+    shared.AHEAD.clear()
+    quick = quick_answer.uploaded_views(models, previous, "next.png", image.read_bytes())
+    ahead_passes = len(passes)
+    assert ahead_passes > 0 and set(quick) == {"query_image", "grid", "head_view", "grid_caption"}
+    (ahead,) = shared.AHEAD.values()
+
+    event = by_name(shared.run_analysis(models, str(image), checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)  # Gradio's copy
+    assert len(passes) == ahead_passes and event["state"] is ahead and ahead not in shared.AHEAD.values()
+    for name in ("query_image", "grid", "head_view"):
+        assert event[name] == quick[name], name
+
+    # the same image analysed by the event alone: the same pictures, the same number of passes
+    passes.clear()
+    alone = by_name(shared.run_analysis(models, str(image), checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)
+    assert len(passes) == ahead_passes and alone["state"] is not ahead
+    for name in ("query_image", "grid", "head_view"):
+        np.testing.assert_array_equal(pixels(alone[name]), pixels(quick[name]))
+
+
+def test_an_upload_with_other_inputs_or_a_staged_model_or_a_bad_file_is_left_to_the_event(checkpoint, upload, tmp_path,
+                                                                                         monkeypatch):
+    models = ModelCache()
+    previous = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    image = tmp_path / "next.png"
+    photo((200, 300), seed=9).save(image)
+    assert quick_answer.uploaded_views(models, previous, "next.png", b"not an image") == {}
+    cache = tmp_path / "cache" / "inner"
+    monkeypatch.setattr(quick_answer, "get_upload_folder", lambda: str(cache))
+    for name in ("..", "../../escape.png", str(tmp_path / "outside.png")):  # only ever a file in its own folder of the cache
+        assert quick_answer.uploaded_views(models, previous, name, b"not an image") == {}
+    written = [path for path in tmp_path.rglob("*") if path.is_file() and b"not an image" in path.read_bytes()]
+    assert written and all(path.parent.parent == cache for path in written), written
+    quick_answer.uploaded_views(models, previous, "next.png", image.read_bytes())
+    padded = Controls.named(fit="pad").values()  # the fit changed since: another analysis
+    event = by_name(shared.run_analysis(models, str(image), checkpoint, OVERVIEW, *padded), shared.FULL_OUTPUTS)
+    assert "padded" in event["state"].analysis.view_note and len(shared.AHEAD) == 1  # the one made ahead stays unused
+    shared.AHEAD.clear()
+
+    monkeypatch.setattr(shared, "STAGED_FLOPS", 0)  # a dear classifier's upload answers in stages through its event
+    assert quick_answer.uploaded_views(models, previous, "next.png", image.read_bytes()) == {} and not shared.AHEAD
+
+
+def test_the_upload_route_analyses_the_posted_file(checkpoint, upload, tmp_path):
+    from serving import free_port
+
+    models = ModelCache()
+    demo = app.build_demo(checkpoint, models)
+    demo.queue()
+    port = free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
+    image = tmp_path / "next.png"
+    photo((200, 300), seed=10).save(image)
+    try:
+        previous = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+        route = f"http://127.0.0.1:{port}{quick_answer.UPLOAD_ROUTE}"
+        posted = urllib.request.Request(f"{route}?session={previous.key}&name=next.png", data=image.read_bytes(), method="POST")
+        with urllib.request.urlopen(posted) as answer:
+            layout = [entry.split(":") for entry in answer.headers[quick_answer.PICTURES_HEADER].split(",")]
+            body = answer.read()
+        unknown = urllib.request.Request(f"{route}?session=nobody&name=next.png", data=image.read_bytes(), method="POST")
+        with urllib.request.urlopen(unknown) as answer:
+            assert answer.status == 204
+    finally:
+        demo.close()
+    assert [elem_id for elem_id, _ in layout] == ["query-image", "overview-rollout", "overview-last"]
+    event = by_name(shared.run_analysis(models, str(image), checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
+    at = 0
+    for (elem_id, length), name in zip(layout, ("query_image", "overview_rollout", "overview_last")):
+        picture = np.asarray(Image.open(io.BytesIO(body[at:at + int(length)])).convert("RGB"))
+        at += int(length)
+        np.testing.assert_array_equal(picture, pixels(event[name]))
