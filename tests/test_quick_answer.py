@@ -157,10 +157,10 @@ def test_the_upload_event_shows_the_analysis_its_quick_answer_made_and_runs_no_p
     quick = quick_answer.uploaded_views(models, previous, "next.png", image.read_bytes())
     ahead_passes = len(passes)
     assert ahead_passes > 0 and set(quick) == {"query_image", "grid", "head_view", "grid_caption"}
-    (ahead,) = shared.AHEAD.values()
+    ((_, ahead),) = shared.AHEAD.values()
 
     event = by_name(shared.run_analysis(models, str(image), checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)  # Gradio's copy
-    assert len(passes) == ahead_passes and event["state"] is ahead and ahead not in shared.AHEAD.values()
+    assert len(passes) == ahead_passes and event["state"] is ahead and not shared.AHEAD
     for name in ("query_image", "grid", "head_view"):
         assert event[name] == quick[name], name
 
@@ -224,3 +224,20 @@ def test_the_upload_route_analyses_the_posted_file(checkpoint, upload, tmp_path)
         picture = np.asarray(Image.open(io.BytesIO(body[at:at + int(length)])).convert("RGB"))
         at += int(length)
         np.testing.assert_array_equal(picture, pixels(event[name]))
+
+
+def test_answers_ahead_are_few_and_short_lived(checkpoint, upload, tmp_path, monkeypatch):
+    """An answer whose event never came holds all of an image's maps: at most ``AHEAD_KEPT``, none past ``AHEAD_TTL_S``."""
+    models = ModelCache()
+    previous = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    shared.AHEAD.clear()
+    images = []
+    for seed in range(shared.AHEAD_KEPT + 1):
+        images.append(tmp_path / f"image-{seed}.png")
+        photo((64, 64), seed=seed).save(images[-1])
+        quick_answer.uploaded_views(models, previous, images[-1].name, images[-1].read_bytes())
+    assert len(shared.AHEAD) == shared.AHEAD_KEPT
+    assert shared.taken_ahead(str(images[0]), checkpoint, Controls()) is None  # the oldest went
+    assert shared.taken_ahead(str(images[-1]), checkpoint, Controls()) is not None
+    monkeypatch.setattr(shared, "AHEAD_TTL_S", 0.0)
+    assert shared.taken_ahead(str(images[1]), checkpoint, Controls()) is None  # too old to be taken

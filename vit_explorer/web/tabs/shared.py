@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -195,10 +196,11 @@ def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str
 
 
 # uploads analysed by the page's quick answer ahead of Gradio's event for them (``web.quick_answer``), by what decides an
-# analysis (``analysis_key``); the event takes its session instead of analysing again. A few, for answers whose event
-# never came
-AHEAD: OrderedDict[tuple, Session] = OrderedDict()
-AHEAD_KEPT = 4
+# analysis (``analysis_key``), with when each was made; the event takes its session instead of analysing again. Few and
+# not for long: an answer whose event never came (a closed page) holds all of an image's maps (540 MB for DINOv2-S at
+# 518 px), and an event comes within a second of its answer
+AHEAD: OrderedDict[tuple, tuple[float, Session]] = OrderedDict()
+AHEAD_KEPT, AHEAD_TTL_S = 2, 60.0
 AHEAD_LOCK = threading.Lock()
 
 
@@ -215,9 +217,10 @@ def analyse_ahead(models: ModelCache, upload: str, spec: str, controls: Controls
         return None
     session = first_session(models, model, upload, spec, controls, explain=True)
     session.evidence = class_evidence(model, session.analysis, decompose=True) if session.analysis.num_classes else None
+    now = time.monotonic()
     with AHEAD_LOCK:
-        AHEAD[analysis_key(upload, spec, controls)] = session
-        while len(AHEAD) > AHEAD_KEPT:
+        AHEAD[analysis_key(upload, spec, controls)] = now, session
+        while len(AHEAD) > AHEAD_KEPT or now - next(iter(AHEAD.values()))[0] > AHEAD_TTL_S:
             AHEAD.popitem(last=False)
     return session
 
@@ -227,7 +230,8 @@ def taken_ahead(upload: str, spec: str, controls: Controls) -> Session | None:
     with AHEAD_LOCK:
         if not AHEAD:
             return None
-        return AHEAD.pop(analysis_key(upload, spec, controls), None)
+        made, session = AHEAD.pop(analysis_key(upload, spec, controls), (0.0, None))
+    return session if time.monotonic() - made <= AHEAD_TTL_S else None
 
 
 def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
