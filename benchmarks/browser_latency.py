@@ -173,7 +173,8 @@ def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetche
     if joins:  # the first event's request leaving the page (the upload's file is sent before it)
         row["until_request_sent_s"] = (joins[0]["start"] - start_ms) / 1000
     row["pictures_fetched"] = sum("/file=" in entry["name"] for entry in fetched)
-    quick = [entry for entry in fetched if quick_answer.CLICK_ROUTE in entry["name"] or quick_answer.UPLOAD_ROUTE in entry["name"]]
+    routes = (quick_answer.CLICK_ROUTE, quick_answer.UPLOAD_ROUTE)
+    quick = [entry for entry in fetched if any(route in entry["name"] for route in routes)]
     if quick:  # a quick answer (``web.quick_answer``): its request's start after the click or the file, and its round trip
         row["quick_answer_sent_s"] = (quick[0]["start"] - start_ms) / 1000
         row["quick_answer_round_trip_s"] = (quick[0]["end"] - quick[0]["start"]) / 1000

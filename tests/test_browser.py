@@ -161,7 +161,8 @@ LOG_CLICK = """() => {
         return fetched(...args);
     };
     const img = document.querySelector('#head-view img');
-    new MutationObserver(() => window.__order.push(img.src.split(':')[0])).observe(img, {attributes: true, attributeFilter: ['src']});
+    new MutationObserver(() => window.__order.push(img.src.split(':')[0]))
+        .observe(img, {attributes: true, attributeFilter: ['src']});
 }"""
 PAGE_PIXELS = """async (url) => {
     const img = new Image();
@@ -211,7 +212,8 @@ LOG_UPLOAD = """() => {
     new MutationObserver(() => {
         const img = document.querySelector('#overview-rollout img');
         if (img) window.__order.push(img.src.split(':')[0]);
-    }).observe(document.querySelector('#overview-rollout'), {subtree: true, childList: true, attributes: true, attributeFilter: ['src']});
+    }).observe(document.querySelector('#overview-rollout'),
+               {subtree: true, childList: true, attributes: true, attributeFilter: ['src']});
 }"""
 
 
@@ -244,7 +246,8 @@ def test_an_upload_shows_its_quick_answer_before_gradio_has_the_file_and_runs_th
             before = len(passes)
             page.evaluate(LOG_UPLOAD)
             page.locator("#upload input[type=file]").set_input_files(str(second))
-            page.wait_for_function("() => document.querySelector('#overview-rollout img').src.startsWith('blob:')", timeout=30_000)
+            page.wait_for_function("() => document.querySelector('#overview-rollout img').src.startsWith('blob:')",
+                                   timeout=30_000)
             quick = page.evaluate(PAGE_PIXELS, page.locator("#overview-rollout img").first.get_attribute("src"))
             page.wait_for_function("() => document.querySelector('#overview-rollout img').src.includes('/file=')", timeout=30_000)
             page.wait_for_timeout(1000)

@@ -138,7 +138,7 @@ def test_the_page_holds_the_session_key_only_after_an_analysis(checkpoint, uploa
     empty = by_name(shared.empty_outputs(), shared.FULL_OUTPUTS)
     assert empty["session_key"] == ""
     session = by_name(shared.run_analysis(ModelCache(), upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
-    assert session["session_key"] == f'<span data-session="{session["state"].key}"></span>'
+    assert session["session_key"] == f'<span data-session="{session["state"].key}" data-uploads-ahead="1"></span>'
 
 
 def forward_counter(models: ModelCache, spec: str) -> list:
@@ -193,6 +193,8 @@ def test_an_upload_with_other_inputs_or_a_staged_model_or_a_bad_file_is_left_to_
 
     monkeypatch.setattr(shared, "STAGED_FLOPS", 0)  # a dear classifier's upload answers in stages through its event
     assert quick_answer.uploaded_views(models, previous, "next.png", image.read_bytes()) == {} and not shared.AHEAD
+    staged = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
+    assert 'data-uploads-ahead="0"' in staged["session_key"]  # the page's script does not hold the file back
 
 
 def test_the_upload_route_analyses_the_posted_file(checkpoint, upload, tmp_path):

@@ -81,7 +81,8 @@ def test_one_image_without_gradients_is_captured_in_place_with_the_same_maps_and
     with torch.no_grad():
         fused_logits = model(images)
     seen = []  # where each map the capture's hook sees lives
-    handles = [block.attn.attn_drop.register_forward_hook(lambda _m, _i, output: seen.append(output.data_ptr())) for block in model.blocks]
+    handles = [block.attn.attn_drop.register_forward_hook(lambda _m, _i, output: seen.append(output.data_ptr()))
+               for block in model.blocks]
     sink = StackingSink(len(model.blocks))
     captured = capture(model, images, sink)
     for handle in handles:
@@ -91,7 +92,8 @@ def test_one_image_without_gradients_is_captured_in_place_with_the_same_maps_and
     torch.testing.assert_close(captured.logits, fused_logits, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(captured.kept, manual_maps(model, images), rtol=1e-4, atol=1e-6)
     seen.clear()
-    handles = [block.attn.attn_drop.register_forward_hook(lambda _m, _i, output: seen.append(output.data_ptr())) for block in model.blocks]
+    handles = [block.attn.attn_drop.register_forward_hook(lambda _m, _i, output: seen.append(output.data_ptr()))
+               for block in model.blocks]
     graph_sink = StackingSink(len(model.blocks))
     with_gradients = capture(model, images, graph_sink, target=0)  # timm's own path: out= takes no gradients
     assert seen and not set(seen) & {graph_sink.stacked[:, layer].data_ptr() for layer in range(len(model.blocks))}

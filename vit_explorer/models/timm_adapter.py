@@ -75,7 +75,8 @@ class TimmAdapter(HookAdapter):
                 attention.fused_attn = fused
 
     @contextmanager
-    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def attached(self, module: nn.Module,
+                 sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         with ExitStack() as stack:
             forward = stack.enter_context(super().attached(module, sink))
             slot = getattr(sink, "slot", None)

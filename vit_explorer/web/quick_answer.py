@@ -99,7 +99,8 @@ def pictures_answer(views: dict[str, str], elem_ids: dict[str, str]) -> Response
     """The pictures among ``views`` (output name → file) that the page shows, as one response: the PNG files back to back,
     their elements and lengths in a header (``PICTURES_HEADER``). Fetching each file after the answer took Gradio's file
     route 20–45 ms while the server was busy, and base64 in JSON cost as much to read."""
-    shown = [(elem_ids[name], Path(path).read_bytes()) for name, path in views.items() if name in elem_ids and isinstance(path, str)]
+    shown = [(elem_ids[name], Path(path).read_bytes()) for name, path in views.items()
+             if name in elem_ids and isinstance(path, str)]
     if not shown:
         return NOTHING
     return Response(b"".join(data for _, data in shown), media_type="application/octet-stream",
@@ -152,10 +153,8 @@ HOLD_MS = {"click": 1000, "upload": 5000}
 SCRIPT = f"""<script>
 (() => {{
     const root = () => ((window.gradio_config && window.gradio_config.root) || location.origin).replace(/\\/$/, "") + "/";
-    const sessionKey = () => {{
-        const holder = document.querySelector("#{SESSION_KEY_ID} [data-session]");
-        return holder && holder.dataset.session;
-    }};
+    const session = () => document.querySelector("#{SESSION_KEY_ID} [data-session]");
+    const sessionKey = () => session() && session().dataset.session;
     const decoded = async (url) => {{ const probe = new Image(); probe.src = url; await probe.decode(); return url; }};
     let latest = 0;  // an answer that comes after a later one's is not shown
     // fetch a quick answer and show its pictures, all at once when each is decoded (no half-new page); then, after the
@@ -224,7 +223,8 @@ SCRIPT = f"""<script>
     document.addEventListener("change", (event) => {{
         const input = event.target;
         const key = sessionKey();
-        if (handed.has(event) || !key || !(input instanceof HTMLInputElement) || !input.matches("#upload input[type=file]")
+        if (handed.has(event) || !key || session().dataset.uploadsAhead !== "1" || !(input instanceof HTMLInputElement)
+            || !input.matches("#upload input[type=file]")
             || !input.files || input.files.length !== 1) return;
         event.stopImmediatePropagation();
         const file = input.files[0];

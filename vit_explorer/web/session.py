@@ -209,14 +209,17 @@ SESSIONS: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionar
 SESSION_KEY_ID = "session-key"  # the page's hidden element whose ``data-session`` names its session to its script
 
 
-def session_key_html(session: Session | None) -> str:
-    """The content of the hidden ``SESSION_KEY_ID`` element: the session's key, or nothing before an analysis."""
-    return "" if session is None else f'<span data-session="{session.key}"></span>'
+def session_key_html(session: Session | None, uploads_ahead: bool = True) -> str:
+    """The content of the hidden ``SESSION_KEY_ID`` element: the session's key, or nothing before an analysis; and
+    whether the page's script sends a chosen file ahead of Gradio (not for a model whose upload answers in stages)."""
+    if session is None:
+        return ""
+    return f'<span data-session="{session.key}" data-uploads-ahead="{int(uploads_ahead)}"></span>'
 
 
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None, models: ModelCache | None = None) -> Session:
-    session = Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis), layer=analysis.map_shape[0] - 1,
-                      models=models, head=None, evidence=evidence)
+    session = Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis),
+                      layer=analysis.map_shape[0] - 1, models=models, head=None, evidence=evidence)
     SESSIONS[session.key] = session
     return session
 

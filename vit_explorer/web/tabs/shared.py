@@ -126,7 +126,8 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
 def empty_outputs(summary: str = "Upload an image to begin.") -> tuple:
     """``FULL_OUTPUTS`` before any upload (or after one that could not be analysed, ``summary`` saying why): nothing shown."""
     values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
-    values.update(summary=summary, caption="", session_key="", query=gr.update(), target=gr.update(), top5=gr.update(value=None, visible=False),
+    values.update(summary=summary, caption="", session_key="", query=gr.update(), target=gr.update(),
+                  top5=gr.update(value=None, visible=False),
                   **unchanged(RANGES))
     return in_order(values, FULL_OUTPUTS)
 
@@ -241,7 +242,9 @@ def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
     label = "Zero-shot over the prompts" if analysis.prompted else "Top-5 predictions"
     top5 = (gr.update(value=top_predictions(analysis), visible=True, label=label) if analysis.num_classes
             else gr.update(value=None, visible=False))
-    values = {"state": session, "summary": model_summary(analysis), "top5": top5, "session_key": session_key_html(session),
+    uploads_ahead = not answers_in_stages(session.model())  # the page's script sends a file ahead (``web.quick_answer``)
+    values = {"state": session, "summary": model_summary(analysis), "top5": top5,
+              "session_key": session_key_html(session, uploads_ahead),
               "target": target_update(session), **query_views(session), **tab_views(session, controls, visible, clear_hidden=True)}
     # before a classifier's evidence has come, the controls that follow the target keep the user's choice (a method)
     pending = session.evidence is None and analysis.num_classes > 0
