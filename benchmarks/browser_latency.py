@@ -87,6 +87,10 @@ WATCH = """([elemId, before]) => new Promise((resolve) => {
 })"""
 
 
+# the event's own picture is on the page (not a quick answer's): the next interaction starts from a settled page
+SETTLED = "(elemId) => (document.querySelector(`#${elemId} img`)?.src || '').includes('/file=')"
+
+
 class Stages:
     """Seconds spent in the timed stages of the server's callbacks since the last ``take``."""
 
@@ -220,6 +224,7 @@ def measure(model_spec: str, uploads: int, clicks: int, input_hw: tuple[int, int
                 shown = page.evaluate(WATCH, ["overview-rollout", before])
                 start, start_epoch = page.evaluate("() => window.__input")
                 finished(url, "analyze_open_tab")  # every stage and the events that follow the maps have ended
+                page.wait_for_function(SETTLED, arg="overview-rollout", timeout=30_000)
                 fetched = resources(page, start)
                 posts = [entry for entry in fetched if "/upload" in entry["name"]]
                 upload_s = (posts[0]["end"] - posts[0]["start"]) / 1000 if posts else 0.0
@@ -242,6 +247,7 @@ def measure(model_spec: str, uploads: int, clicks: int, input_hw: tuple[int, int
                 shown = page.evaluate(WATCH, ["head-view", before])
                 start, start_epoch = page.evaluate("() => window.__input")
                 finished(url, "select_patch")
+                page.wait_for_function(SETTLED, arg="head-view", timeout=30_000)
                 row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), resources(page, start), 0.0,
                             "select_patch", start, start_epoch / 1000, shown["epoch"] / 1000)
                 print(f"click {number}: {row['browser_total_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
