@@ -255,6 +255,7 @@ def test_an_upload_shows_its_quick_answer_before_gradio_has_the_file_and_runs_th
             assert order[:2] == ["blob", "gradio upload"], order
             assert page.evaluate(PAGE_PIXELS, page.locator("#overview-rollout img").first.get_attribute("src")) == quick
             uploaded = len(passes) - before
+            assert not page.evaluate("() => document.body.classList.contains('vit-explorer-waiting')")  # no longer dimmed
             assert "300×200 image" in page.locator("#summary").inner_text()  # the new image's analysis, by the event too
             assert errors == []
     finally:

@@ -16,8 +16,11 @@ about 0.3 s, of which the model's pass and the drawing took 0.1 s.
 - **An upload** (a file chosen, once the page has analysed an image: the session says which model, inputs, tab and
   controls). The script posts the file to ``UPLOAD_ROUTE``, which analyses it (``tabs.shared.analyse_ahead``) and
   draws the query image and the open tab. The upload's event takes that session instead of analysing again
-  (``tabs.shared.taken_ahead``). A model whose upload answers in stages anyway, a page's first upload, a paste or a
-  drop goes through the event alone.
+  (``tabs.shared.taken_ahead``). A model whose upload answers in stages (``tabs.shared.uploads_ahead``), a page's first
+  upload, a paste or a drop goes through the event alone.
+
+While an answer is awaited the page's pictures are dimmed (``WAITING_CLASS``; after 0.15 s, so that a quick one does
+not flicker): a held-back file shows no Gradio progress.
 
 Every picture is written as a file in Gradio's cache, and the answer carries them back to back in one response. The
 event sends the same files, so the page's components come to hold what the page shows.
@@ -47,6 +50,7 @@ CLICK_ROUTE = "/vit-explorer/patch-click"
 UPLOAD_ROUTE = "/vit-explorer/upload"
 PICTURES_HEADER = "X-Pictures"  # a quick answer's pictures: "elem_id:length" each, in the body's order
 NOTHING = Response(status_code=204)  # no quick answer: the event answers alone
+WAITING_CLASS = "vit-explorer-waiting"  # on the page's body while a quick answer is awaited
 
 
 def open_tab(session: Session) -> tuple[Tab | None, Controls | None]:
@@ -72,8 +76,8 @@ def quick_views(session: Session, x: int, y: int) -> dict[str, str]:
 def uploaded_views(models: ModelCache, previous: Session, name: str, data: bytes) -> dict[str, str]:
     """The files of the views an upload of ``data`` (the file ``name``) shows, by output name, with the model, inputs,
     open tab and controls of the page's ``previous`` session: the query image and the open tab's views, where they need
-    no model work beyond the analysis. Nothing for a model that answers in stages or an image that cannot be analysed
-    (the event says why)."""
+    no model work beyond the analysis. Nothing for a model whose upload answers in stages (``tabs.shared.uploads_ahead``)
+    or an image that cannot be analysed (the event says why)."""
     tab, controls = open_tab(previous)
     if controls is None:
         return {}
@@ -162,6 +166,7 @@ SCRIPT = f"""<script>
     const answer = async (path, init, handOn, hold) => {{
         const asked = ++latest;
         setTimeout(handOn, hold);
+        document.body.classList.add("{WAITING_CLASS}");
         try {{
             const response = await fetch(root() + path, init);
             if (response.status === 200) {{
@@ -185,6 +190,7 @@ SCRIPT = f"""<script>
         }} catch (error) {{
             console.debug("vit-explorer: no quick answer; Gradio's event answers", error);
         }} finally {{
+            if (asked === latest) document.body.classList.remove("{WAITING_CLASS}");
             requestAnimationFrame(() => setTimeout(handOn, 0));
         }}
     }};

@@ -186,6 +186,12 @@ def answers_in_stages(model: LoadedModel) -> bool:
     return bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
 
 
+def uploads_ahead(model: LoadedModel) -> bool:
+    """Whether the page's script analyses a chosen file ahead of Gradio's event (``web.quick_answer``): not for a model
+    whose upload answers in stages (``answers_in_stages``), whose event shows its first maps early already."""
+    return not answers_in_stages(model)
+
+
 def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str, controls: Controls, explain: bool) -> Session:
     """The session of one analysis of ``upload`` (with the top class's evidence where ``explain``)."""
     # the Head contributions tab's decomposition is read off the upload's pass (the evidence's pass, when staged)
@@ -212,9 +218,9 @@ def analysis_key(upload: str, spec: str, controls: Controls) -> tuple:
 
 def analyse_ahead(models: ModelCache, upload: str, spec: str, controls: Controls) -> Session | None:
     """The upload's whole analysis (its evidence too) for the quick answer, kept for the event that follows it; None for
-    a model whose upload answers in stages (``answers_in_stages``: the event shows its first maps early already)."""
+    a model dearer than ``uploads_ahead`` allows."""
     model = prompted(models.get(spec), controls.prompts)
-    if answers_in_stages(model):
+    if not uploads_ahead(model):
         return None
     session = first_session(models, model, upload, spec, controls, explain=True)
     session.evidence = class_evidence(model, session.analysis, decompose=True) if session.analysis.num_classes else None
@@ -242,9 +248,8 @@ def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
     label = "Zero-shot over the prompts" if analysis.prompted else "Top-5 predictions"
     top5 = (gr.update(value=top_predictions(analysis), visible=True, label=label) if analysis.num_classes
             else gr.update(value=None, visible=False))
-    uploads_ahead = not answers_in_stages(session.model())  # the page's script sends a file ahead (``web.quick_answer``)
     values = {"state": session, "summary": model_summary(analysis), "top5": top5,
-              "session_key": session_key_html(session, uploads_ahead),
+              "session_key": session_key_html(session, uploads_ahead(session.model())),
               "target": target_update(session), **query_views(session), **tab_views(session, controls, visible, clear_hidden=True)}
     # before a classifier's evidence has come, the controls that follow the target keep the user's choice (a method)
     pending = session.evidence is None and analysis.num_classes > 0
