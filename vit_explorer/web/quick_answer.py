@@ -49,8 +49,12 @@ from vit_explorer.web.tabs.shared import analyse_ahead
 CLICK_ROUTE = "/vit-explorer/patch-click"
 UPLOAD_ROUTE = "/vit-explorer/upload"
 PICTURES_HEADER = "X-Pictures"  # a quick answer's pictures: "elem_id:length" each, in the body's order
-NOTHING = Response(status_code=204)  # no quick answer: the event answers alone
 WAITING_CLASS = "vit-explorer-waiting"  # on the page's body while a quick answer is awaited
+
+
+def nothing() -> Response:
+    """No quick answer (HTTP 204): Gradio's event answers alone."""
+    return Response(status_code=204)
 
 
 def open_tab(session: Session) -> tuple[Tab | None, Controls | None]:
@@ -106,7 +110,7 @@ def pictures_answer(views: dict[str, str], elem_ids: dict[str, str]) -> Response
     shown = [(elem_ids[name], Path(path).read_bytes()) for name, path in views.items()
              if name in elem_ids and isinstance(path, str)]
     if not shown:
-        return NOTHING
+        return nothing()
     return Response(b"".join(data for _, data in shown), media_type="application/octet-stream",
                     headers={PICTURES_HEADER: ",".join(f"{elem_id}:{len(data)}" for elem_id, data in shown)})
 
@@ -130,14 +134,14 @@ def add_routes(demo: gr.Blocks) -> None:
     def patch_click(session: str, x: int, y: int) -> Response:
         held = SESSIONS.get(session)
         if held is None:  # gone with its state's time to live, or another server's
-            return NOTHING
+            return nothing()
         return pictures_answer(quick_views(held, x, y), elem_ids)
 
     async def upload(request: Request, session: str, name: str) -> Response:
         held = SESSIONS.get(session)
         length = int(request.headers.get("content-length") or 0)
         if held is None or not 0 < length <= max_upload_bytes:
-            return NOTHING
+            return nothing()
         data = await request.body()
         return pictures_answer(await run_in_threadpool(uploaded_views, models, held, name, data), elem_ids)
 
