@@ -178,10 +178,11 @@ PAGE_PIXELS = """async (url) => {
 def test_a_patch_click_shows_the_quick_answer_before_gradio_sends_the_event_and_then_the_same_pixels(served, tmp_path):
     """The page's script (``web.quick_answer``) shows the clicked patch's views from its own request, before the click
     reaches Gradio; Gradio's event then sets the query and sends the same pictures (the script picked the same patch as
-    Gradio's select event, at every one of a few clicks, some on patch borders)."""
-    url, _ = served
+    Gradio's select event, at every one of a few clicks, some on patch borders). A tile of the grid likewise."""
+    url, checkpoint = served
     upload = tmp_path / "upload.png"
     photo((256, 256), seed=12).save(upload)
+    _, geometry, _ = pictures.grid_picture(analyze(load_model(str(checkpoint)), upload), 0)
     with chromium_page() as (page, errors):
         open_and_upload(page, url, upload)
         page.get_by_role("tab", name="Layers × heads").click()
@@ -198,6 +199,16 @@ def test_a_patch_click_shows_the_quick_answer_before_gradio_sends_the_event_and_
             assert page.evaluate(PAGE_PIXELS, page.locator("#head-view img").first.get_attribute("src")) == quick
             if patch is not None:
                 page.locator(f"#query-caption >> text={patch}").first.wait_for(timeout=10_000)
+        # clicking through heads: a tile of the grid, answered the same way
+        y, x = geometry.tile_origin(3, 2)
+        page.evaluate(LOG_CLICK)
+        click_natural(page, "grid", x + geometry.tile / 2, y + geometry.tile / 2)
+        page.wait_for_function("() => document.querySelector('#head-view img').src.startsWith('blob:')", timeout=10_000)
+        quick = page.evaluate(PAGE_PIXELS, page.locator("#head-view img").first.get_attribute("src"))
+        page.wait_for_function("() => document.querySelector('#head-view img').src.includes('/file=')", timeout=30_000)
+        assert page.evaluate("() => window.__order")[:2] == ["blob", "event"]
+        assert page.evaluate(PAGE_PIXELS, page.locator("#head-view img").first.get_attribute("src")) == quick
+        page.locator("#grid-caption >> text=layer 3, head h2").first.wait_for(timeout=10_000)
         assert errors == []
 
 

@@ -243,3 +243,27 @@ def test_answers_ahead_are_few_and_short_lived(checkpoint, upload, tmp_path, mon
     assert shared.taken_ahead(str(images[-1]), checkpoint, Controls()) is not None
     monkeypatch.setattr(shared, "AHEAD_TTL_S", 0.0)
     assert shared.taken_ahead(str(images[1]), checkpoint, Controls()) is None  # too old to be taken
+
+
+def test_a_tile_click_is_drawn_ahead_and_the_tile_event_sends_the_same_files(checkpoint, upload, monkeypatch):
+    """Clicking through heads: a tile of the layers × heads grid selects its head in the quick answer as in the tile's
+    event, which then draws nothing again; a label, or another open tab, has no quick answer."""
+    models = ModelCache()
+    session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    y, x = session.screen.geometry.tile_origin(2, 1)
+    at = (x + session.screen.geometry.tile // 2, y + session.screen.geometry.tile // 2)
+    quick = quick_answer.tile_views(session, *at)
+    assert set(quick) == set(layers_heads.OUTPUTS) and (session.layer, session.head) != (2, 1)
+    assert "layer 2, head h1" in quick["grid_caption"]
+    drawn = []
+    monkeypatch.setattr(pictures, "grid_picture", lambda *a, **k: drawn.append(1))
+    event = by_name(layers_heads.on_tile_click(click(*at), session, *CONTROLS), layers_heads.CLICKED)
+    assert not drawn and (session.layer, session.head) == (2, 1)
+    assert event["grid"] == quick["grid"] and event["head_view"] == quick["head_view"]
+    monkeypatch.undo()
+    fresh = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    fresh.layer, fresh.head = 2, 1
+    np.testing.assert_array_equal(pixels(quick["head_view"]), layers_heads.render_head(fresh, Controls()))
+    assert quick_answer.tile_views(session, 0, 0) == {}  # the corner: the axis labels' margin
+    overview = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    assert quick_answer.tile_views(overview, *at) == {}

@@ -1,4 +1,4 @@
-"""Quick answers: a patch click and an upload answered before Gradio's event. The page's own script asks the server for
+"""Quick answers: a patch click, a tile click and an upload answered before Gradio's event. The page's own script asks the server for
 the new pictures directly, shows them, and only then hands the click or the file to Gradio, whose event follows as
 before and finds the work done.
 
@@ -13,6 +13,8 @@ about 0.3 s, of which the model's pass and the drawing took 0.1 s.
   dropdown. Nothing that needs the model is drawn here: a tab whose views need model work (``Tab.prepare``), a patch
   whose rows a compact analysis did not keep, or a tab whose views do not follow the query leaves its views to the
   event.
+- **A tile click** on the layers × heads grid (``TILE_ROUTE``): the grid with that tile's head selected and the head
+  large, drawn ahead the same way; the tile's event takes them and sets the layer and head controls.
 - **An upload** (a file chosen, once the page has analysed an image: the session says which model, inputs, tab and
   controls). The script posts the file to ``UPLOAD_ROUTE``, which analyses it (``tabs.shared.analyse_ahead``) and
   draws the query image and the open tab. The upload's event takes that session instead of analysing again
@@ -29,6 +31,7 @@ event sends the same files, so the page's components come to hold what the page 
 from __future__ import annotations
 
 import hashlib
+import json
 import weakref
 from dataclasses import replace
 from pathlib import Path
@@ -42,11 +45,12 @@ from gradio.utils import get_upload_folder
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.web.session import SESSION_KEY_ID, SESSIONS, Controls, ModelCache, Session
-from vit_explorer.web.tabs import TABS
+from vit_explorer.web.tabs import TABS, layers_heads
 from vit_explorer.web.tabs.base import Tab, as_file, drawn
 from vit_explorer.web.tabs.shared import analyse_ahead
 
 CLICK_ROUTE = "/vit-explorer/patch-click"
+TILE_ROUTE = "/vit-explorer/tile-click"
 UPLOAD_ROUTE = "/vit-explorer/upload"
 PICTURES_HEADER = "X-Pictures"  # a quick answer's pictures: "elem_id:length" each, in the body's order
 WAITING_CLASS = "vit-explorer-waiting"  # on the page's body while a quick answer is awaited
@@ -75,6 +79,18 @@ def quick_views(session: Session, x: int, y: int) -> dict[str, str]:
     # drawn for the clicked query without making it the session's: the event does that, with the caption and dropdown
     views.update(drawn(tab, replace(session, query=token), controls, ahead=True))
     return views
+
+
+def tile_views(session: Session, x: int, y: int) -> dict[str, str]:
+    """The files of the views a click on the layers × heads grid's pixel (``x``, ``y``) shows, by output name: the
+    grid with that tile's head selected, and that head large; nothing on a label or the margin, or if the grid is not
+    the open tab."""
+    tab, controls = open_tab(session)
+    tile = layers_heads.tile_at(session, x, y)
+    if tab is not layers_heads.TAB or controls is None or tile is None:
+        return {}
+    layer, head = tile
+    return drawn(tab, replace(session, layer=layer, head=head), controls, ahead=True)
 
 
 def uploaded_views(models: ModelCache, previous: Session, name: str, data: bytes) -> dict[str, str]:
@@ -145,11 +161,18 @@ def add_routes(demo: gr.Blocks) -> None:
         data = await request.body()
         return pictures_answer(await run_in_threadpool(uploaded_views, models, held, name, data), elem_ids)
 
+    def tile_click(session: str, x: int, y: int) -> Response:
+        held = SESSIONS.get(session)
+        if held is None:
+            return nothing()
+        return pictures_answer(tile_views(held, x, y), elem_ids)
+
     demo.app.add_api_route(CLICK_ROUTE, patch_click, methods=["GET"], include_in_schema=False)
+    demo.app.add_api_route(TILE_ROUTE, tile_click, methods=["GET"], include_in_schema=False)
     demo.app.add_api_route(UPLOAD_ROUTE, upload, methods=["POST"], include_in_schema=False)
     # first, before Gradio's own routes, some of which match any path
     routes = demo.app.router.routes
-    routes[:0] = [routes.pop(), routes.pop()]
+    routes[:0] = [routes.pop() for _ in range(3)]
 
 
 # Gradio's image maps a click to the picture's pixel like this (``get_coordinates_of_clicked_image``, Gradio 6): the
@@ -158,8 +181,12 @@ def add_routes(demo: gr.Blocks) -> None:
 # it again: a click's event, sent at once, took the server's time while the quick answer was being drawn (0.1 s
 # instead of 0.04), and an upload's would analyse the image a second time.
 HOLD_MS = {"click": 1000, "upload": 5000}
+# the pictures a click on which is answered at once, by their element's id: the query image and the layers × heads grid
+CLICK_ROUTES = {"query-image": CLICK_ROUTE, "grid": TILE_ROUTE}
+CLICKABLE_SELECTOR = ", ".join(f"#{elem_id} button" for elem_id in CLICK_ROUTES)
 SCRIPT = f"""<script>
 (() => {{
+    const ROUTES = {json.dumps({elem_id: route.lstrip("/") for elem_id, route in CLICK_ROUTES.items()})};
     const root = () => ((window.gradio_config && window.gradio_config.root) || location.origin).replace(/\\/$/, "") + "/";
     const session = () => document.querySelector("#{SESSION_KEY_ID} [data-session]");
     const sessionKey = () => session() && session().dataset.session;
@@ -208,16 +235,18 @@ SCRIPT = f"""<script>
         if (click) click.target.dispatchEvent(new MouseEvent("click", {{bubbles: true, cancelable: true, view: window,
             clientX: click.clientX, clientY: click.clientY, screenX: click.screenX, screenY: click.screenY}}));
     }};
+    const clicked = (event) => event.target.closest && event.target.closest("{CLICKABLE_SELECTOR}");
     document.addEventListener("click", (event) => {{
-        if (!event.isTrusted || !heldClick || heldClick.done || !event.target.closest("#query-image button")) return;
+        if (!event.isTrusted || !heldClick || heldClick.done || !clicked(event)) return;
         event.stopImmediatePropagation();
         heldClick.click = event;
     }}, {{capture: true}});
     document.addEventListener("pointerdown", (event) => {{
-        const button = event.target.closest && event.target.closest("#query-image button");
+        const button = clicked(event);
         const img = button && button.querySelector("img");
+        const route = button && ROUTES[Object.keys(ROUTES).find((id) => button.closest(`#${{id}}`))];
         const key = sessionKey();
-        if (event.button !== 0 || !img || !img.naturalWidth || !key) return;
+        if (event.button !== 0 || !img || !img.naturalWidth || !route || !key) return;
         const box = img.getBoundingClientRect();
         const scale = Math.min(box.width / img.naturalWidth, box.height / img.naturalHeight, 1);
         // a click's coordinates are whole pixels (the pointer's fall in between): as Gradio's select event sees them
@@ -226,7 +255,7 @@ SCRIPT = f"""<script>
         if (x < 0 || x >= img.naturalWidth || y < 0 || y >= img.naturalHeight) return;
         if (heldClick) release(heldClick)();
         const quick = heldClick = {{done: false, click: null}};
-        answer(`{CLICK_ROUTE.lstrip("/")}?session=${{key}}&x=${{x}}&y=${{y}}`, {{}}, once(release(quick)), {HOLD_MS["click"]});
+        answer(`${{route}}?session=${{key}}&x=${{x}}&y=${{y}}`, {{}}, once(release(quick)), {HOLD_MS["click"]});
     }}, {{capture: true}});
 
     const handed = new WeakSet();  // the change events given back to Gradio

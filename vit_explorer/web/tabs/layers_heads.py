@@ -67,16 +67,25 @@ SELECTED = ("state", *OUTPUTS)
 CLICKED = (*SELECTED, "layer", "head")
 
 
+def tile_at(session: Session, x: int, y: int) -> tuple[int, int] | None:
+    """The (layer, head) of the grid's tile at its picture's pixel (``x``, ``y``) as drawn last; None on a label or the
+    margin."""
+    screen = session.screen
+    hit = screen.geometry.hit(x, y) if screen.geometry is not None else None
+    if hit is None:
+        return None
+    layer, rank = hit
+    return layer, int(screen.order[layer, rank])
+
+
 @user_errors
 def on_tile_click(evt: gr.SelectData, session: Session | None, *control_values) -> tuple:
     """A tile clicked: its layer and head are selected, and the layer and head controls show them (``CLICKED``)."""
     session = require(session)
-    screen = session.screen
-    hit = screen.geometry.hit(evt.index[0], evt.index[1]) if screen.geometry is not None else None
-    if hit is None:  # a label or the margin
+    tile = tile_at(session, evt.index[0], evt.index[1])
+    if tile is None:  # a label or the margin
         return in_order({"state": session, **dict.fromkeys(CLICKED[1:], gr.update())}, CLICKED)
-    layer, rank = hit
-    session.layer, session.head = layer, int(screen.order[layer, rank])
+    session.layer, session.head = tile
     values = {"state": session, **refresh(TAB, session, Controls.from_values(control_values)),
               "layer": gr.update(value=session.layer), "head": gr.update(value=head_label(session.head))}
     return in_order(values, CLICKED)
