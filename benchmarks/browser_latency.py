@@ -16,6 +16,8 @@ splits each interaction into:
 
     python benchmarks/browser_latency.py [--model builtin:shapes] [--input-size PX] [--uploads 5] [--clicks 5] [--out FILE]
 
+Clicks are patch clicks on the query image, then as many clicks on tiles of the layers × heads grid.
+
 Each figure is a median over the interactions of one run; the machine is named in the output. Not for CI's suite
 beyond a smoke run (``tests/test_benchmark.py``).
 """
@@ -49,6 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the browser tests' helpers: Debian's 
 
 from serving import chromium_page, click_natural, free_port  # noqa: E402
 
+from vit_explorer.core.analysis import analyze  # noqa: E402
 from vit_explorer.draw import charts, pictures, plots, render  # noqa: E402
 from vit_explorer.web import app as web_app  # noqa: E402
 from vit_explorer.web import quick_answer  # noqa: E402
@@ -122,6 +125,7 @@ def instrument(stages: Stages) -> None:
     """Time the model's pass and every public drawing function, where the app's callbacks call them."""
     shared.analyze = stages.timed("model pass (analyze)", shared.analyze)
     quick_answer.quick_views = stages.timed("quick answer (drawing and files)", quick_answer.quick_views)
+    quick_answer.tile_views = stages.timed("quick answer (drawing and files)", quick_answer.tile_views)
     quick_answer.uploaded_views = stages.timed("quick answer (analysis, drawing and files)", quick_answer.uploaded_views)
     for module in (pictures, charts, plots, render):
         for name, function in list(vars(module).items()):
@@ -177,7 +181,7 @@ def split(browser_s: float, traces: list[dict], stages: dict[str, float], fetche
     if joins:  # the first event's request leaving the page (the upload's file is sent before it)
         row["until_request_sent_s"] = (joins[0]["start"] - start_ms) / 1000
     row["pictures_fetched"] = sum("/file=" in entry["name"] for entry in fetched)
-    routes = (quick_answer.CLICK_ROUTE, quick_answer.UPLOAD_ROUTE)
+    routes = (quick_answer.CLICK_ROUTE, quick_answer.TILE_ROUTE, quick_answer.UPLOAD_ROUTE)
     quick = [entry for entry in fetched if any(route in entry["name"] for route in routes)]
     if quick:  # a quick answer (``web.quick_answer``): its request's start after the click or the file, and its round trip
         row["quick_answer_sent_s"] = (quick[0]["start"] - start_ms) / 1000
@@ -208,7 +212,7 @@ def measure(model_spec: str, uploads: int, clicks: int, input_hw: tuple[int, int
     port = free_port()
     web_app.launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
     url = f"http://127.0.0.1:{port}/"
-    upload_rows, click_rows = [], []
+    upload_rows, click_rows, tile_rows = [], [], []
     try:
         with tempfile.TemporaryDirectory() as folder, chromium_page() as (page, errors):
             page.goto(url)
@@ -253,11 +257,30 @@ def measure(model_spec: str, uploads: int, clicks: int, input_hw: tuple[int, int
                 print(f"click {number}: {row['browser_total_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
                 if number:
                     click_rows.append(row)
+            # clicking through heads: tiles of the grid, laid out as the grid was drawn for this model
+            _, geometry, _ = pictures.grid_picture(analyze(models.get(model_spec), photo(0)), 0)
+            layers, heads = models.get(model_spec).map_shape
+            for number in range(clicks + 1):
+                before = page.evaluate("() => document.querySelector('#head-view img')?.src || ''")
+                clear_traces(url)
+                stages.take()
+                page.evaluate(MARK_INPUT)
+                y, x = geometry.tile_origin((number * 5) % layers, (number * 3 + 1) % heads)
+                click_natural(page, "grid", x + geometry.tile / 2, y + geometry.tile / 2)
+                shown = page.evaluate(WATCH, ["head-view", before])
+                start, start_epoch = page.evaluate("() => window.__input")
+                finished(url, "select_tile")
+                page.wait_for_function(SETTLED, arg="head-view", timeout=30_000)
+                row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), resources(page, start), 0.0,
+                            "select_tile", start, start_epoch / 1000, shown["epoch"] / 1000)
+                print(f"tile {number}: {row['browser_total_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
+                if number:
+                    tile_rows.append(row)
             assert not errors, errors
     finally:
         demo.close()
     return {"model": model_spec, "forward_s": forward, "upload": medians(upload_rows), "click": medians(click_rows),
-            "uploads": upload_rows, "clicks": click_rows}
+            "tile": medians(tile_rows), "uploads": upload_rows, "clicks": click_rows, "tiles": tile_rows}
 
 
 def model_forward_s(model, repeats: int = 9) -> float:
@@ -281,7 +304,7 @@ def main() -> None:
     args = parser.parse_args()
     result = measure(args.model, args.uploads, args.clicks, None if args.input_size is None else (args.input_size,) * 2)
     result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__}
-    for kind in ("upload", "click"):
+    for kind in ("upload", "click", "tile"):
         print(f"\n{kind} ({args.model}; plain forward {result['forward_s'] * 1000:.0f} ms), medians:")
         for key, value in result[kind].items():
             print(f"  {key:45s} {value * 1000 if key.endswith('_s') else value:9.1f}{' ms' if key.endswith('_s') else ''}")

@@ -53,7 +53,8 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
 @pytest.mark.browser
 def test_the_browser_benchmark_splits_an_upload_and_a_click(tmp_path):
     """One upload and one patch click after the warm-up, in Chromium: each split into its parts, with one analysis per
-    upload and one event per click seen by the server; the maps shown from their quick answers first."""
+    upload and one event per click (on a patch, on a tile) seen by the server; the maps shown from their quick answers
+    first."""
     pytest.importorskip("playwright.sync_api")
     out = tmp_path / "browser.json"
     script = SCRIPT.parent / "browser_latency.py"
@@ -61,15 +62,16 @@ def test_the_browser_benchmark_splits_an_upload_and_a_click(tmp_path):
     result = subprocess.run(arguments, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     (measured,) = json.loads(out.read_text()).values()
-    (upload,), (click,) = measured["uploads"], measured["clicks"]
+    (upload,), (click,), (tile,) = measured["uploads"], measured["clicks"], measured["tiles"]
     assert [event["fn_name"] for event in upload["events"]].count("analyze") == 1
     assert [event["fn_name"] for event in click["events"]] == ["select_patch"]
-    for row in (upload, click):
+    assert [event["fn_name"] for event in tile["events"]] == ["select_tile"]
+    for row in (upload, click, tile):
         assert row["until_request_sent_s"] > 0 and row["main_event_server_s"] > 0
         assert row["server_fn_call_s"] <= row["main_event_server_s"] + 1e-3
     # the maps come from the quick answer, asked for at the file or the press, before Gradio's event request leaves; the
     # upload's event takes its analysis (no model pass of its own)
-    for row in (upload, click):
+    for row in (upload, click, tile):
         assert abs(row["quick_answer_sent_s"]) < 0.05 and 0 < row["quick_answer_round_trip_s"] < row["browser_total_s"]
         assert row["browser_total_s"] < row["until_request_sent_s"]
     assert upload["callback_quick answer (analysis, drawing and files)_s"] > 0 and "callback_model pass (analyze)_s" not in upload
