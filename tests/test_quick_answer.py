@@ -267,3 +267,14 @@ def test_a_tile_click_is_drawn_ahead_and_the_tile_event_sends_the_same_files(che
     assert quick_answer.tile_views(session, 0, 0) == {}  # the corner: the axis labels' margin
     overview = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
     assert quick_answer.tile_views(overview, *at) == {}
+
+
+def test_a_double_click_leaves_the_views_drawn_ahead_for_the_event(checkpoint, upload, monkeypatch):
+    models = ModelCache()
+    session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    first = quick_answer.quick_views(session, 7, 9)
+    assert quick_answer.quick_views(session, 7, 9) == first and session.screen.ahead
+    drawn = []
+    monkeypatch.setattr(pictures, "grid_picture", lambda *a, **k: drawn.append(1))
+    event = by_name(shared.on_patch_click(models, click(7, 9), session, GRID, *CONTROLS), shared.QUERIED)
+    assert not drawn and event["grid"] == first["grid"] and not session.screen.ahead

@@ -153,10 +153,10 @@ class Screen:
     token_layer: int | None = None  # the tokens tab's layer (None: the last, the output tokens)
     contribution_geometry: render.GridGeometry | None = None  # the contributions heat map as drawn, for tile clicks
     contribution_head: tuple[int, int] | None = None  # its clicked head (None: the head of largest contribution)
-    # the tab last drawn (the open one) and the controls it was drawn with: what a patch click's quick answer draws
+    # the tab last drawn (the open one) and the controls it was drawn with: what a quick answer draws
     open_tab: str | None = None
     controls: Controls | None = None
-    # per tab: views a patch click's quick answer drew ahead of the click's Gradio event (``web.quick_answer``), and the
+    # per tab: views a quick answer (a click, an upload) drew ahead of its Gradio event (``web.quick_answer``), and the
     # key they were drawn for; the event takes them, so that the two draw once between them
     ahead: dict[str, tuple[Hashable, dict]] = field(default_factory=dict)
     drawing: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -113,7 +113,7 @@ def unchanged(names: Iterable[str]) -> dict[str, Any]:
 
 def refresh(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
     """The tab's views, drawn only if what they depend on changed since the tab last drew for this analysis. The tab
-    is the open one: a patch click's quick answer draws it next, with these controls (``web.quick_answer``)."""
+    is the open one: a quick answer (a click, an upload) draws it next, with these controls (``web.quick_answer``)."""
     session.screen.open_tab, session.screen.controls = tab.title, controls
     key = tab.depends(session, controls)
     if session.screen.shown.get(tab.title) == key:
@@ -124,13 +124,15 @@ def refresh(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
 
 
 def drawn(tab: Tab, session: Session, controls: Controls, ahead: bool = False) -> dict[str, Any]:
-    """The tab's views for the session as it is, pictures as files (``as_file``). A patch click's quick answer draws them
-    ``ahead`` of the click's Gradio event (``web.quick_answer``); the event's ``refresh`` then takes those same files
+    """The tab's views for the session as it is, pictures as files (``as_file``). A quick answer (a click, an upload)
+    draws them ``ahead`` of its Gradio event (``web.quick_answer``); the event's ``refresh`` then takes those same files
     instead of drawing again, so that the page's components come to hold what the page already shows."""
     key = tab.depends(session, controls)
     with session.screen.drawing:  # the quick answer and the event may come at once: the second waits for the first
         early = session.screen.ahead.pop(tab.title, None)
         if early is not None and early[0] == key:
+            if ahead:  # asked twice ahead (a double click): still there for the event
+                session.screen.ahead[tab.title] = early
             return early[1]
         if tab.prepare is not None:
             tab.prepare(session, controls)
