@@ -241,46 +241,40 @@ def measure(model_spec: str, uploads: int, clicks: int, input_hw: tuple[int, int
             page.wait_for_selector("#head-view img", timeout=30_000)
             page.wait_for_timeout(500)
             width = page.locator("#query-image img").first.evaluate("(img) => img.naturalWidth")
-            for number in range(clicks + 1):
-                before = page.evaluate("() => document.querySelector('#head-view img')?.src || ''")
-                clear_traces(url)
-                stages.take()
-                page.evaluate(MARK_INPUT)
-                step = (number * 37) % max(1, width - 20) + 10
-                click_natural(page, "query-image", step, (number * 53) % max(1, width - 20) + 10)
-                shown = page.evaluate(WATCH, ["head-view", before])
-                start, start_epoch = page.evaluate("() => window.__input")
-                finished(url, "select_patch")
-                page.wait_for_function(SETTLED, arg="head-view", timeout=30_000)
-                row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), resources(page, start), 0.0,
-                            "select_patch", start, start_epoch / 1000, shown["epoch"] / 1000)
-                print(f"click {number}: {row['browser_total_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
-                if number:
-                    click_rows.append(row)
-            # clicking through heads: tiles of the grid, laid out as the grid was drawn for this model
+            # clicking through heads too: tiles of the grid, laid out as the grid was drawn for this model
             _, geometry, _ = pictures.grid_picture(analyze(models.get(model_spec), photo(0)), 0)
             layers, heads = models.get(model_spec).map_shape
             for number in range(clicks + 1):
-                before = page.evaluate("() => document.querySelector('#head-view img')?.src || ''")
-                clear_traces(url)
-                stages.take()
-                page.evaluate(MARK_INPUT)
+                at = ((number * 37) % max(1, width - 20) + 10, (number * 53) % max(1, width - 20) + 10)
+                row = timed_click(page, url, stages, "query-image", at, "select_patch")
+                print(f"click {number}: {row['browser_total_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
+                click_rows += [row] if number else []
+            for number in range(clicks + 1):
                 y, x = geometry.tile_origin((number * 5) % layers, (number * 3 + 1) % heads)
-                click_natural(page, "grid", x + geometry.tile / 2, y + geometry.tile / 2)
-                shown = page.evaluate(WATCH, ["head-view", before])
-                start, start_epoch = page.evaluate("() => window.__input")
-                finished(url, "select_tile")
-                page.wait_for_function(SETTLED, arg="head-view", timeout=30_000)
-                row = split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), resources(page, start), 0.0,
-                            "select_tile", start, start_epoch / 1000, shown["epoch"] / 1000)
+                row = timed_click(page, url, stages, "grid", (x + geometry.tile / 2, y + geometry.tile / 2), "select_tile")
                 print(f"tile {number}: {row['browser_total_s'] * 1000:.0f} ms", file=sys.stderr, flush=True)
-                if number:
-                    tile_rows.append(row)
+                tile_rows += [row] if number else []
             assert not errors, errors
     finally:
         demo.close()
     return {"model": model_spec, "forward_s": forward, "upload": medians(upload_rows), "click": medians(click_rows),
             "tile": medians(tile_rows), "uploads": upload_rows, "clicks": click_rows, "tiles": tile_rows}
+
+
+def timed_click(page, url: str, stages: Stages, elem_id: str, at: tuple[float, float], event: str) -> dict:
+    """One click on the picture ``elem_id`` at its natural pixel ``at``, timed until the large head view shows its
+    answer (``split``, ``event`` the server's event for it); returns once the page has settled."""
+    before = page.evaluate("() => document.querySelector('#head-view img')?.src || ''")
+    clear_traces(url)
+    stages.take()
+    page.evaluate(MARK_INPUT)
+    click_natural(page, elem_id, *at)
+    shown = page.evaluate(WATCH, ["head-view", before])
+    start, start_epoch = page.evaluate("() => window.__input")
+    finished(url, event)
+    page.wait_for_function(SETTLED, arg="head-view", timeout=30_000)
+    return split((shown["shown"] - start) / 1000, server_traces(url), stages.take(), resources(page, start), 0.0, event, start,
+                 start_epoch / 1000, shown["epoch"] / 1000)
 
 
 def model_forward_s(model, repeats: int = 9) -> float:
