@@ -5,6 +5,7 @@ left to the event, and the routes serve the pictures in one answer."""
 import io
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -278,3 +279,13 @@ def test_a_double_click_leaves_the_views_drawn_ahead_for_the_event(checkpoint, u
     monkeypatch.setattr(pictures, "grid_picture", lambda *a, **k: drawn.append(1))
     event = by_name(shared.on_patch_click(models, click(7, 9), session, GRID, *CONTROLS), shared.QUERIED)
     assert not drawn and event["grid"] == first["grid"] and not session.screen.ahead
+
+
+def test_a_dear_backbone_is_not_sent_ahead(checkpoint, upload, monkeypatch):
+    """Seconds of analysis are better shown with the event's progress than as a dimmed page."""
+    models = ModelCache()
+    monkeypatch.setattr(shared, "AHEAD_FLOPS", 0.0)
+    outputs = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
+    assert 'data-uploads-ahead="0"' in outputs["session_key"]
+    assert quick_answer.uploaded_views(models, outputs["state"], "next.png", Path(upload).read_bytes()) == {}
+    assert not shared.AHEAD

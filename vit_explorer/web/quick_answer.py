@@ -18,8 +18,8 @@ about 0.3 s, of which the model's pass and the drawing took 0.1 s.
 - **An upload** (a file chosen, once the page has analysed an image: the session says which model, inputs, tab and
   controls). The script posts the file to ``UPLOAD_ROUTE``, which analyses it (``tabs.shared.analyse_ahead``) and
   draws the query image and the open tab. The upload's event takes that session instead of analysing again
-  (``tabs.shared.taken_ahead``). A model whose upload answers in stages (``tabs.shared.uploads_ahead``), a page's first
-  upload, a paste or a drop goes through the event alone.
+  (``tabs.shared.taken_ahead``). A model whose upload answers in stages or takes seconds (``tabs.shared.uploads_ahead``),
+  a page's first upload, a paste or a drop goes through the event alone.
 
 While an answer is awaited the page's pictures are dimmed (``WAITING_CLASS``; after 0.15 s, so that a quick one does
 not flicker): a held-back file shows no Gradio progress.
@@ -180,7 +180,7 @@ def add_routes(demo: gr.Blocks) -> None:
 # The click or the file is held back from Gradio until the quick answer is on screen (at most ``HOLD_MS``), then given to
 # it again: a click's event, sent at once, took the server's time while the quick answer was being drawn (0.1 s
 # instead of 0.04), and an upload's would analyse the image a second time.
-HOLD_MS = {"click": 1000, "upload": 5000}
+HOLD_MS = {"click": 1000, "upload": 30_000}  # an upload's analysis ahead may take a few seconds (``uploads_ahead``)
 # the pictures a click on which is answered at once, by their element's id: the query image and the layers × heads grid
 CLICK_ROUTES = {"query-image": CLICK_ROUTE, "grid": TILE_ROUTE}
 CLICKABLE_SELECTOR = ", ".join(f"#{elem_id} button" for elem_id in CLICK_ROUTES)

@@ -186,10 +186,17 @@ def answers_in_stages(model: LoadedModel) -> bool:
     return bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
 
 
+# the dearest model whose uploads the page's script analyses ahead: DINOv2-S at 518 px is 60 GFLOP per forward pass (its
+# upload's analysis 1.1–1.5 s on 2 cores), DINOv2-L at 518 px 834 GFLOP
+AHEAD_FLOPS = 2e11
+
+
 def uploads_ahead(model: LoadedModel) -> bool:
     """Whether the page's script analyses a chosen file ahead of Gradio's event (``web.quick_answer``): not for a model
-    whose upload answers in stages (``answers_in_stages``), whose event shows its first maps early already."""
-    return not answers_in_stages(model)
+    whose upload answers in stages (``answers_in_stages``), whose event shows its first maps early already, nor for one
+    dearer than ``AHEAD_FLOPS``, whose seconds of analysis are better shown with the event's progress than as a dimmed
+    page."""
+    return not answers_in_stages(model) and model.forward_flops <= AHEAD_FLOPS
 
 
 def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str, controls: Controls, explain: bool) -> Session:
