@@ -1,6 +1,6 @@
-"""Quick answers: a patch click, a tile click and an upload answered before Gradio's event. The page's own script asks the server for
-the new pictures directly, shows them, and only then hands the click or the file to Gradio, whose event follows as
-before and finds the work done.
+"""Quick answers: a patch click, a tile click and an upload answered before Gradio's event. The page's own script
+asks the server for the new pictures directly, shows them, and only then hands the click or the file to Gradio, whose
+event follows as before and finds the work done.
 
 Through a Gradio event a patch click took 0.25–0.3 s on 2 cores, of which the drawing was 35–60 ms: Gradio's client took
 45–70 ms to send the request, and 75–110 ms after the event to put the pictures on screen. An upload's maps came after
@@ -18,8 +18,8 @@ about 0.3 s, of which the model's pass and the drawing took 0.1 s.
 - **An upload** (a file chosen, once the page has analysed an image: the session says which model, inputs, tab and
   controls). The script posts the file to ``UPLOAD_ROUTE``, which analyses it (``tabs.shared.analyse_ahead``) and
   draws the query image and the open tab. The upload's event takes that session instead of analysing again
-  (``tabs.shared.taken_ahead``). A model whose upload answers in stages or takes seconds (``tabs.shared.uploads_ahead``),
-  a page's first upload, a paste or a drop goes through the event alone.
+  (``tabs.shared.taken_ahead``). A model whose upload answers in stages or takes seconds
+  (``tabs.shared.uploads_ahead``), a page's first upload, a paste or a drop goes through the event alone.
 
 While an answer is awaited the page's pictures are dimmed (``WAITING_CLASS``; after 0.15 s, so that a quick one does
 not flicker): a held-back file shows no Gradio progress.
