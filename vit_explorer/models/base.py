@@ -204,6 +204,23 @@ class CaptureAdapter(ABC):
             handle.remove()
 
 
+def map_place(slot: Callable[..., torch.Tensor | None] | None, shape: tuple[int, ...], dtype: torch.dtype,
+              device: torch.device, plain: bool = True) -> torch.Tensor | None:
+    """Where an attention map ``[b, heads, n, n]`` can be computed in place: the sink's place for it (``slot(shape, dtype,
+    device)``, a capture sink's ``slot`` for one layer), where it offers one, on a pass without gradients (``out=`` takes
+    none) of a ``plain`` attention (no mask), as one contiguous block; else None, and the map is handed over as usual."""
+    if slot is None or not plain or torch.is_grad_enabled():
+        return None
+    place = slot(shape, dtype, device)
+    return place if place is not None and place.is_contiguous() else None
+
+
+def softmax_in_place(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` ``[..., n]`` turned into their softmax over the last axis in place, row by row: the same values as
+    ``torch.softmax``."""
+    return torch.ops.aten._softmax.out(scores, -1, False, out=scores)
+
+
 class HookAdapter(CaptureAdapter):
     """An adapter for families whose attention is the output of one module per layer."""
 

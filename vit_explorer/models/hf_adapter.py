@@ -25,6 +25,8 @@ from vit_explorer.models.base import (
     CaptureAdapter,
     LoadedModel,
     Preprocess,
+    map_place,
+    softmax_in_place,
 )
 from vit_explorer.models.layout import TokenLayout, check_input_hw
 
@@ -198,14 +200,13 @@ def captured_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
     sink's place for the map where it offers one (``slot``): the same operations, without a copy of every map."""
     layer, sink = _captures[module]
     slot = getattr(sink, "slot", None)
-    place = None
-    if slot is not None and not torch.is_grad_enabled() and attention_mask is None and query.dtype == torch.float32:
-        place = slot(layer, (query.shape[0], query.shape[1], query.shape[2], key.shape[2]), query.dtype, query.device)
-    if place is None or not place.is_contiguous() or module.training:
+    place = map_place(None if slot is None else partial(slot, layer), (*query.shape[:3], key.shape[2]), query.dtype,
+                      query.device, plain=attention_mask is None and query.dtype == torch.float32 and not module.training)
+    if place is None:
         output, weights = edited_attention(module, query, key, value, attention_mask, scaling, dropout)
     else:
         torch.matmul(query, key.transpose(2, 3), out=place).mul_(query.size(-1) ** -0.5 if scaling is None else scaling)
-        weights = torch.ops.aten._softmax.out(place, -1, False, out=place)
+        weights = softmax_in_place(place)
         output = torch.matmul(weights, value).transpose(1, 2).contiguous()
     sink[layer] = weights
     return output, weights

@@ -24,7 +24,16 @@ import torch
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.base import ELEMENTWISE, HEAD_TOO, HookAdapter, LoadedModel, Preprocess, listed
+from vit_explorer.models.base import (
+    ELEMENTWISE,
+    HEAD_TOO,
+    HookAdapter,
+    LoadedModel,
+    Preprocess,
+    listed,
+    map_place,
+    softmax_in_place,
+)
 from vit_explorer.models.hub import load_cached_or_fetch
 from vit_explorer.models.layout import TokenLayout, check_input_hw
 
@@ -155,19 +164,17 @@ def attention_in_place(attention: nn.Module, slot: Callable[..., torch.Tensor | 
                        attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
     """timm's ``Attention.forward`` on its explicit path, with q·kᵀ and the softmax written into ``slot(shape, dtype,
     device)``, the sink's place for this layer's map ``[b, heads, n, n]``. ``attn_drop`` still sees the map, so the
-    capture's hook (and any edit) works as on timm's own path. With gradients (``out=`` has none), a mask or a place
-    that is not one contiguous block, timm's own forward runs."""
+    capture's hook (and any edit) works as on timm's own path. Where the map cannot be written there (``map_place``),
+    timm's own forward runs."""
     b, n, _ = x.shape
-    place = None if torch.is_grad_enabled() or attn_mask is not None or is_causal else slot((b, attention.num_heads, n, n),
-                                                                                             x.dtype, x.device)
-    if place is None or not place.is_contiguous():
+    place = map_place(slot, (b, attention.num_heads, n, n), x.dtype, x.device, plain=attn_mask is None and not is_causal)
+    if place is None:
         return type(attention).forward(attention, x, attn_mask, is_causal)
     gate = attention.gate(x).sigmoid() if getattr(attention, "gate", None) is not None else None
     q, k, v = attention.qkv(x).reshape(b, n, 3, attention.num_heads, attention.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     q, k = attention.q_norm(q), attention.k_norm(k)
     torch.matmul(q * attention.scale, k.transpose(-2, -1), out=place)
-    torch.ops.aten._softmax.out(place, -1, False, out=place)  # in place, row by row: the same values as ``softmax``
-    x = (attention.attn_drop(place) @ v).transpose(1, 2).reshape(b, n, -1)
+    x = (attention.attn_drop(softmax_in_place(place)) @ v).transpose(1, 2).reshape(b, n, -1)
     x = getattr(attention, "norm", nn.Identity())(x)
     if gate is not None:
         x = x * gate

@@ -30,9 +30,9 @@ event sends the same files, so the page's components come to hold what the page 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.web.session import SESSION_KEY_ID, SESSIONS, Controls, ModelCache, Session
 from vit_explorer.web.tabs import TABS, layers_heads
 from vit_explorer.web.tabs.base import Tab, as_file, drawn
-from vit_explorer.web.tabs.shared import analyse_ahead
+from vit_explorer.web.tabs.shared import analyse_ahead, image_digest
 
 CLICK_ROUTE = "/vit-explorer/patch-click"
 TILE_ROUTE = "/vit-explorer/tile-click"
@@ -96,14 +96,14 @@ def tile_views(session: Session, x: int, y: int) -> dict[str, str]:
 def uploaded_views(models: ModelCache, previous: Session, name: str, data: bytes) -> dict[str, str]:
     """The files of the views an upload of ``data`` (the file ``name``) shows, by output name, with the model, inputs,
     open tab and controls of the page's ``previous`` session: the query image and the open tab's views, where they need
-    no model work beyond the analysis. Nothing for a model whose upload answers in stages (``tabs.shared.uploads_ahead``)
-    or an image that cannot be analysed (the event says why)."""
+    no model work beyond the analysis. Nothing for a model whose upload answers in stages or takes seconds
+    (``tabs.shared.uploads_ahead``) or an image that cannot be analysed (the event says why)."""
     tab, controls = open_tab(previous)
     if controls is None:
         return {}
     controls = replace(controls, start_layer=0)  # as the upload's event sets it
     # in Gradio's cache, named as Gradio names an upload: the same image name in the summary, deleted with the rest
-    folder = Path(get_upload_folder()) / hashlib.blake2b(data, digest_size=16).hexdigest()
+    folder = Path(get_upload_folder()) / image_digest(data)
     folder.mkdir(parents=True, exist_ok=True)
     upload = folder / (Path(name).name if Path(name).name not in ("", ".", "..") else "image")  # never another folder
     upload.write_bytes(data)
@@ -147,11 +147,14 @@ def add_routes(demo: gr.Blocks) -> None:
     models, elem_ids = PAGES[demo]
     max_upload_bytes = demo.max_file_size or float("inf")
 
-    def patch_click(session: str, x: int, y: int) -> Response:
-        held = SESSIONS.get(session)
-        if held is None:  # gone with its state's time to live, or another server's
-            return nothing()
-        return pictures_answer(quick_views(held, x, y), elem_ids)
+    def click_route(views: Callable[[Session, int, int], dict[str, str]]) -> Callable[[str, int, int], Response]:
+        def answer(session: str, x: int, y: int) -> Response:
+            held = SESSIONS.get(session)
+            if held is None:  # gone with its state's time to live, or another server's
+                return nothing()
+            return pictures_answer(views(held, x, y), elem_ids)
+
+        return answer
 
     async def upload(request: Request, session: str, name: str) -> Response:
         held = SESSIONS.get(session)
@@ -161,14 +164,8 @@ def add_routes(demo: gr.Blocks) -> None:
         data = await request.body()
         return pictures_answer(await run_in_threadpool(uploaded_views, models, held, name, data), elem_ids)
 
-    def tile_click(session: str, x: int, y: int) -> Response:
-        held = SESSIONS.get(session)
-        if held is None:
-            return nothing()
-        return pictures_answer(tile_views(held, x, y), elem_ids)
-
-    demo.app.add_api_route(CLICK_ROUTE, patch_click, methods=["GET"], include_in_schema=False)
-    demo.app.add_api_route(TILE_ROUTE, tile_click, methods=["GET"], include_in_schema=False)
+    demo.app.add_api_route(CLICK_ROUTE, click_route(quick_views), methods=["GET"], include_in_schema=False)
+    demo.app.add_api_route(TILE_ROUTE, click_route(tile_views), methods=["GET"], include_in_schema=False)
     demo.app.add_api_route(UPLOAD_ROUTE, upload, methods=["POST"], include_in_schema=False)
     # first, before Gradio's own routes, some of which match any path
     routes = demo.app.router.routes

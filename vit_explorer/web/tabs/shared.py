@@ -177,7 +177,7 @@ def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *
     if staged:
         yield analysed_views(session, controls, visible)
         session.screen = type(session.screen)()  # what was drawn without the evidence is drawn again
-    session.evidence = class_evidence(model, session.analysis, decompose=True) if session.analysis.num_classes else None
+    add_evidence(model, session)
     yield analysed_views(session, controls, visible)
 
 
@@ -209,6 +209,12 @@ def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str
     return session
 
 
+def add_evidence(model: LoadedModel, session: Session) -> None:
+    """The session's evidence: the top class's gradients and decomposition (one forward and backward pass, none where
+    the analysis's own pass took them); none for a model without classes."""
+    session.evidence = class_evidence(model, session.analysis, decompose=True) if session.analysis.num_classes else None
+
+
 # uploads analysed by the page's quick answer ahead of Gradio's event for them (``web.quick_answer``), by what decides an
 # analysis (``analysis_key``), with when each was made; the event takes its session instead of analysing again. Few and
 # not for long: an answer whose event never came (a closed page) holds all of an image's maps (540 MB for DINOv2-S at
@@ -218,9 +224,14 @@ AHEAD_KEPT, AHEAD_TTL_S = 2, 60.0
 AHEAD_LOCK = threading.Lock()
 
 
+def image_digest(data: bytes) -> str:
+    """An image file's bytes, named: the key of an upload's analysis ahead, and the folder its file is written to."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 def analysis_key(upload: str, spec: str, controls: Controls) -> tuple:
     """What decides an upload's analysis: the image file's bytes, the model, the fit and the prompts."""
-    return hashlib.blake2b(Path(upload).read_bytes(), digest_size=16).hexdigest(), spec, controls.fit, controls.prompts
+    return image_digest(Path(upload).read_bytes()), spec, controls.fit, controls.prompts
 
 
 def analyse_ahead(models: ModelCache, upload: str, spec: str, controls: Controls) -> Session | None:
@@ -230,7 +241,7 @@ def analyse_ahead(models: ModelCache, upload: str, spec: str, controls: Controls
     if not uploads_ahead(model):
         return None
     session = first_session(models, model, upload, spec, controls, explain=True)
-    session.evidence = class_evidence(model, session.analysis, decompose=True) if session.analysis.num_classes else None
+    add_evidence(model, session)
     now = time.monotonic()
     with AHEAD_LOCK:
         AHEAD[analysis_key(upload, spec, controls)] = now, session
