@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the browser tests' helpers: Debian's 
 from serving import chromium_page, click_natural, free_port  # noqa: E402
 
 from vit_explorer.core.analysis import analyze  # noqa: E402
+from vit_explorer.core.maps import heads_view  # noqa: E402
 from vit_explorer.draw import charts, pictures, plots, render  # noqa: E402
 from vit_explorer.web import app as web_app  # noqa: E402
 from vit_explorer.web import quick_answer  # noqa: E402
@@ -242,7 +243,8 @@ def measure(model_spec: str, uploads: int, clicks: int, input_hw: tuple[int, int
             page.wait_for_timeout(500)
             width = page.locator("#query-image img").first.evaluate("(img) => img.naturalWidth")
             # clicking through heads too: tiles of the grid, laid out as the grid was drawn for this model
-            _, geometry, _ = pictures.grid_picture(analyze(models.get(model_spec), photo(0)), 0)
+            analysis = analyze(models.get(model_spec), photo(0))
+            _, geometry = pictures.grid_picture(analysis, heads_view(analysis, 0))
             layers, heads = models.get(model_spec).map_shape
             for number in range(clicks + 1):
                 at = ((number * 37) % max(1, width - 20) + 10, (number * 53) % max(1, width - 20) + 10)

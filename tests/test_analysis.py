@@ -69,8 +69,8 @@ def test_memory_budget_switches_to_float16_then_to_compact_and_keeps_what_views_
         np.testing.assert_allclose(maps.head_statistic(compact, name), maps.head_statistic(full, name), rtol=1e-4, atol=1e-5)
     options = maps.RolloutOptions(discard_ratio=0.2, start_layer=1)
     np.testing.assert_allclose(maps.rollout_map(compact, 0, options), maps.rollout_map(full, 0, options), atol=2e-3)
-    picture, _, _ = pictures.grid_picture(compact, 9)
-    assert picture.shape == pictures.grid_picture(full, 9)[0].shape
+    picture, _ = pictures.grid_picture(compact, maps.heads_view(compact, 9))
+    assert picture.shape == pictures.grid_picture(full, maps.heads_view(full, 9))[0].shape
     with pytest.raises(VitExplorerError, match="by mean only"):
         maps.rollout_map(compact, 0, maps.RolloutOptions(head_fusion="max"))
 
@@ -113,7 +113,7 @@ def test_one_forward_and_one_backward_pass_per_analysis_and_views_never_run_the_
         for method in maps.CLASS_METHODS:
             maps.class_map(analysis, method, evidence, options)
         for query in (0, None, 7):
-            pictures.grid_picture(analysis, query, order_by="gradient importance", evidence=evidence)
+            pictures.grid_picture(analysis, maps.heads_view(analysis, query, "gradient importance", evidence))
             maps.rollout_map(analysis, query, options)
         for name in maps.RANKINGS:
             maps.head_order(analysis, name, evidence)

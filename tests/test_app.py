@@ -860,7 +860,7 @@ def test_compare_view_changes_redraw_without_running_a_model(models, upload, che
 
 def test_with_shared_normalisation_the_large_view_keeps_the_grids_scale(models, upload, checkpoint):
     session, _ = analysed(models, upload, checkpoint)
-    query_maps = pictures.query_maps(session.analysis, session.query)  # [layers, heads, gh, gw]
+    query_maps = maps.query_maps(session.analysis, session.query)  # [layers, heads, gh, gw]
     peaks = query_maps.amax(dim=(-2, -1))
     layer, head = divmod(int(peaks.argmin()), peaks.shape[1])  # the faintest head: saturated on its own scale
     session = replace(session, layer=layer, head=head)
@@ -872,7 +872,8 @@ def test_with_shared_normalisation_the_large_view_keeps_the_grids_scale(models, 
     low, high = pictures.shared_bounds(query_maps)
     expected = 255 * (float(peaks[layer, head]) - low) / (high - low)  # its tile's brightest value on the grid's scale
     assert expected < 200 and expected - 20 <= int(kept[:height, :width].max()) <= expected + 1
-    grid, geometry, _ = pictures.grid_picture(session.analysis, session.query, shared=True, overlay=False, cmap="gray")
+    grid, geometry = pictures.grid_picture(session.analysis, maps.heads_view(session.analysis, session.query), shared=True,
+                                           overlay=False, cmap="gray")
     assert grid.shape[0] > geometry.size_hw[0] + 2 * render.LABEL_PX  # the grid's one scale has a colour bar
 
 

@@ -14,6 +14,7 @@ from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint, w
 from serving import chromium_page, click_natural, image_bytes, open_and_upload, running_app, wait_for_change
 
 from vit_explorer import analyze, load_model
+from vit_explorer.core.maps import heads_view
 from vit_explorer.draw import pictures
 from vit_explorer.web.tabs import TABS as APP_TABS
 
@@ -70,7 +71,8 @@ def test_upload_tile_click_and_patch_click_in_chromium(served, tmp_path):
     url, checkpoint = served
     upload = tmp_path / "upload.png"
     photo((256, 256), seed=11).save(upload)
-    _, geometry, _ = pictures.grid_picture(analyze(load_model(str(checkpoint)), upload), 0)
+    analysis = analyze(load_model(str(checkpoint)), upload)
+    _, geometry = pictures.grid_picture(analysis, heads_view(analysis, 0))
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with chromium_page() as (page, errors):
         page.goto(url)
@@ -182,7 +184,8 @@ def test_a_patch_click_shows_the_quick_answer_before_gradio_sends_the_event_and_
     url, checkpoint = served
     upload = tmp_path / "upload.png"
     photo((256, 256), seed=12).save(upload)
-    _, geometry, _ = pictures.grid_picture(analyze(load_model(str(checkpoint)), upload), 0)
+    analysis = analyze(load_model(str(checkpoint)), upload)
+    _, geometry = pictures.grid_picture(analysis, heads_view(analysis, 0))
     with chromium_page() as (page, errors):
         open_and_upload(page, url, upload)
         page.get_by_role("tab", name="Layers × heads").click()

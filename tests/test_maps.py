@@ -16,6 +16,8 @@ from vit_explorer.core.maps import (
     default_query,
     head_order,
     head_statistic,
+    heads_view,
+    overview,
     query_rows,
     rollout_map,
     top_heads,
@@ -52,6 +54,23 @@ def test_query_rows_and_attention_map_read_the_right_rows(analysis):
     assert default_query(analysis) == 0
 
 
+def test_heads_view_and_overview_are_the_raw_rows_in_the_ranking_order(analysis):
+    raw = analysis.attentions  # [layers, heads, n, n], one class token and a 4 × 4 grid
+    view = heads_view(analysis, 7, order_by="entropy")
+    entropy = -(raw * raw.clamp_min(1e-30).log()).sum(-1).mean(-1)  # [layers, heads]: each head's mean row entropy
+    assert view.query == 7 and view.order_by == "entropy" and view.maps.shape == (3, 4, 4, 4)
+    for layer in range(3):
+        for rank, head in enumerate(view.order[layer].tolist()):
+            np.testing.assert_allclose(view.maps[layer, rank], raw[layer, head, 7, 1:].reshape(4, 4))
+    assert torch.equal(view.order, entropy.argsort(dim=1, stable=True))
+    first = overview(analysis, RolloutOptions(discard_ratio=0.2))
+    assert first.query == 0 and first.heads.order.tolist() == [[0, 1, 2, 3]] * 3
+    np.testing.assert_allclose(first.heads.maps, raw[:, :, 0, 1:].reshape(3, 4, 4, 4))
+    np.testing.assert_allclose(first.last_layer, raw[-1, :, 0, 1:].mean(0).reshape(4, 4), rtol=1e-6)
+    full = attention_rollout(raw, "mean", 0.2, 0, 0.5)
+    np.testing.assert_allclose(first.rollout, full[0, 1:].reshape(4, 4), rtol=1e-5, atol=1e-7)
+
+
 def test_heads_ordered_by_entropy_ascend_in_every_layer(analysis):
     order = head_order(analysis, "entropy")
     entropy = head_statistic(analysis, "entropy")
@@ -60,12 +79,14 @@ def test_heads_ordered_by_entropy_ascend_in_every_layer(analysis):
 
 
 def test_grid_picture_changes_with_query_and_ordering_and_outlines_the_selected_head(analysis):
-    base, geometry, _ = grid_picture(analysis, 0)
+    base, geometry = grid_picture(analysis, heads_view(analysis, 0))
     assert base.shape[:2] == geometry.size_hw and (geometry.rows, geometry.cols) == (3, 4)
-    other_query, _, _ = grid_picture(analysis, 9)
-    ordered, _, order = grid_picture(analysis, 0, order_by="distance")
-    selected, _, _ = grid_picture(analysis, 0, selected=(1, 2))
-    mean_of_heads, _, _ = grid_picture(analysis, 0, selected=(1, None))
+    other_query, _ = grid_picture(analysis, heads_view(analysis, 9))
+    by_distance = heads_view(analysis, 0, order_by="distance")
+    ordered, _ = grid_picture(analysis, by_distance)
+    order = by_distance.order
+    selected, _ = grid_picture(analysis, heads_view(analysis, 0), selected=(1, 2))
+    mean_of_heads, _ = grid_picture(analysis, heads_view(analysis, 0), selected=(1, None))
     assert not np.array_equal(base, other_query)
     assert not np.array_equal(base, selected)
     # the mean of heads outlines its whole row: the gap left of the first tile and right of the last one

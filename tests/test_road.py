@@ -78,7 +78,7 @@ def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
     insertion (they are not: LeRF removes the least relevant patches, it inserts nothing)."""
     from vit_explorer import analyze
     from vit_explorer.core.analysis import class_evidence
-    from vit_explorer.core.maps import RolloutOptions, class_map
+    from vit_explorer.core.maps import RolloutOptions, class_map, overview
     from vit_explorer.core.request import Request, Run
     from vit_explorer.draw import plots
     from vit_explorer.draw.report import report_html
@@ -94,6 +94,7 @@ def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
     assert {name.split(" (")[0] for name in names} == {"MoRF", "random MoRF", "LeRF", "random LeRF"}
     assert set(plots.curve_colours(curves)) == names
     assert "MoRF" in curves.protocol.axis_title and "deleted" not in curves.protocol.axis_title
-    page = report_html(Run(request=Request(method="relevance"), analysis=analysis, evidence=evidence, maps={}, curves=curves))
+    page = report_html(Run(request=Request(method="relevance"), analysis=analysis, evidence=evidence, maps={}, curves=curves,
+                           overview=overview(analysis)))
     section = page.split("<h2>Faithfulness")[1]
     assert "MoRF AUC" in section and "LeRF AUC" in section and "deletion AUC" not in section and "insertion AUC" not in section

@@ -54,7 +54,7 @@ def test_after_a_run_every_view_and_file_is_drawn_without_the_model(tmp_path, ar
     from vit_explorer.draw import files, pictures
 
     model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY, seed=3)))
-    request = Request(method="attnlrp", every_map=True, score=True, steps=4, random_orders=2, scoreboard=True, sanity=True,
+    request = Request(method="attnlrp", every_map=True, overview=True, score=True, steps=4, random_orders=2, scoreboard=True, sanity=True,
                       ablation="zero", norms=True)
     result = run(model, photo((64, 64), seed=4), request)
     assert set(result.maps) == set(CLASS_METHODS) and result.curves is not None and result.scoreboard is not None
@@ -72,10 +72,15 @@ def test_after_a_run_every_view_and_file_is_drawn_without_the_model(tmp_path, ar
 
 
 def test_a_run_answers_exactly_what_was_asked(tmp_path):
+    from vit_explorer.draw import pictures
+
     model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY, seed=3)))
     image = photo((64, 64), seed=4)
     plain = run(model, image, Request(method="rollout"))
     assert plain.evidence is None and set(plain.maps) == {"rollout"} and plain.curves is None and plain.scoreboard is None
+    assert plain.overview is None
+    with pytest.raises(VitExplorerError, match="did not compute the cls map"):  # drawing never computes a map
+        pictures.run_map_picture(plain, "cls")
     named = run(model, image, Request(method="legrad", target=Target("thing 2"), score=True, protocol=ROAD, steps=2, random_orders=1))
     assert named.evidence.target == 2 and named.target_label == "thing 2" and set(named.evidence.method_maps) == {"legrad"}
     assert named.curves.protocol == ROAD and named.curves.curve_names == ("MoRF", "LeRF") and named.curves.target == 2

@@ -12,7 +12,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from vit_explorer.core.images import FITS
-from vit_explorer.core.results import PROBABILITY
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.dataset import SHARD_SIZE
 from vit_explorer.models import DEFAULT_MODEL
@@ -63,7 +62,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.core.request import Request
     from vit_explorer.core.results import Protocol
     from vit_explorer.core.targets import Target
-    from vit_explorer.draw import files
+    from vit_explorer.draw import files, text
     from vit_explorer.models import load_model
     from vit_explorer.run import run
 
@@ -71,113 +70,23 @@ def run_analyze(args: argparse.Namespace) -> None:
     request = Request(method=args.method, target=Target.parse(args.target), every_map=args.html, score=not args.no_faithfulness,
                       protocol=Protocol(args.baseline), steps=args.steps, random_orders=args.random_orders, scoreboard=args.scoreboard,
                       sanity=args.sanity, ablation=args.ablation_mode if args.ablation else None, norms=args.norms,
-                      decompose=args.decompose, options=rollout_options(args), memory_budget=memory_budget(args), fit=args.fit)
+                      decompose=args.decompose, options=rollout_options(args), overview=True, full_maps=args.full_maps,
+                      memory_budget=memory_budget(args), fit=args.fit)
     progress(f"loading {args.model}")
     model = load_model(args.model, input_hw=args.input_size, device=args.device)
     for note in model.notes:
         progress(f"{args.model}: {note}")
-    check_full_maps(args, model)
     with Stages() as stages:
         result = run(model, image, request, name=str(args.image), progress=stages)
-    analysis = result.analysis
-    for line in analysis_notes(analysis):
+    notes, results = text.run_lines(result)
+    for line in notes:
         progress(line)
     settings = {"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline}
-    written, npz_note = files.write_analysis(result, args.out, cmap=args.cmap, scale=args.scale, full_maps=args.full_maps,
-                                             html=args.html, settings=settings)
-    for line in result_lines(result):
+    written, npz_note = files.write_analysis(result, args.out, cmap=args.cmap, scale=args.scale, html=args.html, settings=settings)
+    for line in results:
         print(line, flush=True)
-    if analysis.num_classes == 0:
-        progress("no classifier head, so the map was not scored: a class-specific --method, --target patch:ROW,COL or "
-                 "--target image:PATH scores a similarity instead" + (", --target text:PROMPT a prompt" if model.text else ""))
     progress(npz_note)
     progress(f"wrote {', '.join(path.name for path in written)} to {args.out}")
-
-
-def analysis_notes(analysis) -> list[str]:
-    """What stderr says about an analysis before its results: how the image met the model, random weights, the domain."""
-    lines = [analysis.view_note] if analysis.view_note else []
-    if analysis.random_weights:
-        lines.append(f"{analysis.model_name}: random weights: the token layout is real, but nothing is learned")
-    if analysis.ood is not None and analysis.ood.flagged:
-        lines.append(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
-    if analysis.similarity:
-        lines.append(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
-    elif analysis.num_classes:
-        top = analysis.top_k(1)[0]
-        if analysis.prompted:
-            lines.append(f"best-matching prompt: {top.label} ({top.prob:.1%} among {analysis.num_classes} prompts; its logit "
-                         f"{float(analysis.logits[top.index]):.3f})")
-        else:
-            lines.append(f"top prediction: {top.label} ({top.prob:.1%})")
-        if analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged:  # the warning above says it already
-            lines.append(analysis.ood.domain(analysis.model_name))
-    return lines
-
-
-def result_lines(result) -> list[str]:
-    """The results of a run as stdout lines: the score, the scoreboard, the sanity check, the norms, the ablation."""
-    analysis, lines = result.analysis, []
-    curves = result.curves
-    if curves is not None:
-        aucs, (first, second) = curves.aucs, curves.curve_names
-        measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
-        if curves.warning:
-            progress(f"vit-explorer: warning: the {result.request.method} map's score {curves.verdict}: {curves.warning}")
-        lines.append(f"{result.request.method} map for {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
-                     f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
-                     f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}")
-    if result.scoreboard is not None:
-        lines += scoreboard_lines(result.scoreboard)
-    if result.sanity is not None:
-        lines.append(result.sanity.summary())
-    if result.norms is not None:
-        lines.append(result.norms.summary())
-    ablation = result.ablation
-    if ablation is not None:
-        layer, head, drop = ablation.ranked(1)[0]
-        before = ablation.original_logit if ablation.single_score else ablation.original_probability
-        shown = "{:.3f}" if ablation.single_score else "{:.1%}"
-        lines.append(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the {ablation.measure} of "
-                     f"{analysis.label(ablation.target)!r} most, {shown.format(before)} → {shown.format(before - drop)}")
-    decomposition = result.decomposition
-    if decomposition is not None:
-        parts = ", ".join(f"{name} {value:+.3g}" for name, value in decomposition.top_parts(3))
-        lines.append(f"decomposition of {decomposition.label!r} ({decomposition.score:.3g}): largest direct contributions "
-                     f"{parts}; the parts add up to {decomposition.total:.6g}")
-    return lines
-
-
-def scoreboard_lines(board) -> list[str]:
-    """The scoreboard as printed lines: one per method, best first (or in method order, with why, where it is not
-    ranked), then chance and the notes."""
-    import math
-
-    first, second = board.curve_names
-    order = "NOT RANKED" if board.unranked else "best first"
-    lines = [f"scoreboard for {board.target_label!r} (curves of the {board.measure}), {order} (score: {second} AUC − {first} AUC"
-             + (", halved" if board.protocol.imputes else "") + "; randomised ρ ≥ 0.5: the map barely depends on the weights):"]
-    if board.unranked:
-        lines.append(f"not ranked: {board.unranked}")
-    for rank, entry in enumerate(board.entries, start=1):
-        badge = "" if entry.depends_on_weights else "  [does not depend on the weights]"
-        chance = "" if math.isnan(entry.over_chance) else f" ({entry.over_chance:+.1f} sd from chance)"
-        lines.append(f"{'·' if board.unranked else f'{rank}.'} {entry.method}: score {entry.score:.3f}{chance}, {first} {entry.deletion:.3f}, "
-                     f"{second} {entry.insertion:.3f}, randomised ρ {entry.randomised_rho:.2f}{badge}")
-    lines.append(f"chance (random orders): score {board.chance_mean:.3f} ± {board.chance_sd:.3f}")
-    lines += [f"note: {note}" for note in board.notes]
-    return lines
-
-
-def check_full_maps(args: argparse.Namespace, model) -> None:
-    """Refuse ``--full-maps`` before any pass runs where the budget keeps only the compact form."""
-    from vit_explorer.core.analysis import choose_storage, map_bytes
-
-    full_bytes = map_bytes(model.layout, *model.map_shape)
-    if args.full_maps and choose_storage(full_bytes, memory_budget(args)) == "compact":
-        raise VitExplorerError(f"--full-maps: every head's full map takes {full_bytes / 2**20:.0f} MiB in float32, above twice "
-                               f"the memory budget of {args.memory_budget_mb:g} MB, so only the compact form is kept; raise "
-                               "--memory-budget-mb or leave out --full-maps")
 
 
 def rollout_options(args: argparse.Namespace):

@@ -15,7 +15,16 @@ from collections.abc import Callable
 from PIL import Image
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, analyze, class_evidence, pixels_of
+from vit_explorer.core.analysis import (
+    DEFAULT_MEMORY_BUDGET,
+    Analysis,
+    ClassEvidence,
+    analyze,
+    choose_storage,
+    class_evidence,
+    map_bytes,
+    pixels_of,
+)
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
 from vit_explorer.core.request import Request, Run
@@ -109,12 +118,23 @@ def decompose(evidence: ClassEvidence) -> Decomposition:
     return parts
 
 
+def check_full_maps(model: LoadedModel, memory_budget: int) -> None:
+    """Refuse, before any pass, to keep every head's full map where the budget keeps only the compact form."""
+    full_bytes = map_bytes(model.layout, *model.map_shape)
+    if choose_storage(full_bytes, memory_budget) == "compact":
+        raise VitExplorerError(f"every head's full map (--full-maps) takes {full_bytes / 2**20:.0f} MiB in float32, above twice "
+                               f"the memory budget of {memory_budget / 2**20:g} MiB, so only the compact form is kept; raise "
+                               "the budget (--memory-budget-mb) or leave out the full maps")
+
+
 def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *, name: str | None = None,
         progress: Progress = silent) -> Run:
     """Answer ``request`` about ``image`` with ``model``: one analysis (one forward and backward pass), a backbone's
     similarity target where anything asked needs a target, the target's evidence with every map asked for, and each
     result asked for. A target the model cannot have is refused before any pass."""
     request.target.check(model)
+    if request.full_maps:
+        check_full_maps(model, request.memory_budget)
     progress(f"analysing {name or 'the image'}", 0, "")
     target = request.target.value
     if request.target.prompts is not None:  # the prompts are the classes: explained like a classifier's
@@ -130,8 +150,7 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     evidence = (class_evidence(model, analysis, target, wanted, decompose=request.decompose)
                 if analysis.num_classes and (request.explains or request.score or request.every_map) else None)
     decomposition = decompose(evidence) if request.decompose and evidence is not None else None
-    shown = {method: maps.class_map(analysis, method, evidence, options) for method in request.maps
-             if evidence is not None or method not in maps.CLASS_SPECIFIC}
+    shown = maps.class_maps(analysis, request.maps, evidence, options)
     curves = (score(model, analysis, evidence, request.method, request.protocol, options=options, steps=request.steps,
                     random_orders=request.random_orders, progress=progress) if request.score and evidence is not None else None)
     sanity = check(model, analysis, evidence, options=options, progress=progress) if request.sanity else None
@@ -140,4 +159,5 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     board = rank(model, analysis, evidence, request.protocol, options=options, progress=progress) if request.scoreboard else None
     return Run(request=request, analysis=analysis, evidence=evidence, maps=shown, curves=curves, scoreboard=board, sanity=sanity,
                ablation=ablation, ablation_importance=None if ablation is None else evidence.importance,
-               norms=norms.for_analysis(analysis) if request.norms else None, decomposition=decomposition)
+               norms=norms.for_analysis(analysis) if request.norms else None, decomposition=decomposition,
+               overview=maps.overview(analysis, options) if request.overview else None)

@@ -8,6 +8,7 @@ views reuse (rollout factors, query rows, statistics) are memoised on the analys
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -260,3 +261,59 @@ def attention_map(analysis: Analysis, query: int | None, layer: int, head: int |
     """Where the query looks in one layer, one head or the mean of heads ``[grid_h, grid_w]``."""
     rows = query_rows(analysis, query)[layer]  # [heads, n]
     return analysis.layout.patch_map(rows.mean(dim=0) if head is None else rows[head])
+
+
+def query_maps(analysis: Analysis, query: int | None) -> torch.Tensor:
+    """Where the query looks in every layer and head, on the patch grid ``[layers, heads, grid_h, grid_w]``."""
+    return analysis.layout.patch_map(query_rows(analysis, query))
+
+
+@dataclass(frozen=True)
+class HeadsView:
+    """What the layers × heads grid shows: where one query looks in every layer and head, each layer's heads in the
+    order a ranking (``ORDERINGS``) gives.
+
+    Attributes:
+        query: the query token (None: the mean of patch queries).
+        maps: ``[layers, heads, grid_h, grid_w]``, each layer's heads in ``order``.
+        order: the head shown at each rank ``[layers, heads]`` int64.
+        order_by: the ranking (``ORDERINGS``).
+    """
+
+    query: int | None
+    maps: torch.Tensor
+    order: torch.Tensor
+    order_by: str = "none"
+
+
+def heads_view(analysis: Analysis, query: int | None, order_by: str = "none", evidence: ClassEvidence | None = None) -> HeadsView:
+    """The query's ``HeadsView``; ``evidence`` (the target class's) is needed only to order heads by gradient importance."""
+    order = head_order(analysis, order_by, evidence)
+    ordered = query_maps(analysis, query).take_along_dim(order[:, :, None, None], dim=1)
+    return HeadsView(query, ordered, order, order_by)
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The first views of an image: for the default query (``default_query``), its rollout and its last layer's mean of
+    heads ``[grid_h, grid_w]`` each, and every head's map of it in model order (``HeadsView``)."""
+
+    query: int | None
+    rollout: torch.Tensor
+    last_layer: torch.Tensor
+    heads: HeadsView
+
+
+def overview(analysis: Analysis, options: RolloutOptions = RolloutOptions()) -> Overview:
+    """The analysis's ``Overview`` under the rollout ``options``."""
+    query = default_query(analysis)
+    heads = heads_view(analysis, query)
+    return Overview(query, rollout_map(analysis, query, options), heads.maps[-1].mean(dim=0), heads)
+
+
+def class_maps(analysis: Analysis, methods: Iterable[str], evidence: ClassEvidence | None, options: RolloutOptions) -> dict[str, torch.Tensor]:
+    """Each of ``methods``' maps ``[grid_h, grid_w]`` (``class_map``) by name, in ``CLASS_METHODS``' order; the
+    class-specific ones only with ``evidence``."""
+    wanted = set(methods)
+    return {method: class_map(analysis, method, evidence, options) for method in CLASS_METHODS
+            if method in wanted and (evidence is not None or method not in CLASS_SPECIFIC)}

@@ -13,7 +13,7 @@ import torch
 
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
 from vit_explorer.core.decomposition import Decomposition
-from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions
+from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, Overview, RolloutOptions
 from vit_explorer.core.results import (
     BLUR,
     DEFAULT_RANDOM_ORDERS,
@@ -47,6 +47,9 @@ class Request:
         decompose: the target's score split over heads, MLPs, embeddings and biases, with the logit lens
             (``core.decomposition``).
         options: rollout options of the rollout-based maps.
+        overview: the first views (``maps.overview``: rollout, last layer, every head), which files and reports show.
+        full_maps: every head's full map must be kept, to be written: a model whose maps are above the memory budget is
+            refused before any pass.
         memory_budget: bytes of maps kept (``analysis.analyze``); fit: how an image of other proportions meets the input.
     """
 
@@ -63,6 +66,8 @@ class Request:
     norms: bool = False
     decompose: bool = False
     options: RolloutOptions = field(default_factory=RolloutOptions)
+    overview: bool = False
+    full_maps: bool = False
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     fit: str = "stretch"
 
@@ -100,6 +105,7 @@ class Run:
     ablation_importance: torch.Tensor | None = None  # [layers, heads]: Σ|∇A ⊙ A| of the ablation's target
     norms: TokenNorms | None = None
     decomposition: Decomposition | None = None
+    overview: Overview | None = None
 
     @property
     def target_label(self) -> str | None:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit_explorer.core import maps
-from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.decomposition import Decomposition
+from vit_explorer.core.maps import CLASS_METHODS, HeadsView
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import STATISTIC_UNITS, FaithfulnessCurves, HeadAblation, SanityCurves, TokenNorms
 from vit_explorer.core.statistics import HEAD_STATISTICS
@@ -135,33 +135,15 @@ def megabytes(count: int) -> str:
     return f"{count / 2**20:.1f} MiB"
 
 
-def write_views(
-    analysis: Analysis,
-    out_dir: Path,
-    *,
-    query: int | None = None,
-    options: maps.RolloutOptions = maps.RolloutOptions(),
-    cmap: str = "inferno",
-    order_by: str = "none",
-    evidence: ClassEvidence | None = None,
-    shared: bool = False,
-    scale: str = "linear",
-    full_maps: bool = False,
-) -> tuple[list[Path], str]:
-    """``rollout.png``, ``heads.png`` (the layers × heads grid of the query) and ``attention.npz`` (``write_npz``) in
-    ``out_dir``; returns the paths and ``npz_note``'s words on the npz.
-
-    ``evidence`` (the target class's) is needed only to order heads by gradient importance; ``scale`` is the
-    colour scale (``render.COLOUR_SCALES``).
-    """
-    query = maps.default_query(analysis) if query is None else query
-    rollout = maps.rollout_map(analysis, query, options)
+def write_views(analysis: Analysis, rollout: torch.Tensor, heads: HeadsView, out_dir: Path, *, cmap: str = "inferno",
+                shared: bool = False, scale: str = "linear", full_maps: bool = False) -> tuple[list[Path], str]:
+    """``rollout.png`` (the query's ``rollout`` ``[grid_h, grid_w]``), ``heads.png`` (the layers × heads grid of ``heads``,
+    whose query is the rollout's) and ``attention.npz`` (``write_npz``) in ``out_dir``; returns the paths and ``npz_note``'s
+    words on the npz. ``scale`` is the colour scale (``render.COLOUR_SCALES``)."""
     written = [out_dir / "rollout.png", out_dir / "heads.png", out_dir / "attention.npz"]
-    save_png(pictures.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=query, unit=pictures.ROLLOUT,
-                                         scale=scale), str(written[0]))
-    grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap, overlay=True, shared=shared, order_by=order_by, evidence=evidence,
-                                       scale=scale)
-    save_png(grid, str(written[1]))
+    save_png(pictures.map_picture(analysis, rollout, cmap=cmap, overlay=True, query=heads.query, unit=pictures.ROLLOUT,
+                                  scale=scale), str(written[0]))
+    save_png(pictures.grid_picture(analysis, heads, cmap=cmap, overlay=True, shared=shared, scale=scale)[0], str(written[1]))
     return written, npz_note(analysis, write_npz(analysis, written[2], full_maps), full_maps)
 
 
@@ -171,7 +153,7 @@ def write_faithfulness(analysis: Analysis, curves: FaithfulnessCurves, method: s
               **curves.as_dict()}
     written = [out_dir / "faithfulness.json", out_dir / "faithfulness.png"]
     written[0].write_text(json.dumps(record, indent=2) + "\n")
-    title = f"{maps.CLASS_METHODS[method]} · target {analysis.label(curves.target)}"
+    title = f"{CLASS_METHODS[method]} · target {analysis.label(curves.target)}"
     save_png(charts.faithfulness_chart(curves, title), str(written[1]))
     return written
 
@@ -235,16 +217,20 @@ def staged(out: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_analysis(run: Run, out: Path, *, cmap: str = "inferno", scale: str = "linear", full_maps: bool = False, html: bool = False,
+def write_analysis(run: Run, out: Path, *, cmap: str = "inferno", scale: str = "linear", html: bool = False,
                    settings: dict | None = None) -> tuple[list[Path], str]:
-    """Every file of one ``analyze`` run, in ``out`` (``staged``): the views and ``attention.npz`` (``write_views``); the map
+    """Every file of one ``analyze`` run, in ``out`` (``staged``): the run's overview and ``attention.npz`` (``write_views``,
+    every head's full map in it with ``Request.full_maps``); the map
     asked for unless it is the rollout; and the results that ran: faithfulness (with ``settings``, e.g. image, steps,
     random orders, baseline), sanity, ``scoreboard.json``, norms, ablation (beside its target's gradient importance), the
     decomposition and,
     with ``html``, the report of them all. Returns the paths in ``out``, in that order, and ``npz_note``'s words."""
-    analysis, method = run.analysis, run.request.method
+    analysis, method, overview = run.analysis, run.request.method, run.overview
+    if overview is None:
+        raise VitExplorerError("this run has no overview to write: ask for it (Request(overview=True))")
     with staged(out) as staging:
-        written, note = write_views(analysis, staging, options=run.request.options, cmap=cmap, scale=scale, full_maps=full_maps)
+        written, note = write_views(analysis, overview.rollout, overview.heads, staging, cmap=cmap, scale=scale,
+                                    full_maps=run.request.full_maps)
         if method != "rollout":
             written.append(staging / f"{method}.png")
             save_png(pictures.run_map_picture(run, method, cmap, scale), str(written[-1]))

@@ -14,12 +14,9 @@ from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.maps import (
     CONSERVATION_TOLERANCE,
     NEGLIGIBLE,
-    RolloutOptions,
-    class_map,
+    HeadsView,
     conservation,
-    head_order,
     map_strength,
-    query_rows,
 )
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import HeadAblation, Patching, TokenNorms
@@ -93,35 +90,25 @@ def image_picture(analysis: Analysis, query: int | None) -> np.ndarray:
     return render.outline(picture, box) if box is not None else picture
 
 
-def query_maps(analysis: Analysis, query: int | None) -> torch.Tensor:
-    """Where the query looks in every layer and head, on the patch grid ``[layers, heads, grid_h, grid_w]``."""
-    return analysis.layout.patch_map(query_rows(analysis, query))
-
-
 def grid_picture(
     analysis: Analysis,
-    query: int | None,
+    view: HeadsView,
     *,
     cmap: str = "inferno",
     overlay: bool = True,
     shared: bool = False,
-    order_by: str = "none",
-    evidence: ClassEvidence | None = None,
     selected: tuple[int, int | None] | None = None,
     tile_px: int | None = None,
     scale: str = "linear",
-) -> tuple[np.ndarray, render.GridGeometry, torch.Tensor]:
-    """The layers × heads grid of the query's attention: picture, geometry, head order ``[layers, heads]``.
+) -> tuple[np.ndarray, render.GridGeometry]:
+    """The layers × heads grid of ``view`` (``maps.heads_view``): picture and geometry.
 
-    ``evidence`` is the target class's, for ordering by gradient importance. ``selected`` is
-    (layer, head); that head is outlined wherever the ordering put it, and (layer, None), the layer's
+    ``selected`` is (layer, head); that head is outlined wherever the ordering put it, and (layer, None), the layer's
     mean of heads, outlines the whole row.
     """
     layers, heads = analysis.map_shape
     tile_px = tile_px or render.grid_tile_px(heads, GRID_PX)
-    order = head_order(analysis, order_by, evidence)
-    maps = query_maps(analysis, query)
-    maps = maps.take_along_dim(order[:, :, None, None], dim=1)
+    maps, order, order_by = view.maps, view.order, view.order_by
     tiles = render.heat(maps, (tile_px, tile_px), cmap, image=analysis.image if overlay else None, shared=shared, scale=scale)
     bounds = shared_bounds(maps, scale) if shared else None
     highlight = None
@@ -139,22 +126,14 @@ def grid_picture(
     )
     if bounds is not None:  # one scale for every tile: say what it is, as the large views do
         picture = render.with_colorbar(picture, cmap, *bounds, f"{ATTENTION}, one scale for all tiles", clipped=scale != "linear")
-    return picture, geometry, order
-
-
-def class_map_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions,
-                      cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
-    """The large view of one ``maps.CLASS_METHODS`` map, its colour bar labelled with what the method measures."""
-    return evidence_picture(analysis, method, evidence, class_map(analysis, method, evidence, options), cmap, scale)
+    return picture, geometry
 
 
 def run_map_picture(run: Run, method: str, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
-    """The large view of ``method``'s map in ``run``: the map the run kept, else the one its analysis and evidence give
-    (AttnLRP's and LeGrad's are in the evidence once asked for: nothing here runs the model)."""
-    grid_map = run.maps.get(method)
-    if grid_map is None:
-        return class_map_picture(run.analysis, method, run.evidence, run.request.options, cmap, scale)
-    return evidence_picture(run.analysis, method, run.evidence, grid_map, cmap, scale)
+    """The large view of ``method``'s map as ``run`` computed it (``Request.maps``)."""
+    if method not in run.maps:
+        raise VitExplorerError(f"this run did not compute the {method} map: ask for it (Request(method={method!r}) or every_map=True)")
+    return evidence_picture(run.analysis, method, run.evidence, run.maps[method], cmap, scale)
 
 
 def evidence_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, grid_map: torch.Tensor, cmap: str,

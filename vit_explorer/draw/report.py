@@ -14,17 +14,11 @@ import numpy as np
 from PIL import Image
 
 from vit_explorer.core.analysis import Analysis, Prediction
-from vit_explorer.core.maps import (
-    CLASS_METHODS,
-    CLASS_SPECIFIC,
-    RolloutOptions,
-    attention_map,
-    default_query,
-    rollout_map,
-)
+from vit_explorer.core.maps import CLASS_METHODS, Overview
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import Scoreboard
 from vit_explorer.draw import charts, pictures
+from vit_explorer.errors import VitExplorerError
 
 STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
@@ -101,37 +95,30 @@ def explanation_html(analysis: Analysis, grid_map, method: str, target: str | No
             f"{figure(map_view, CLASS_METHODS[method])}<div>{top_five(analysis)}</div></div></div>")
 
 
-def analysis_html(analysis: Analysis, cmap: str = "inferno", header: bool = True) -> str:
-    """The rich display of an analysis: the image, the class token's rollout and last-layer attention, and (with
-    ``header``) the model's provenance and the top-5."""
-    query = default_query(analysis)
-    rollout = pictures.map_picture(analysis, rollout_map(analysis, query, RolloutOptions()), cmap=cmap, overlay=True, query=None,
-                                   unit=pictures.ROLLOUT)
-    last = pictures.map_picture(analysis, attention_map(analysis, query, analysis.map_shape[0] - 1, None), cmap=cmap,
-                                overlay=True, query=None, unit=pictures.ATTENTION)
-    figures = (f"{figure(pictures.image_picture(analysis, None), 'the image as the model saw it')}"
-               f"{figure(rollout, 'attention rollout of the class token')}{figure(last, 'last layer, mean over heads')}")
-    if not header:
-        return f'<div class="row">{figures}</div>'
-    return f'<div>{provenance(analysis)}<div class="row">{figures}<div>{top_five(analysis)}</div></div></div>'
-
+def overview_html(analysis: Analysis, overview: Overview, cmap: str = "inferno") -> str:
+    """The image, and its ``overview``'s rollout and last-layer attention, in a row."""
+    rollout = pictures.map_picture(analysis, overview.rollout, cmap=cmap, overlay=True, query=None, unit=pictures.ROLLOUT)
+    last = pictures.map_picture(analysis, overview.last_layer, cmap=cmap, overlay=True, query=None, unit=pictures.ATTENTION)
+    return (f'<div class="row">{figure(pictures.image_picture(analysis, None), "the image as the model saw it")}'
+            f"{figure(rollout, 'attention rollout of the class token')}{figure(last, 'last layer, mean over heads')}</div>")
 
 
 def report_html(run: Run, cmap: str = "inferno") -> str:
     """The whole report of one image: provenance at the top, then the overview, the layers × heads grid, the class maps
     (the scored one with its deletion and insertion curves), and the scoreboard, sanity check, token norms and head
     ablation where they ran. Every result carries its own target, and each section is named by it."""
-    analysis, query, evidence = run.analysis, default_query(run.analysis), run.evidence
+    analysis, evidence, overview = run.analysis, run.evidence, run.overview
+    if overview is None:
+        raise VitExplorerError("this run has no overview to report: ask for it (Request(overview=True))")
     sections = [f"<h1>vit_explorer report: {html.escape(analysis.model_name)}</h1>{provenance(analysis)}"]
     if analysis.num_classes:
         heading = "Target score" if analysis.similarity else "Zero-shot prediction" if analysis.prompted else "Predictions"
         sections.append(f"<h2>{heading}</h2>{top_five(analysis)}")
-    sections.append(f"<h2>Overview</h2>{analysis_html(analysis, cmap, header=False)}")
-    grid, _, _ = pictures.grid_picture(analysis, query, cmap=cmap)
+    sections.append(f"<h2>Overview</h2>{overview_html(analysis, overview, cmap)}")
+    grid, _ = pictures.grid_picture(analysis, overview.heads, cmap=cmap)
     sections.append(f"<h2>Layers × heads</h2>{figure(grid, 'where the class token looks in every layer (rows) and head (columns), each tile on its own scale')}")
-    methods = [method for method in CLASS_METHODS if evidence is not None or method not in CLASS_SPECIFIC]
     target = "" if evidence is None else f" for {analysis.label(evidence.target)}"
-    maps = "".join(figure(pictures.run_map_picture(run, method, cmap), CLASS_METHODS[method]) for method in methods)
+    maps = "".join(figure(pictures.run_map_picture(run, method, cmap), CLASS_METHODS[method]) for method in run.maps)
     sections.append(f"<h2>Class maps{html.escape(target)}</h2><div class=\"row\">{maps}</div>")
     if run.curves is not None:
         curves, scored_method = run.curves, run.request.method

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from vit_explorer.core import maps
 from vit_explorer.core.analysis import class_evidence
 from vit_explorer.core.maps import CLASS_METHODS
 from vit_explorer.core.request import Request, Run
@@ -65,10 +66,10 @@ def on_export(session: Session | None, full_maps: bool, *control_values, ttl_s: 
     class_maps.prepare(session, controls)  # the class map in the zip is the tab's, AttnLRP and LeGrad included
     with tempfile.TemporaryDirectory() as staging:
         folder = Path(staging)
-        written, _ = files.write_views(session.analysis, folder, query=session.query, options=controls.rollout, cmap=controls.cmap,
-                                        order_by=controls.order_by, evidence=session.evidence,
-                                        shared=controls.normalisation == "shared", scale=controls.colour_scale,
-                                        full_maps=full_maps)
+        rollout = maps.rollout_map(session.analysis, session.query, controls.rollout)
+        heads = maps.heads_view(session.analysis, session.query, controls.order_by, session.evidence)
+        written, _ = files.write_views(session.analysis, rollout, heads, folder, cmap=controls.cmap,
+                                       shared=controls.normalisation == "shared", scale=controls.colour_scale, full_maps=full_maps)
         extra = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
                  f"{shown_method(session, controls)}.png": render_class(session, controls)}
         for name, picture in extra.items():
@@ -98,8 +99,10 @@ def on_report(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
     evidence = (None if session.evidence is None
                 else class_evidence(session.model(), session.analysis, session.evidence.target, tuple(CLASS_METHODS)))
     # a score shown is the chosen method's (``score_key``)
-    run = Run(request=Request(method=controls.method, options=controls.rollout), analysis=session.analysis, evidence=evidence,
-              maps={}, curves=curves, scoreboard=board, sanity=sanity, ablation=ablation,
+    analysis = session.analysis
+    run = Run(request=Request(method=controls.method, options=controls.rollout), analysis=analysis, evidence=evidence,
+              maps=maps.class_maps(analysis, CLASS_METHODS, evidence, controls.rollout),
+              overview=maps.overview(analysis, controls.rollout), curves=curves, scoreboard=board, sanity=sanity, ablation=ablation,
               ablation_importance=None if ablation is None else evidence.importance, norms=norms.for_analysis(session.analysis))
     folder = export_dir(ttl_s) / f"vit-explorer-report-{uuid.uuid4().hex[:12]}"
     folder.mkdir()

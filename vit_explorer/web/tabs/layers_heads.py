@@ -29,11 +29,11 @@ def layout() -> dict:
 
 def render_grid(session: Session, controls: Controls) -> np.ndarray:
     """The grid picture; its geometry and head order go on the session's screen, for tile clicks."""
-    picture, geometry, order = pictures.grid_picture(
-        session.analysis, session.query, cmap=controls.cmap, overlay=controls.overlay, shared=controls.normalisation == "shared",
-        order_by=controls.order_by, evidence=session.evidence, selected=(session.layer, session.head), scale=controls.colour_scale,
-    )
-    session.screen.geometry, session.screen.order = geometry, order
+    view = maps.heads_view(session.analysis, session.query, controls.order_by, session.evidence)
+    picture, geometry = pictures.grid_picture(session.analysis, view, cmap=controls.cmap, overlay=controls.overlay,
+                                              shared=controls.normalisation == "shared", selected=(session.layer, session.head),
+                                              scale=controls.colour_scale)
+    session.screen.geometry, session.screen.order = geometry, view.order
     return picture
 
 
@@ -42,7 +42,7 @@ def render_head(session: Session, controls: Controls) -> np.ndarray:
     grid_map = maps.attention_map(session.analysis, session.query, session.layer, session.head)
     shared = controls.normalisation == "shared"
     # with one scale for the grid, the large view keeps it, so that a faint tile is not shown saturated here
-    bounds = pictures.shared_bounds(pictures.query_maps(session.analysis, session.query), controls.colour_scale) if shared else None
+    bounds = pictures.shared_bounds(maps.query_maps(session.analysis, session.query), controls.colour_scale) if shared else None
     unit = f"{pictures.ATTENTION}, the grid's one scale" if shared else pictures.ATTENTION
     return pictures.map_picture(session.analysis, grid_map, cmap=controls.cmap, overlay=controls.overlay, query=session.query,
                                 unit=unit, scale=controls.colour_scale, bounds=bounds)

@@ -1,0 +1,96 @@
+"""A run in words for a terminal: what ``vit-explorer analyze`` says on stderr (how the image met the model, warnings,
+the prediction) and prints on stdout (the score, the scoreboard, the sanity check, the norms, the ablation, the
+decomposition), from the run's values alone."""
+
+from __future__ import annotations
+
+import math
+
+from vit_explorer.core.analysis import Analysis
+from vit_explorer.core.request import Run
+from vit_explorer.core.results import PROBABILITY, Scoreboard
+
+
+def run_lines(run: Run) -> tuple[list[str], list[str]]:
+    """The run's notes (for stderr: ``analysis_notes``, then what its results warn of) and its result lines (for
+    stdout: ``result_lines``)."""
+    analysis, notes = run.analysis, analysis_notes(run.analysis)
+    if run.curves is not None and run.curves.warning:
+        notes.append(f"vit-explorer: warning: the {run.request.method} map's score {run.curves.verdict}: {run.curves.warning}")
+    if analysis.num_classes == 0:
+        notes.append("no classifier head, so the map was not scored: a class-specific --method, --target patch:ROW,COL or "
+                     "--target image:PATH scores a similarity instead" + (", --target text:PROMPT a prompt" if analysis.reads_text else ""))
+    return notes, result_lines(run)
+
+
+def analysis_notes(analysis: Analysis) -> list[str]:
+    """What is said about an analysis before its results: how the image met the model, random weights, the domain, the
+    prediction."""
+    lines = [analysis.view_note] if analysis.view_note else []
+    if analysis.random_weights:
+        lines.append(f"{analysis.model_name}: random weights: the token layout is real, but nothing is learned")
+    if analysis.ood is not None and analysis.ood.flagged:
+        lines.append(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
+    if analysis.similarity:
+        lines.append(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
+    elif analysis.num_classes:
+        top = analysis.top_k(1)[0]
+        if analysis.prompted:
+            lines.append(f"best-matching prompt: {top.label} ({top.prob:.1%} among {analysis.num_classes} prompts; its logit "
+                         f"{float(analysis.logits[top.index]):.3f})")
+        else:
+            lines.append(f"top prediction: {top.label} ({top.prob:.1%})")
+        if analysis.ood is not None and analysis.ood.known and not analysis.ood.flagged:  # the warning above says it already
+            lines.append(analysis.ood.domain(analysis.model_name))
+    return lines
+
+
+def result_lines(run: Run) -> list[str]:
+    """The results of a run, a line each: the score, the scoreboard, the sanity check, the norms, the ablation, the
+    decomposition."""
+    analysis, lines = run.analysis, []
+    curves = run.curves
+    if curves is not None:
+        aucs, (first, second) = curves.aucs, curves.curve_names
+        measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
+        lines.append(f"{run.request.method} map for {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
+                     f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
+                     f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}")
+    if run.scoreboard is not None:
+        lines += scoreboard_lines(run.scoreboard)
+    if run.sanity is not None:
+        lines.append(run.sanity.summary())
+    if run.norms is not None:
+        lines.append(run.norms.summary())
+    ablation = run.ablation
+    if ablation is not None:
+        layer, head, drop = ablation.ranked(1)[0]
+        before = ablation.original_logit if ablation.single_score else ablation.original_probability
+        shown = "{:.3f}" if ablation.single_score else "{:.1%}"
+        lines.append(f"head ablation ({ablation.mode}): removing L{layer} h{head} lowers the {ablation.measure} of "
+                     f"{analysis.label(ablation.target)!r} most, {shown.format(before)} → {shown.format(before - drop)}")
+    decomposition = run.decomposition
+    if decomposition is not None:
+        parts = ", ".join(f"{name} {value:+.3g}" for name, value in decomposition.top_parts(3))
+        lines.append(f"decomposition of {decomposition.label!r} ({decomposition.score:.3g}): largest direct contributions "
+                     f"{parts}; the parts add up to {decomposition.total:.6g}")
+    return lines
+
+
+def scoreboard_lines(board: Scoreboard) -> list[str]:
+    """The scoreboard, a line each: one per method, best first (or in method order, with why, where it is not ranked),
+    then chance and the notes."""
+    first, second = board.curve_names
+    order = "NOT RANKED" if board.unranked else "best first"
+    lines = [f"scoreboard for {board.target_label!r} (curves of the {board.measure}), {order} (score: {second} AUC − {first} AUC"
+             + (", halved" if board.protocol.imputes else "") + "; randomised ρ ≥ 0.5: the map barely depends on the weights):"]
+    if board.unranked:
+        lines.append(f"not ranked: {board.unranked}")
+    for rank, entry in enumerate(board.entries, start=1):
+        badge = "" if entry.depends_on_weights else "  [does not depend on the weights]"
+        chance = "" if math.isnan(entry.over_chance) else f" ({entry.over_chance:+.1f} sd from chance)"
+        lines.append(f"{'·' if board.unranked else f'{rank}.'} {entry.method}: score {entry.score:.3f}{chance}, {first} {entry.deletion:.3f}, "
+                     f"{second} {entry.insertion:.3f}, randomised ρ {entry.randomised_rho:.2f}{badge}")
+    lines.append(f"chance (random orders): score {board.chance_mean:.3f} ± {board.chance_sd:.3f}")
+    lines += [f"note: {note}" for note in board.notes]
+    return lines
