@@ -90,7 +90,7 @@ def part_maps(model, part: Part, click: tuple[int, int]) -> dict[str, np.ndarray
     """Every class-specific method's map (``METHODS``) and the baselines (``BASELINES``) ``[16, 16]`` for the target
     *this patch* at ``click`` of ``part``'s photo, from one run of ``model``."""
     result = run(model, photo(part.photo), Request(method="attnlrp", target=Target(click), every_map=True))
-    found = {method: result.maps[method].numpy() for method in (*METHODS, "rollout")}
+    found = {method: result.maps[method].map.numpy() for method in (*METHODS, "rollout")}
     query = result.analysis.layout.patch_token(*click)
     found["cosine"] = maps.token_similarity(result.analysis, query).numpy()
     return found

@@ -99,6 +99,23 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def test_drawing_takes_the_maps_it_draws_and_computes_none():
+    """``draw`` imports types and constants of ``core.maps`` (what a map, an overview, a grid is), never one of its
+    functions: the maps it draws are handed to it (a ``Run``, an ``Overview``, a ``HeadsView``, a ``ClassMap``)."""
+    import inspect
+
+    from vit_explorer.core import maps
+
+    functions = {name for name, value in vars(maps).items() if inspect.isfunction(value) and value.__module__ == maps.__name__}
+    assert {"class_map", "heads_view", "overview", "rollout_map"} <= functions  # the checker sees them
+    for path in (PACKAGE / "draw").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "vit_explorer.core.maps":
+                assert not {alias.name for alias in node.names} & functions, f"{path.name} computes maps"
+            if isinstance(node, ast.ImportFrom) and node.module == "vit_explorer.core":
+                assert "maps" not in {alias.name for alias in node.names}, f"{path.name} imports core.maps whole"
+
+
 def test_no_import_cycle_counting_function_level_imports():
     graph = {module: {target for target in targets if target in GRAPH} for module, targets in GRAPH.items()}
     assert find_cycles(graph) == []

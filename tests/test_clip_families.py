@@ -150,7 +150,7 @@ def test_similarity_targets_still_work_on_an_image_tower():
     loaded, _ = tiny_open_clip()
     for target in (None, (1, 2)):
         result = run(loaded, photo((40, 40)), Request(method="legrad", target=Target(target)))
-        assert result.analysis.similarity and result.maps["legrad"].shape == (4, 4)
+        assert result.analysis.similarity and result.maps["legrad"].map.shape == (4, 4)
 
 
 def test_prompt_targets_are_refused_where_there_is_no_text_tower(tiny_checkpoint):
@@ -180,7 +180,7 @@ def test_hf_folder_of_a_clip_config_loads_both_towers(tmp_path):
     assert type(loaded.module).__name__ == "CLIPVisionModelWithProjection" and loaded.num_classes == 0
     assert loaded.text is not None and loaded.text.logit_bias == 0.0
     result = run(loaded, photo((40, 40)), Request(method="legrad", target=Target(Prompts(("a dog", "a cat")))))
-    assert result.analysis.labels == ["a dog", "a cat"] and np.isfinite(result.maps["legrad"].numpy()).all()
+    assert result.analysis.labels == ["a dog", "a cat"] and np.isfinite(result.maps["legrad"].map.numpy()).all()
 
 
 def test_capture_leaves_the_library_fused_path_behind(family):

@@ -68,7 +68,12 @@ def test_after_a_run_every_view_and_file_is_drawn_without_the_model(tmp_path, ar
     for method in CLASS_METHODS:
         assert pictures.run_map_picture(result, method).ndim == 3
     # the maps it drew are the maps the run computed, not others made on the way
-    torch.testing.assert_close(result.maps["attnlrp"], result.evidence.method_maps["attnlrp"])
+    torch.testing.assert_close(result.maps["attnlrp"].map, result.evidence.method_maps["attnlrp"])
+    # what the colour bars say of a map is computed with it: AttnLRP's relevance over its score, in both senses
+    relevance, score = result.maps["attnlrp"], float(result.analysis.logits[result.evidence.target])
+    assert relevance.conserved == pytest.approx(float(relevance.map.sum()) / score)
+    assert relevance.strength == pytest.approx(float(relevance.map.abs().sum()) / abs(score))
+    assert result.maps["rollout"].strength is None and result.maps["rollout"].conserved is None
 
 
 def test_a_run_answers_exactly_what_was_asked(tmp_path):

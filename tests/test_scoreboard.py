@@ -117,7 +117,7 @@ def test_a_negative_reference_score_is_not_ranked_and_says_why(tmp_path):
     assert curves.deletion[0] == pytest.approx(-1.0) and "negative" in curves.warning
     assert curves.verdict == "cannot be judged" and not curves.beats_chance(margin=-10.0)
     from vit_explorer.draw.report import scoreboard_section
-    from vit_explorer.draw.text import scoreboard_lines
+    from vit_explorer.draw.terminal import scoreboard_lines
 
     lines = scoreboard_lines(board)
     assert "NOT RANKED" in lines[0] and lines[1].startswith("not ranked: the image's own score is negative")
@@ -140,7 +140,7 @@ def test_chance_without_spread_gives_no_distance_from_it():
     pytest.importorskip("timm")
     from vit_explorer.core.analysis import pixels_of
     from vit_explorer.core.targets import similarity_model
-    from vit_explorer.draw.text import scoreboard_lines
+    from vit_explorer.draw.terminal import scoreboard_lines
     from vit_explorer.web.captions import board_rows
 
     backbone = load_model("timm:vit_small_patch14_dinov2@random", input_hw=(56, 56))

@@ -95,11 +95,11 @@ def test_another_image_target_is_the_embedding_on_the_second_images_direction(ba
         embedding_b = tokens_apart(backbone, pixels_of(backbone, analyze(backbone, second)))[0]
     assert result.target_label == "similarity to second.png's embedding"
     assert float(result.analysis.logits[0]) == pytest.approx(float(embedding_a @ embedding_b / embedding_b.norm()), rel=1e-5)
-    assert result.maps["attnlrp"].shape == (4, 4) and result.maps["attnlrp"].abs().sum() > 0
+    assert result.maps["attnlrp"].map.shape == (4, 4) and result.maps["attnlrp"].map.abs().sum() > 0
     # asked of B about A: B's embedding on A's direction, another map
     back = run(backbone, second, Request(method="attnlrp", target=Target(OtherImage(first, "first"))))
     assert float(back.analysis.logits[0]) == pytest.approx(float(embedding_a @ embedding_b / embedding_a.norm()), rel=1e-5)
-    assert not torch.allclose(back.maps["attnlrp"], result.maps["attnlrp"])
+    assert not torch.allclose(back.maps["attnlrp"].map, result.maps["attnlrp"].map)
     with pytest.raises(VitExplorerError, match="no image file"):
         Target.parse(f"image:{tmp_path / 'missing.png'}")
     classifier = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))

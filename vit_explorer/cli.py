@@ -62,7 +62,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.core.request import Request
     from vit_explorer.core.results import Protocol
     from vit_explorer.core.targets import Target
-    from vit_explorer.draw import files, text
+    from vit_explorer.draw import files, terminal
     from vit_explorer.models import load_model
     from vit_explorer.run import run
 
@@ -78,7 +78,7 @@ def run_analyze(args: argparse.Namespace) -> None:
         progress(f"{args.model}: {note}")
     with Stages() as stages:
         result = run(model, image, request, name=str(args.image), progress=stages)
-    notes, results = text.run_lines(result)
+    notes, results = terminal.run_lines(result)
     for line in notes:
         progress(line)
     settings = {"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline}

@@ -12,7 +12,7 @@ from PIL import Image
 from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource
-from vit_explorer.core.maps import RolloutOptions, conservation, map_strength
+from vit_explorer.core.maps import RolloutOptions
 from vit_explorer.core.request import Request
 from vit_explorer.core.targets import OtherImage, Target
 from vit_explorer.draw import report
@@ -88,13 +88,12 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     loaded, image = loaded_inputs(image, model)
     request = Request(method=method, target=Target.of(target, loaded), options=options or RolloutOptions())
     result = run(loaded, image, request)
-    analysis, evidence, grid_map = result.analysis, result.evidence, result.maps[method]
+    analysis, evidence, shown = result.analysis, result.evidence, result.maps[method]
     # a class-agnostic map explains no class: it names none, unless one was asked for
     named = evidence is not None and request.explains
     probability = float(analysis.probs[evidence.target]) if named and not analysis.similarity else None
-    return Explanation(map=grid_map, method=method, target=result.target_label if named else None, probability=probability,
-                       analysis=analysis, strength=map_strength(analysis, method, evidence, grid_map),
-                       conserved=conservation(analysis, method, evidence, grid_map))
+    return Explanation(map=shown.map, method=method, target=result.target_label if named else None, probability=probability,
+                       analysis=analysis, strength=shown.strength, conserved=shown.conserved)
 
 
 def decompose(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None,

@@ -311,9 +311,36 @@ def overview(analysis: Analysis, options: RolloutOptions = RolloutOptions()) -> 
     return Overview(query, rollout_map(analysis, query, options), heads.maps[-1].mean(dim=0), heads)
 
 
-def class_maps(analysis: Analysis, methods: Iterable[str], evidence: ClassEvidence | None, options: RolloutOptions) -> dict[str, torch.Tensor]:
-    """Each of ``methods``' maps ``[grid_h, grid_w]`` (``class_map``) by name, in ``CLASS_METHODS``' order; the
-    class-specific ones only with ``evidence``."""
+
+@dataclass(frozen=True)
+class ClassMap:
+    """One method's map for its target, with what can be trusted of it.
+
+    Attributes:
+        method: the method (``CLASS_METHODS``).
+        map: the map over the patch grid ``[grid_h, grid_w]``.
+        strength: the share of its target's score it carries (``map_strength``); None for a class-agnostic map.
+        conserved: for AttnLRP, its relevance summed over the score (``conservation``); else None.
+        variant: how the method ran for this target, in words (LeGrad's layers); else None.
+    """
+
+    method: str
+    map: torch.Tensor
+    strength: float | None = None
+    conserved: float | None = None
+    variant: str | None = None
+
+
+def trusted_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions) -> ClassMap:
+    """``method``'s map (``class_map``) with its strength, conservation and variant."""
+    grid_map = class_map(analysis, method, evidence, options)
+    return ClassMap(method, grid_map, map_strength(analysis, method, evidence, grid_map), conservation(analysis, method, evidence, grid_map),
+                    None if evidence is None else evidence.variants.get(method))
+
+
+def class_maps(analysis: Analysis, methods: Iterable[str], evidence: ClassEvidence | None, options: RolloutOptions) -> dict[str, ClassMap]:
+    """Each of ``methods``' ``trusted_map`` by name, in ``CLASS_METHODS``' order; the class-specific ones only with
+    ``evidence``."""
     wanted = set(methods)
-    return {method: class_map(analysis, method, evidence, options) for method in CLASS_METHODS
+    return {method: trusted_map(analysis, method, evidence, options) for method in CLASS_METHODS
             if method in wanted and (evidence is not None or method not in CLASS_SPECIFIC)}

@@ -13,7 +13,7 @@ import torch
 
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
 from vit_explorer.core.decomposition import Decomposition
-from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, Overview, RolloutOptions
+from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, ClassMap, Overview, RolloutOptions
 from vit_explorer.core.results import (
     BLUR,
     DEFAULT_RANDOM_ORDERS,
@@ -91,13 +91,13 @@ class Request:
 @dataclass(frozen=True)
 class Run:
     """Everything one ``Request`` computed for one image, as values: the analysis (of the similarity model where a
-    backbone got a similarity target), its target's evidence, each map asked for ``[grid_h, grid_w]``, and every result
+    backbone got a similarity target), its target's evidence, each map asked for (``maps.ClassMap``), the overview where asked, and every result
     that ran (None where it did not). Nothing here holds or runs the model."""
 
     request: Request
     analysis: Analysis
     evidence: ClassEvidence | None
-    maps: dict[str, torch.Tensor]
+    maps: dict[str, ClassMap]
     curves: FaithfulnessCurves | None = None
     scoreboard: Scoreboard | None = None
     sanity: SanityCurves | None = None

@@ -9,14 +9,13 @@ import math
 import numpy as np
 import torch
 
-from vit_explorer.core.analysis import Analysis, ClassEvidence
+from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.maps import (
     CONSERVATION_TOLERANCE,
     NEGLIGIBLE,
+    ClassMap,
     HeadsView,
-    conservation,
-    map_strength,
 )
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import HeadAblation, Patching, TokenNorms
@@ -133,16 +132,14 @@ def run_map_picture(run: Run, method: str, cmap: str = "inferno", scale: str = "
     """The large view of ``method``'s map as ``run`` computed it (``Request.maps``)."""
     if method not in run.maps:
         raise VitExplorerError(f"this run did not compute the {method} map: ask for it (Request(method={method!r}) or every_map=True)")
-    return evidence_picture(run.analysis, method, run.evidence, run.maps[method], cmap, scale)
+    return class_map_picture(run.analysis, run.maps[method], cmap, scale)
 
 
-def evidence_picture(analysis: Analysis, method: str, evidence: ClassEvidence | None, grid_map: torch.Tensor, cmap: str,
-                     scale: str) -> np.ndarray:
-    """``method_picture`` of ``grid_map`` with what its colour bar must say of it against its target's evidence: how much
-    of the score it carries (``maps.map_strength``) and, for AttnLRP, how its relevance adds up (``maps.conservation``)."""
-    variant = None if evidence is None else evidence.variants.get(method)
-    return method_picture(analysis, grid_map, method, cmap, scale, strength=map_strength(analysis, method, evidence, grid_map),
-                          conserved=conservation(analysis, method, evidence, grid_map), variant=variant)
+def class_map_picture(analysis: Analysis, shown: ClassMap, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
+    """``method_picture`` of a ``maps.ClassMap``, its colour bar saying what can be trusted of it: how much of the score it
+    carries and, for AttnLRP, how its relevance adds up."""
+    return method_picture(analysis, shown.map, shown.method, cmap, scale, strength=shown.strength, conserved=shown.conserved,
+                          variant=shown.variant)
 
 
 def trust_note(strength: float | None, conserved: float | None = None) -> str:

@@ -75,9 +75,8 @@ def shown_method(session: Session, controls: Controls) -> str:
 
 def render_class(session: Session, controls: Controls) -> np.ndarray:
     """The tab's map."""
-    method = shown_method(session, controls)
-    grid_map = maps.class_map(session.analysis, method, session.evidence, controls.rollout)
-    return pictures.evidence_picture(session.analysis, method, session.evidence, grid_map, controls.cmap, controls.colour_scale)
+    shown = maps.trusted_map(session.analysis, shown_method(session, controls), session.evidence, controls.rollout)
+    return pictures.class_map_picture(session.analysis, shown, controls.cmap, controls.colour_scale)
 
 
 def prepare(session: Session, controls: Controls) -> None:

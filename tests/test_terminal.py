@@ -1,4 +1,4 @@
-"""A run in words (``draw.text``): the CLI's notes and result lines, checked against values computed here."""
+"""A run in words (``draw.terminal``): the CLI's notes and result lines, checked against values computed here."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from conftest import TINY, photo, write_backbone_checkpoint, write_checkpoint
 from vit_explorer import load_model
 from vit_explorer.core.request import Request
 from vit_explorer.core.results import ROAD
-from vit_explorer.draw.text import run_lines
+from vit_explorer.draw.terminal import run_lines
 from vit_explorer.run import run
 
 
