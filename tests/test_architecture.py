@@ -139,3 +139,8 @@ def test_following_analyze_climbs_back_less_than_on_the_flat_layout():
     files, edges, climbs = (int(value) for value in figures.groups())
     assert files >= 15 and edges >= files - 1  # the trace followed the whole path: a tracer that saw nothing would pass below
     assert climbs < 28, result.stderr
+    # issue 38's two kinds of avoidable climbs: the CLI going back to modules it had used (it now parses, calls run, and
+    # shows what draw says), and drawing calling back into the map math (it now draws the maps the run computed)
+    pairs = re.findall(r"^  (\S+) -> (\S+)$", result.stderr, flags=re.M)
+    assert len(pairs) == climbs
+    assert not [pair for pair in pairs if pair[0] == "cli.py" or (pair[0].startswith("draw/") and pair[1] == "core/maps.py")], pairs
