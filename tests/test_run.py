@@ -54,8 +54,8 @@ def test_after_a_run_every_view_and_file_is_drawn_without_the_model(tmp_path, ar
     from vit_explorer.draw import files, pictures
 
     model = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY, seed=3)))
-    request = Request(method="attnlrp", every_map=True, overview=True, score=True, steps=4, random_orders=2, scoreboard=True, sanity=True,
-                      ablation="zero", norms=True)
+    request = Request(method="attnlrp", every_map=True, overview=True, score=True, steps=4, random_orders=2, scoreboard=True,
+                      sanity=True, ablation="zero", norms=True)
     result = run(model, photo((64, 64), seed=4), request)
     assert set(result.maps) == set(CLASS_METHODS) and result.curves is not None and result.scoreboard is not None
     assert result.sanity is not None and result.ablation is not None and result.norms is not None

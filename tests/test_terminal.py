@@ -18,8 +18,8 @@ def classifier(tmp_path):
 
 
 def test_a_classifier_run_says_its_top_class_and_road_curves_by_their_names(classifier):
-    result = run(classifier, photo((64, 64), seed=4), Request(method="relevance", score=True, protocol=ROAD, steps=2, random_orders=1,
-                                                              ablation="zero"))
+    request = Request(method="relevance", score=True, protocol=ROAD, steps=2, random_orders=1, ablation="zero")
+    result = run(classifier, photo((64, 64), seed=4), request)
     probabilities = result.analysis.logits.softmax(-1)
     top = int(probabilities.argmax())
     notes, lines = run_lines(result)

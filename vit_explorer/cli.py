@@ -82,7 +82,8 @@ def run_analyze(args: argparse.Namespace) -> None:
     for line in notes:
         progress(line)
     settings = {"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline}
-    written, npz_note = files.write_analysis(result, args.out, cmap=args.cmap, scale=args.scale, html=args.html, settings=settings)
+    written, npz_note = files.write_analysis(result, args.out, cmap=args.cmap, scale=args.scale, html=args.html,
+                                             settings=settings)
     for line in results:
         print(line, flush=True)
     progress(npz_note)

@@ -334,11 +334,13 @@ class ClassMap:
 def trusted_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, options: RolloutOptions) -> ClassMap:
     """``method``'s map (``class_map``) with its strength, conservation and variant."""
     grid_map = class_map(analysis, method, evidence, options)
-    return ClassMap(method, grid_map, map_strength(analysis, method, evidence, grid_map), conservation(analysis, method, evidence, grid_map),
-                    None if evidence is None else evidence.variants.get(method))
+    variant = None if evidence is None else evidence.variants.get(method)
+    return ClassMap(method, grid_map, map_strength(analysis, method, evidence, grid_map),
+                    conservation(analysis, method, evidence, grid_map), variant)
 
 
-def class_maps(analysis: Analysis, methods: Iterable[str], evidence: ClassEvidence | None, options: RolloutOptions) -> dict[str, ClassMap]:
+def class_maps(analysis: Analysis, methods: Iterable[str], evidence: ClassEvidence | None,
+               options: RolloutOptions) -> dict[str, ClassMap]:
     """Each of ``methods``' ``trusted_map`` by name, in ``CLASS_METHODS``' order; the class-specific ones only with
     ``evidence``."""
     wanted = set(methods)

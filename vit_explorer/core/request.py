@@ -91,8 +91,8 @@ class Request:
 @dataclass(frozen=True)
 class Run:
     """Everything one ``Request`` computed for one image, as values: the analysis (of the similarity model where a
-    backbone got a similarity target), its target's evidence, each map asked for (``maps.ClassMap``), the overview where asked, and every result
-    that ran (None where it did not). Nothing here holds or runs the model."""
+    backbone got a similarity target), its target's evidence, each map asked for (``maps.ClassMap``), the overview where
+    asked, and every result that ran (None where it did not). Nothing here holds or runs the model."""
 
     request: Request
     analysis: Analysis

@@ -131,7 +131,8 @@ def grid_picture(
 def run_map_picture(run: Run, method: str, cmap: str = "inferno", scale: str = "linear") -> np.ndarray:
     """The large view of ``method``'s map as ``run`` computed it (``Request.maps``)."""
     if method not in run.maps:
-        raise VitExplorerError(f"this run did not compute the {method} map: ask for it (Request(method={method!r}) or every_map=True)")
+        raise VitExplorerError(f"this run did not compute the {method} map: ask for it (Request(method={method!r}) or "
+                               "every_map=True)")
     return class_map_picture(run.analysis, run.maps[method], cmap, scale)
 
 

@@ -18,8 +18,9 @@ def run_lines(run: Run) -> tuple[list[str], list[str]]:
     if run.curves is not None and run.curves.warning:
         notes.append(f"vit-explorer: warning: the {run.request.method} map's score {run.curves.verdict}: {run.curves.warning}")
     if analysis.num_classes == 0:
+        prompts = ", --target text:PROMPT a prompt" if analysis.reads_text else ""
         notes.append("no classifier head, so the map was not scored: a class-specific --method, --target patch:ROW,COL or "
-                     "--target image:PATH scores a similarity instead" + (", --target text:PROMPT a prompt" if analysis.reads_text else ""))
+                     f"--target image:PATH scores a similarity instead{prompts}")
     return notes, result_lines(run)
 
 

@@ -68,8 +68,9 @@ def on_export(session: Session | None, full_maps: bool, *control_values, ttl_s: 
         folder = Path(staging)
         rollout = maps.rollout_map(session.analysis, session.query, controls.rollout)
         heads = maps.heads_view(session.analysis, session.query, controls.order_by, session.evidence)
-        written, _ = files.write_views(session.analysis, rollout, heads, folder, cmap=controls.cmap,
-                                       shared=controls.normalisation == "shared", scale=controls.colour_scale, full_maps=full_maps)
+        shared = controls.normalisation == "shared"
+        written, _ = files.write_views(session.analysis, rollout, heads, folder, cmap=controls.cmap, shared=shared,
+                                       scale=controls.colour_scale, full_maps=full_maps)
         extra = {f"layer{session.layer}_{head_label(session.head).replace(' ', '_')}.png": render_head(session, controls),
                  f"{shown_method(session, controls)}.png": render_class(session, controls)}
         for name, picture in extra.items():
@@ -102,8 +103,9 @@ def on_report(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
     analysis = session.analysis
     run = Run(request=Request(method=controls.method, options=controls.rollout), analysis=analysis, evidence=evidence,
               maps=maps.class_maps(analysis, CLASS_METHODS, evidence, controls.rollout),
-              overview=maps.overview(analysis, controls.rollout), curves=curves, scoreboard=board, sanity=sanity, ablation=ablation,
-              ablation_importance=None if ablation is None else evidence.importance, norms=norms.for_analysis(session.analysis))
+              overview=maps.overview(analysis, controls.rollout), curves=curves, scoreboard=board, sanity=sanity,
+              ablation=ablation, ablation_importance=None if ablation is None else evidence.importance,
+              norms=norms.for_analysis(analysis))
     folder = export_dir(ttl_s) / f"vit-explorer-report-{uuid.uuid4().hex[:12]}"
     folder.mkdir()
     return str(files.write_report(run, folder, controls.cmap))
