@@ -141,7 +141,7 @@ def test_following_analyze_climbs_back_less_than_on_the_flat_layout():
     assert climbs < 28, result.stderr
     # issue 38's two kinds of avoidable climbs: the CLI going back to modules it had used (it now parses, calls run, and
     # shows what draw says), and drawing calling back into the map math (it now draws the maps the run computed)
-    pairs = re.findall(r"^  (\S+) -> (\S+)$", result.stderr, flags=re.M)
+    pairs = re.findall(r"^  (\S+) -> (\S+)$", result.stderr, flags=re.MULTILINE)
     assert len(pairs) == climbs
     avoidable = [pair for pair in pairs if pair[0] == "cli.py" or (pair[0].startswith("draw/") and pair[1] == "core/maps.py")]
     assert not avoidable, pairs
