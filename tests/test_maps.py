@@ -64,7 +64,7 @@ def test_heads_view_and_overview_are_the_raw_rows_in_the_ranking_order(analysis)
             np.testing.assert_allclose(view.maps[layer, rank], raw[layer, head, 7, 1:].reshape(4, 4))
     assert torch.equal(view.order, entropy.argsort(dim=1, stable=True))
     first = overview(analysis, RolloutOptions(discard_ratio=0.2))
-    assert first.query == 0 and first.heads.order.tolist() == [[0, 1, 2, 3]] * 3
+    assert first.heads.query == 0 and first.heads.order.tolist() == [[0, 1, 2, 3]] * 3
     np.testing.assert_allclose(first.heads.maps, raw[:, :, 0, 1:].reshape(3, 4, 4, 4))
     np.testing.assert_allclose(first.last_layer, raw[-1, :, 0, 1:].mean(0).reshape(4, 4), rtol=1e-6)
     full = attention_rollout(raw, "mean", 0.2, 0, 0.5)

@@ -296,9 +296,8 @@ def heads_view(analysis: Analysis, query: int | None, order_by: str = "none", ev
 @dataclass(frozen=True)
 class Overview:
     """The first views of an image: for the default query (``default_query``), its rollout and its last layer's mean of
-    heads ``[grid_h, grid_w]`` each, and every head's map of it in model order (``HeadsView``)."""
+    heads ``[grid_h, grid_w]`` each, and every head's map of it in model order (``HeadsView``, which names the query)."""
 
-    query: int | None
     rollout: torch.Tensor
     last_layer: torch.Tensor
     heads: HeadsView
@@ -308,8 +307,7 @@ def overview(analysis: Analysis, options: RolloutOptions = RolloutOptions()) -> 
     """The analysis's ``Overview`` under the rollout ``options``."""
     query = default_query(analysis)
     heads = heads_view(analysis, query)
-    return Overview(query, rollout_map(analysis, query, options), heads.maps[-1].mean(dim=0), heads)
-
+    return Overview(rollout_map(analysis, query, options), attention_map(analysis, query, analysis.map_shape[0] - 1, None), heads)
 
 
 @dataclass(frozen=True)

@@ -220,11 +220,10 @@ def staged(out: Path) -> Iterator[Path]:
 def write_analysis(run: Run, out: Path, *, cmap: str = "inferno", scale: str = "linear", html: bool = False,
                    settings: dict | None = None) -> tuple[list[Path], str]:
     """Every file of one ``analyze`` run, in ``out`` (``staged``): the run's overview and ``attention.npz`` (``write_views``,
-    every head's full map in it with ``Request.full_maps``); the map
-    asked for unless it is the rollout; and the results that ran: faithfulness (with ``settings``, e.g. image, steps,
-    random orders, baseline), sanity, ``scoreboard.json``, norms, ablation (beside its target's gradient importance), the
-    decomposition and,
-    with ``html``, the report of them all. Returns the paths in ``out``, in that order, and ``npz_note``'s words."""
+    every head's full map in it with ``Request.full_maps``); the map asked for unless it is the rollout; and the results
+    that ran: faithfulness (with ``settings``, e.g. image, steps, random orders, baseline), sanity, ``scoreboard.json``,
+    norms, ablation (beside its target's gradient importance), the decomposition and, with ``html``, the report of them
+    all. Returns the paths in ``out``, in that order, and ``npz_note``'s words."""
     analysis, method, overview = run.analysis, run.request.method, run.overview
     if overview is None:
         raise VitExplorerError("this run has no overview to write: ask for it (Request(overview=True))")
