@@ -452,3 +452,36 @@ def test_analyze_explains_text_prompts_on_a_clip_model(tmp_path, capsys):
     assert "<h2>Zero-shot prediction</h2>" in report and all(prompt in report for prompt in prompts)
     assert main(["analyze", str(tmp_path / "image.png"), "--out", str(tmp_path / "refused"), "--target", "text:a dog"]) == 1
     assert "no text tower" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [[], ["--model", "timm:vit_base_patch16_224"], ["--port", "7861", "--no-browser"],
+                                  ["--model", "builtin:shapes-clip", "--host", "127.0.0.1", "--input-size", "224"]])
+def test_every_serve_option_works_without_the_word_serve(monkeypatch, argv):
+    import vit_explorer.web.app as app
+
+    served = []
+    monkeypatch.setattr(app, "serve", lambda **options: served.append(options))
+    assert main(argv) == 0
+    assert main(["serve", *argv]) == 0
+    assert served[0] == served[1]  # the same call as with the word
+    if "--model" in argv:
+        assert served[0]["model_spec"] == argv[argv.index("--model") + 1]
+    if "--port" in argv:
+        assert served[0]["port"] == 7861 and served[0]["open_browser"] is False
+
+
+def test_a_bad_choice_is_one_line_with_the_valid_choices(tmp_path, capsys, image_file):
+    with pytest.raises(SystemExit) as exit_code:
+        main(["analyze", str(image_file), "--out", str(tmp_path / "out"), "--method", "nonsense"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert exit_code.value.code == 2 and len(error) == 1
+    assert "invalid choice: 'nonsense'" in error[0] and "attnlrp" in error[0] and "legrad" in error[0]
+    assert error[0].startswith("vit-explorer analyze: error:")
+
+
+def test_a_folder_as_the_image_is_one_line_saying_so(tmp_path, capsys):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    assert main(["analyze", str(folder), "--out", str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "is a folder" in error[0] and "no such file" not in error[0]

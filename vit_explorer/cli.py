@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from vit_explorer.core.images import FITS
 from vit_explorer.errors import VitExplorerError
@@ -275,6 +276,14 @@ def output_folder(text: str) -> Path:
 MEMORY_BUDGET_MB = 1024
 
 
+class Parser(argparse.ArgumentParser):
+    """Argparse with a mistake told in one line: the option, what was wrong and the valid choices (argparse's message),
+    without the usage block that hides it (``--help`` prints that)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default; options that default to nothing say nothing."""
 
@@ -298,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
         installed = version("vit-explorer")
     except PackageNotFoundError:
         installed = "unknown (not installed)"
-    main = argparse.ArgumentParser(prog="vit-explorer", formatter_class=HelpFormatter,
+    main = Parser(prog="vit-explorer", formatter_class=HelpFormatter,
                                    description="See what a Vision Transformer looks at. Without a command: serve the app.")
     main.add_argument("--version", action="version", version=f"%(prog)s {installed}")
     commands = main.add_subparsers(dest="command")
@@ -441,10 +450,16 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
+def with_command(argv: list[str]) -> list[str]:
+    """``argv`` with ``serve`` put first where it names no command: a bare ``vit-explorer`` and ``vit-explorer --model SPEC
+    --port N`` serve the app (the program's own ``--help`` and ``--version`` stay the program's)."""
+    if argv and (not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version")):
+        return argv
+    return ["serve", *argv]
+
+
 def main(argv: list[str] | None = None) -> int:
-    arguments = parser().parse_args(argv)
-    if arguments.command is None:
-        arguments = parser().parse_args(["serve", *(argv or [])])
+    arguments = parser().parse_args(with_command(sys.argv[1:] if argv is None else argv))
     try:
         arguments.run(arguments)
     except VitExplorerError as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from pathlib import Path
 
@@ -27,16 +28,23 @@ def _open(source: ImageSource, name: str) -> Image.Image:
         stream: io.BytesIO | Path = io.BytesIO(source)
     else:
         stream = Path(source).expanduser()
+        if stream.is_dir():
+            raise VitExplorerError(f"{name} is a folder: give one image file in it (a folder of images is for `stats` and "
+                                   "`evaluate`)")
         if not stream.is_file():
             raise VitExplorerError(f"{name}: no such file")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # Pillow's own bomb warning (above 89 MP) comes before our lower cap, which ``load_image`` applies to the size
+            # the header declares; its error (above 179 MP) is answered in the same words
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             return Image.open(stream)
-    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        if isinstance(error, UnidentifiedImageError):
-            raise VitExplorerError(f"{name}: not an image file that Pillow can read") from None
-        raise VitExplorerError(f"{name}: image is too large ({error})") from None
+    except Image.DecompressionBombError as error:
+        declared = re.search(r"\((\d+) pixels\)", str(error))
+        pixels = f"{int(declared.group(1)):,} pixels" if declared else "its size"
+        raise VitExplorerError(f"{name}: {pixels} is more than the {MAX_PIXELS:,} this tool decodes") from None
+    except UnidentifiedImageError:
+        raise VitExplorerError(f"{name}: not an image file that Pillow can read") from None
     except OSError as error:
         raise VitExplorerError(f"{name}: image data is damaged or truncated ({error})") from None
 
