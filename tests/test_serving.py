@@ -104,7 +104,7 @@ def test_rendered_views_and_uploads_are_deleted_after_their_time_to_live(tmp_pat
             client.predict("viridis", *controls[1:], api_name="/set_colormap")
         written = files_under(cache)
         assert len(written) > 10  # every view is a PNG in the cache
-        # what stays is Gradio's copy of the six example images: fixed, however long the app runs
+        # what stays is Gradio's copy of the seven example images: fixed, however long the app runs
         examples = {path.name for path in app.EXAMPLES.glob("*.png")}
         deadline = time.monotonic() + 12  # older than 4 s, swept every 2 s: gone within about 6 s
         while True:

@@ -222,7 +222,7 @@ def token_components(analysis: Analysis, layer: int | None = None) -> torch.Tens
     return memo(analysis, ("token_components", last if layer is None else layer), compute)
 
 
-# below this share of the score, a class-specific map explains nothing: measured on the shipped model's six examples and
+# below this share of the score, a class-specific map explains nothing: measured on the shipped model's six first examples and
 # real DINOv2 (astronaut, chelsea; own embedding and an eye patch) every map carries 0.6 to 450 times its score, on
 # random-weight DINOv2 (LayerScale 1e-5: the blocks add almost nothing) 2e-7 to 2.4e-3 of it
 NEGLIGIBLE = 0.01

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -372,18 +373,49 @@ def generate_set(seed: int, count: int, size: int = IMAGE_SIZE) -> list[Sample]:
 EXAMPLES_SEED = 2026  # neither a training seed nor the held-out one
 
 
-def write_examples(folder: Path, seed: int = EXAMPLES_SEED) -> list[Path]:
-    """One generated image of each class as ``NN-class.png`` in ``folder`` (the app's examples)."""
+HARD_CASE = "hard-case"  # in an example's file name: the model gets it wrong, and the app says so
+
+
+def write_examples(folder: Path, seed: int = EXAMPLES_SEED, predict: Callable[[np.ndarray], str] | None = None,
+                   tries: int = 200) -> list[Path]:
+    """One generated image of each class as ``NN-class.png`` in ``folder`` (the app's examples), NN the order in which the
+    classes first appear.
+
+    With ``predict`` (an image ``[H, W, 3]`` → a class name: the trained model), an example is the first image of its class
+    that the model gets right, and each first image it got wrong is kept too, as ``NN-class-hard-case.png`` after the
+    others (a user sees what the model does well first, and one mistake labelled as one). A class whose first ``tries``
+    images are all wrong is written as its hard case alone."""
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.png"):
+        stale.unlink()
     rng = np.random.default_rng(seed)
-    written: dict[int, Path] = {}
-    while len(written) < len(CLASSES):
+    order: list[int] = []  # class labels in the order of their first image
+    right: dict[int, Sample] = {}
+    hard: dict[int, Sample] = {}
+    seen: dict[int, int] = {}
+    while any(label not in right and seen.get(label, 0) < tries for label in range(len(CLASSES))):
         sample = generate(rng)
-        if sample.label not in written:
-            path = folder / f"{len(written):02d}-{sample.class_name}.png"
-            Image.fromarray(sample.image).save(path)
-            written[sample.label] = path
-    return sorted(written.values())
+        if sample.label in right or seen.get(sample.label, 0) >= tries:
+            continue
+        if sample.label not in seen:
+            order.append(sample.label)
+        seen[sample.label] = seen.get(sample.label, 0) + 1
+        if predict is None or predict(sample.image) == sample.class_name:
+            right[sample.label] = sample
+        elif sample.label not in hard:
+            hard[sample.label] = sample
+    named = [(f"{order.index(label):02d}-{right[label].class_name}.png", right[label]) for label in order if label in right]
+    named += [(f"{len(order) + index:02d}-{hard[label].class_name}-{HARD_CASE}.png", hard[label])
+              for index, label in enumerate(label for label in order if label in hard)]
+    for name, sample in named:
+        Image.fromarray(sample.image).save(folder / name)
+    return sorted(folder / name for name, _ in named)
+
+
+def example_class(path: Path) -> tuple[str, bool]:
+    """The class an example's file name names (``NN-class[-hard-case].png``) and whether it is a hard case."""
+    name = path.stem.split("-", 1)[1]
+    return name.removesuffix(f"-{HARD_CASE}"), name.endswith(f"-{HARD_CASE}")
 
 
 def write_set(folder: Path, count: int, seed: int, objects: int = 1) -> None:

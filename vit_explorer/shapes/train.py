@@ -320,8 +320,13 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
     partial = out.with_suffix(".partial")
     save_file(state, str(partial), metadata={CONFIG_KEY: json.dumps(config)})
     partial.replace(out)
-    write_examples(out.parent / "examples")
+    write_examples(out.parent / "examples", predict=classifier(model))
     return figures
+
+
+def classifier(model: ViT) -> Callable[[np.ndarray], str]:
+    """One uint8 image ``[H, W, 3]`` → the class ``model`` predicts for it (how the examples are checked)."""
+    return lambda image: CLASSES[int(logits_of(model, image[None]).argmax())]
 
 
 def _save_state(path: Path, model: ViT, patch_head: torch.nn.Module, optimizer, schedule, stage: int, step: int,

@@ -25,6 +25,7 @@ from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import DEFAULT_MODEL
 from vit_explorer.models.builtin import EXAMPLES
+from vit_explorer.shapes.generator import example_class
 from vit_explorer.web import quick_answer
 from vit_explorer.web.session import CACHE_TTL_S, CONTROL_NAMES, INPUT_NAMES, SESSION_KEY_ID, Controls, ModelCache, model_choices
 from vit_explorer.web.tabs import TABS
@@ -87,8 +88,9 @@ def page_header(model_spec: str, reads_text: bool) -> dict:
             # Open until an image is analysed, then folded, so that the maps come up on the first screen
             with gr.Accordion("Examples (generated shapes, for the built-in models)", open=True, visible=shows_examples(model_spec),
                               elem_id="examples") as examples:
-                shown = (gr.Examples(sorted(str(path) for path in EXAMPLES.glob("*.png")), inputs=upload, label=None)
-                         if EXAMPLES.is_dir() else None)
+                paths = sorted(EXAMPLES.glob("*.png"))
+                shown = gr.Examples([str(path) for path in paths], inputs=upload, label=None) if paths else None
+                gr.Markdown(hard_cases_note(paths), elem_id="hard-cases")
     return {"upload": upload, "model": model, "fit": fit, "target": target, "prompts": prompts, "summary": summary,
             "examples": examples, "example_images": shown}
 
@@ -103,6 +105,20 @@ def reads_text(models: ModelCache, spec: str) -> bool:
         return models.get(spec).text is not None
     except VitExplorerError:
         return False
+
+
+def hard_cases_note(paths: list[Path]) -> str:
+    """The line under the examples naming those the model gets wrong (``NN-class-hard-case.png``); empty if none."""
+    hard = [(number, name) for number, (name, is_hard) in enumerate(map(example_class, paths), start=1) if is_hard]
+    if not hard:
+        return ""
+    named = ", ".join(f"the {ordinal(number)} (a {name})" for number, name in hard)
+    return (f"Hard case{'s' if len(hard) > 1 else ''}: {named}, which the model gets wrong; the maps show what its mistake "
+            "looks at. The others it gets right.")
+
+
+def ordinal(number: int) -> str:
+    return f"{number}{'th' if 10 <= number % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(number % 10, 'th')}"
 
 
 def shows_examples(model_spec: str) -> bool:
