@@ -434,7 +434,7 @@ def test_decompose_writes_every_part_and_the_lens_for_the_target(tmp_path, capsy
 
 
 def test_analyze_explains_text_prompts_on_a_clip_model(tmp_path, capsys):
-    """``--target text:A|B|C`` on a CLIP model: the zero-shot prediction over the prompts, the first prompt's map, its
+    """``--target text:A|*B|C`` on a CLIP model: the zero-shot prediction over the prompts, the marked prompt's map, its
     decomposition and the report's table of prompts; on a model without a text tower, a refusal before any pass."""
     transformers = pytest.importorskip("transformers")
     from test_clip_families import TEXT, VISION
@@ -443,11 +443,12 @@ def test_analyze_explains_text_prompts_on_a_clip_model(tmp_path, capsys):
     photo((40, 40)).save(tmp_path / "image.png")
     prompts = ["a red star", "a blue circle", "a cat"]
     assert main(["analyze", str(tmp_path / "image.png"), "--model", f"hf:{tmp_path / 'clip'}@random", "--out", str(tmp_path / "out"),
-                 "--method", "attnlrp", "--target", "text:" + "|".join(prompts), "--decompose", "--html", "--no-faithfulness"]) == 0
+                 "--method", "attnlrp", "--target", f"text:{prompts[0]}|*{prompts[1]}|{prompts[2]}", "--decompose", "--html",
+                 "--no-faithfulness"]) == 0
     err = capsys.readouterr().err
     assert "best-matching prompt:" in err and "among 3 prompts" in err
     decomposition = json.loads((tmp_path / "out" / "decomposition.json").read_text())
-    assert decomposition["target_label"] == prompts[0] and decomposition["target"] == 0  # the first prompt is explained
+    assert decomposition["target_label"] == prompts[1] and decomposition["target"] == 1  # the marked prompt is explained
     report = (tmp_path / "out" / "report.html").read_text()
     assert "<h2>Zero-shot prediction</h2>" in report and all(prompt in report for prompt in prompts)
     assert main(["analyze", str(tmp_path / "image.png"), "--out", str(tmp_path / "refused"), "--target", "text:a dog"]) == 1
@@ -485,3 +486,19 @@ def test_a_folder_as_the_image_is_one_line_saying_so(tmp_path, capsys):
     assert main(["analyze", str(folder), "--out", str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "is a folder" in error[0] and "no such file" not in error[0]
+
+
+def test_text_prompts_explain_the_best_match_and_say_what_the_model_did_not_read(tmp_path, capsys):
+    """On the shipped shapes-CLIP, ``text:a zebra|a square`` on the square example: the best match ("a square") is explained
+    and scored, not the first prompt; "zebra" is named as a word the model does not know; rollout's line says that the map
+    is the same for every target (only its score is measured against one)."""
+    from vit_explorer.models.builtin import EXAMPLES
+
+    assert main(["analyze", str(EXAMPLES / "05-square.png"), "--model", "builtin:shapes-clip", "--out", str(tmp_path / "out"),
+                 "--target", "text:a zebra|a square", "--steps", "4", "--random-orders", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "best-matching prompt: a square" in captured.err
+    assert "“zebra”" in captured.err and "not known to it" in captured.err
+    score_line = next(line for line in captured.out.splitlines() if line.startswith("rollout map"))
+    assert "scored for 'a square'" in score_line and "the same for every target" in score_line
+    assert json.loads((tmp_path / "out" / "faithfulness.json").read_text())["target_label"] == "a square"

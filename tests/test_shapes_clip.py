@@ -80,3 +80,49 @@ def test_captions_are_claims_whose_truth_is_computed():
     assert not any(Caption("side", (3,), side).true_of(lone) for side in ("left", "right", "top", "bottom"))
     assert all(caption.true_of(pair) for caption in true_captions(pair))
     assert {caption.text for caption in true_captions(lone)} == {"one shape", "a star"}
+
+
+@pytest.mark.parametrize("lines, read_note", [
+    ("a hexagon\na dog\nétoile\na star", ["“hexagon”", "“dog”", "“étoile”", "2 prompts read as the same text"]),
+    ("\n".join(f"the star {number}" for number in range(200)), ["200 prompts read as the same text", "“0”"]),
+    ("a star on the left of a circle and a ring\na circle", ["past its text length, never read: “circle and a ring”"]),
+    ("a star\n" + "star " * 1000, ["(4,999 characters)"]),
+    ("a star\n a star \na circle", ["more than once, counted once: “a star”"]),
+    ("a star\na circle", ["read every word of the 2 prompts"]),
+])
+def test_each_prompt_says_what_the_model_read_of_it(shapes_clip, lines, read_note):
+    """Words the word-level text tower has no token for (a shape it never saw, another language, digits), words past its
+    7-word text length, a prompt reading the same as another, a repeated prompt: each is said in the summary, never
+    dropped silently; a long prompt is quoted cut short."""
+    from vit_explorer.core.targets import prompted
+    from vit_explorer.models.builtin import EXAMPLES
+    from vit_explorer.web.captions import model_summary
+
+    model, _ = shapes_clip
+    analysis = analyze(prompted(model, lines), EXAMPLES / "01-star.png", explain=False)
+    summary = model_summary(analysis)
+    assert all(note in summary for note in read_note), summary
+    assert len(summary) < 3000  # no prompt echoed in full
+    given = [line.strip() for line in lines.splitlines() if line.strip()]
+    assert analysis.num_classes == len(set(given)) and f"among the {len(set(given))} prompts" in summary
+
+
+def test_the_word_tower_reads_digits_and_accents_as_unknown_words_not_as_nothing(shapes_clip):
+    model, _ = shapes_clip
+    assert model.text.read("the star 7").tokens == ("the", "star", "[unk]")
+    assert model.text.read("étoile").unknown == ("étoile",)
+    assert model.text.read("one two three four five six seven eight nine").cut == "eight nine"  # [cls] and seven words
+    embeddings = model.text.embed(["the star 7", "the star"])
+    assert not torch.allclose(embeddings[0], embeddings[1], atol=1e-4)  # the unknown token is read, not dropped
+
+
+def test_an_empty_prompt_box_says_there_is_nothing_to_predict(shapes_clip):
+    from vit_explorer.core.targets import prompted
+    from vit_explorer.models.builtin import EXAMPLES
+    from vit_explorer.web.captions import model_summary
+
+    model, _ = shapes_clip
+    for lines in ("", "  \n \t\n"):
+        assert prompted(model, lines) is model
+        assert "box above is empty, so there is nothing to predict" in model_summary(analyze(model, EXAMPLES / "01-star.png",
+                                                                                              explain=False))

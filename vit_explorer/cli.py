@@ -80,6 +80,9 @@ def run_analyze(args: argparse.Namespace) -> None:
     with Stages() as stages:
         result = run(model, image, request, name=str(args.image), progress=stages)
     notes, results = terminal.run_lines(result)
+    # what the run learnt of the model beyond loading: the text tower's reading of each prompt
+    for note in result.analysis.model_notes[len(model.notes):]:
+        progress(f"{args.model}: {note}")
     for line in notes:
         progress(line)
     settings = {"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline}
@@ -328,7 +331,8 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction); for a "
                          "backbone, patch:ROW,COL: what that patch's own output token is made of, or image:PATH: why the image's embedding "
                          "matches that second image's (default: the image's own embedding); for a CLIP or SigLIP model, text:PROMPT or "
-                         "text:PROMPT|PROMPT|…: the prompts' zero-shot prediction, the first explained")
+                         "text:PROMPT|PROMPT|…: the prompts' zero-shot prediction, the best match explained (or the one marked '*', "
+                         "text:a dog|*a cat)")
     analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
     analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
     analyze.add_argument("--baseline", default="blur", choices=list(PROTOCOLS),

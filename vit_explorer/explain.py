@@ -82,7 +82,7 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     ``OtherImage(source, name)`` (why the two match). Its class-agnostic maps (``rollout``, ``cls``) need none.
 
     A CLIP or SigLIP model explains a text: ``target="a photo of a dog"``, or several prompts, ``target=["a dog", "a
-    cat"]`` (the first explained; ``analysis.top_k()`` is the zero-shot prediction over them); the score is the model's
+    cat"]`` (the best match explained; ``analysis.top_k()`` is the zero-shot prediction over them); the score is the model's
     own image–text logit.
     """
     loaded, image = loaded_inputs(image, model)

@@ -44,7 +44,7 @@ from vit_explorer.core.images import ImageSource
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import CaptureAdapter, LoadedModel
 from vit_explorer.models.layout import TokenLayout
-from vit_explorer.models.text import UnitNorm
+from vit_explorer.models.text import Reading, UnitNorm
 
 SIMILARITY = "similarity"  # how a similarity target's label begins: what captions and files name
 
@@ -62,23 +62,33 @@ class OtherImage:
 class Prompts:
     """Text prompts for a model with a text tower (``LoadedModel.text``): they become its classes, so the image gets a
     zero-shot prediction over them (a softmax over their logits), and ``chosen`` (an index into ``texts``; None: the
-    best match) is the one explained."""
+    best match) is the one explained. A prompt given twice counts once (``repeated`` names it)."""
 
     texts: tuple[str, ...]
-    chosen: int | None = 0
+    chosen: int | None = None
+    repeated: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
-        texts = tuple(text.strip() for text in self.texts if text.strip())
-        if not texts:
+        given = [text.strip() for text in self.texts if text.strip()]
+        if not given:
             raise VitExplorerError("a text target needs a prompt, e.g. \"a photo of a dog\"")
+        texts = tuple(dict.fromkeys(given))
         if self.chosen is not None and not 0 <= self.chosen < len(texts):
             raise VitExplorerError(f"prompt {self.chosen} is outside the {len(texts)} prompts given")
         object.__setattr__(self, "texts", texts)
+        object.__setattr__(self, "repeated", tuple(text for text in texts if given.count(text) > 1))
 
     @classmethod
     def parse(cls, text: str) -> Prompts:
-        """``a photo of a dog|a photo of a cat``: prompts split at ``|``, the first explained."""
-        return cls(tuple(text.split("|")))
+        """``a photo of a dog|a photo of a cat``: prompts split at ``|``, the best match explained, or the one marked
+        with a leading ``*`` (``a dog|*a cat``)."""
+        parts = [part.strip() for part in text.split("|") if part.strip()]
+        marked = [index for index, part in enumerate(parts) if part.startswith("*")]
+        if len(marked) > 1:
+            raise VitExplorerError(f"--target {text!r}: mark at most one prompt with * to explain it")
+        texts = tuple(part.removeprefix("*").strip() for part in parts)
+        chosen = None if not marked else list(dict.fromkeys(texts)).index(texts[marked[0]])
+        return cls(texts, chosen)
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,7 @@ class Target:
     @classmethod
     def of(cls, value, model: LoadedModel) -> Target:
         """What a notebook or script passes as ``target``, for ``model``: on a model with a text tower and no classes, a
-        string is a prompt and a list of strings are prompts (the first explained); anything else as it is."""
+        string is a prompt and a list of strings are prompts (the best match explained); anything else as it is."""
         if model.text is not None and not model.num_classes:
             if isinstance(value, str):
                 return cls(Prompts((value,)))
@@ -171,7 +181,46 @@ def prompt_model(model: LoadedModel, prompts: Prompts) -> LoadedModel:
         Target(prompts).check(model)
     base = model.adapter.base if isinstance(model.adapter, PromptAdapter) else model.adapter
     adapter = PromptAdapter(base, model.text.embed(prompts.texts), model.text.logit_scale, model.text.logit_bias)
-    return dataclasses.replace(model, adapter=adapter, labels=list(prompts.texts), ood=None)
+    readings = [model.text.read(text) for text in prompts.texts]
+    return dataclasses.replace(model, adapter=adapter, labels=list(prompts.texts), ood=None,
+                               notes=[*model.notes, *reading_notes(prompts, readings)])
+
+
+PROMPT_SHOWN = 60  # characters of a prompt repeated in a note; a longer one is cut there (the model's reading says the rest)
+READINGS_LISTED = 8  # prompts whose reading is stated one by one; the rest are counted
+
+
+def shown_prompt(text: str) -> str:
+    """A prompt as a note quotes it: at most ``PROMPT_SHOWN`` characters."""
+    return f"“{text}”" if len(text) <= PROMPT_SHOWN else f"“{text[: PROMPT_SHOWN - 1]}…” ({len(text):,} characters)"
+
+
+def reading_notes(prompts: Prompts, readings: list[Reading]) -> list[str]:
+    """What the text tower read of each prompt, a line each where it missed anything (words it has no token for, words past
+    its text length), prompts it reads as the same text, and prompts given twice; one line when it read every word."""
+    same: dict[tuple[str, ...], list[str]] = {}
+    for text, reading in zip(prompts.texts, readings):
+        same.setdefault(reading.tokens, []).append(text)
+    lines = [f"{len(texts)} prompts read as the same text, so they score alike: "
+             + ", ".join(shown_prompt(text) for text in texts[:3]) + (" …" if len(texts) > 3 else "")
+             for texts in same.values() if len(texts) > 1]
+    missing = []
+    for text, reading in zip(prompts.texts, readings):
+        missed = []
+        if reading.unknown:
+            missed.append("not known to it: " + ", ".join(shown_prompt(word) for word in reading.unknown))
+        if reading.cut:
+            missed.append(f"past its text length, never read: {shown_prompt(reading.cut)}")
+        if missed:
+            read = " ".join(reading.tokens)
+            missing.append(f"prompt {shown_prompt(text)}: the model read {shown_prompt(read) if read else 'nothing'}; "
+                           + "; ".join(missed))
+    lines += missing[:READINGS_LISTED]
+    if len(missing) > READINGS_LISTED:
+        lines.append(f"… and {len(missing) - READINGS_LISTED} more prompts with words the model did not read")
+    if prompts.repeated:
+        lines.append("given more than once, counted once: " + ", ".join(shown_prompt(text) for text in prompts.repeated))
+    return lines or [f"the model read every word of the {len(prompts.texts)} prompt{'s' if len(prompts.texts) > 1 else ''}"]
 
 
 class ReadoutAdapter(CaptureAdapter):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from vit_explorer.core.analysis import Analysis
+from vit_explorer.core.maps import CLASS_SPECIFIC
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import PROBABILITY, Scoreboard
 
@@ -15,6 +16,8 @@ def run_lines(run: Run) -> tuple[list[str], list[str]]:
     """The run's notes (for stderr: ``analysis_notes``, then what its results warn of) and its result lines (for
     stdout: ``result_lines``)."""
     analysis, notes = run.analysis, analysis_notes(run.analysis)
+    if analysis.prompted and run.evidence is not None and run.evidence.target != analysis.top_k(1)[0].index:
+        notes.append(f"explained: the prompt {analysis.label(run.evidence.target)!r}, marked with * (not the best match)")
     if run.curves is not None and run.curves.warning:
         notes.append(f"vit-explorer: warning: the {run.request.method} map's score {run.curves.verdict}: {run.curves.warning}")
     if analysis.num_classes == 0:
@@ -54,7 +57,9 @@ def result_lines(run: Run) -> list[str]:
     if curves is not None:
         aucs, (first, second) = curves.aucs, curves.curve_names
         measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
-        lines.append(f"{run.request.method} map for {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
+        # a class-agnostic map (rollout, cls) is the same for every target: only its score is measured against one
+        named = ("map for" if run.request.method in CLASS_SPECIFIC else "map (the same for every target) scored for")
+        lines.append(f"{run.request.method} {named} {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
                      f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
                      f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}")
     if run.scoreboard is not None:

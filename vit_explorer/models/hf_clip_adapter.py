@@ -19,7 +19,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.models.hf_adapter import HFAdapter, from_hf_module, require_transformers
 from vit_explorer.models.layout import TokenLayout, check_input_hw
-from vit_explorer.models.text import RANDOM_TOKENIZER, TextTower, byte_tokens
+from vit_explorer.models.text import RANDOM_TOKENIZER, TextTower, byte_reading, byte_tokens, tokenizer_reading
 
 TOWER_TYPES = {"clip_vision_model", "siglip_vision_model"}  # the image towers' own config types
 FULL_TYPES = {"clip", "siglip"}  # the models with both towers, which ``from_hf_clip`` takes apart
@@ -107,8 +107,11 @@ def text_tower(full: nn.Module, tokenizer, random_weights: bool) -> TextTower:
             ids = byte_tokens(prompts, length, text_config.vocab_size, start, end, pad=text_config.pad_token_id or 0)
             return {"input_ids": ids}
 
+        read = byte_reading(length, start, end)
         notes = (RANDOM_TOKENIZER,)
     else:
+        read = tokenizer_reading(tokenizer, 64 if siglip else min(tokenizer.model_max_length, text_config.max_position_embeddings))
+
         def tokenize(prompts: list[str]) -> dict[str, torch.Tensor]:
             # SigLIP was trained on text padded to its full length; CLIP pools its end token
             options = {"padding": "max_length", "max_length": 64} if siglip else {"padding": True}
@@ -120,7 +123,7 @@ def text_tower(full: nn.Module, tokenizer, random_weights: bool) -> TextTower:
         return full.get_text_features(**{key: value.to(device) for key, value in tokenize(prompts).items()}).pooler_output
 
     bias = getattr(full, "logit_bias", None)
-    return TextTower(encode=encode, logit_scale=float(full.logit_scale.detach().exp()),
+    return TextTower(encode=encode, read=read, logit_scale=float(full.logit_scale.detach().exp()),
                      logit_bias=0.0 if bias is None else float(bias.detach()), notes=notes, module=full)
 
 

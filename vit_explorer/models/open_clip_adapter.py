@@ -9,7 +9,7 @@ model's own: the class token (or the patch mean) after ``ln_post``, through ``pr
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -23,7 +23,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import ELEMENTWISE, HookAdapter, LoadedModel, Preprocess
 from vit_explorer.models.hub import load_cached_or_fetch
 from vit_explorer.models.layout import TokenLayout, check_input_hw
-from vit_explorer.models.text import RANDOM_TOKENIZER, TextTower, byte_tokens
+from vit_explorer.models.text import RANDOM_TOKENIZER, Reading, TextTower, byte_reading, byte_tokens, tokenizer_reading
 
 RANDOM = "random"  # ``open_clip:ARCH@random``: the architecture with freshly initialised weights
 
@@ -153,6 +153,21 @@ def unsupported(visual: nn.Module) -> str | None:
     return None
 
 
+def open_clip_reading(tokenizer, context: int) -> Callable[[str], Reading]:
+    """What an OpenCLIP tokenizer reads of a prompt in ``context`` tokens: a Hugging Face one's reading, or for its own
+    byte-level BPE (every text has tokens, so no word is unknown) the tokens between its start and end token."""
+    if hasattr(tokenizer, "tokenizer"):  # open_clip.tokenizer.HFTokenizer
+        return tokenizer_reading(tokenizer.tokenizer, context)
+
+    def read(prompt: str) -> Reading:
+        ids = tokenizer.encode(prompt)
+        room = context - 2
+        return Reading(tokens=tuple(tokenizer.decoder[index] for index in ids[:room]),
+                       cut=tokenizer.decode(ids[room:]).strip() if ids[room:] else "")
+
+    return read
+
+
 def from_open_clip(model: nn.Module, name: str, tokenizer=None, random_weights: bool = False) -> LoadedModel:
     """A ``LoadedModel`` of an OpenCLIP model's image tower, with its text tower as ``text``: prompts through
     ``tokenizer`` (None: byte tokens, for a random model only) and ``encode_text``, scored by the model's logit scale
@@ -170,22 +185,25 @@ def from_open_clip(model: nn.Module, name: str, tokenizer=None, random_weights: 
                             std=tuple(config.get("std", open_clip.OPENAI_DATASET_STD)),
                             interpolation=config.get("interpolation", "bicubic"))
     notes = []
+    context = int(getattr(model, "context_length", 77))
     if tokenizer is None:
         if not random_weights:
             raise VitExplorerError(f"{name}: a trained text tower needs its own tokenizer")
-        context = int(getattr(model, "context_length", 77))
         vocab = int(getattr(model, "vocab_size", 49408))
 
         def tokenizer(prompts: list[str]) -> torch.Tensor:
             return byte_tokens(prompts, context, vocab, start=None, end=vocab - 1)
 
+        read = byte_reading(context, None, vocab - 1)
         notes.append(RANDOM_TOKENIZER)
+    else:
+        read = open_clip_reading(tokenizer, context)
     bias = getattr(model, "logit_bias", None)
 
     def encode(prompts: list[str]) -> torch.Tensor:
         return model.encode_text(tokenizer(prompts).to(next(model.parameters()).device))
 
-    text = TextTower(encode=encode, logit_scale=float(model.logit_scale.detach().exp()),
+    text = TextTower(encode=encode, read=read, logit_scale=float(model.logit_scale.detach().exp()),
                      logit_bias=0.0 if bias is None else float(bias.detach()), notes=tuple(notes), module=model)
     adapter = OpenClipAdapter()
     return LoadedModel(module=visual, name=name, preprocess=preprocess, layout=adapter.layout(visual, preprocess.input_hw),

@@ -18,14 +18,26 @@ from vit_explorer.errors import VitExplorerError
 
 
 @dataclass(frozen=True)
+class Reading:
+    """What a text tower reads of one prompt: ``tokens``, the prompt as it reads it (an unknown word as its unknown
+    token), the words it has no token for (``unknown``), and ``cut``, the end of the prompt past its text length, which it
+    never sees."""
+
+    tokens: tuple[str, ...]
+    unknown: tuple[str, ...] = ()
+    cut: str = ""
+
+
+@dataclass(frozen=True)
 class TextTower:
     """Prompts → embeddings ``[p, dim]`` (not yet unit length) through ``encode``; prompt i scores
     ``logit_scale`` · cos(image, text_i) + ``logit_bias``, the logit the model itself uses. ``notes``: what a user should
     know about this tower (a tokenizer without the model's vocabulary); ``module``: the module holding its weights, moved
-    with the image tower to the model's device."""
+    with the image tower to the model's device; ``read``: what it reads of a prompt (``Reading``)."""
 
     encode: Callable[[list[str]], torch.Tensor]
     logit_scale: float
+    read: Callable[[str], Reading]
     logit_bias: float = 0.0
     notes: tuple[str, ...] = ()
     module: nn.Module | None = None
@@ -68,6 +80,36 @@ class UnitNorm(nn.Module):
     def held(self, x: torch.Tensor) -> torch.Tensor:
         """The same output with the length out of the graph (a constant scale)."""
         return x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps).detach()
+
+
+def byte_reading(length: int, start: int | None, end: int | None) -> Callable[[str], Reading]:
+    """What ``byte_tokens`` reads of a prompt: its UTF-8 bytes up to the room its text length leaves."""
+    room = length - (start is not None) - (end is not None)
+
+    def read(prompt: str) -> Reading:
+        data = prompt.encode()
+        return Reading(tokens=tuple(data[:room].decode(errors="ignore")), cut=data[room:].decode(errors="ignore"))
+
+    return read
+
+
+def tokenizer_reading(tokenizer, length: int) -> Callable[[str], Reading]:
+    """What a Hugging Face tokenizer (``tokenizer``, with its special tokens) reads of a prompt in ``length`` tokens: its
+    tokens, those it maps to its unknown token, and the text past ``length``."""
+
+    def read(prompt: str) -> Reading:
+        ids = tokenizer(prompt, truncation=False)["input_ids"]
+        unknown_id = getattr(tokenizer, "unk_token_id", None)
+        specials = set(getattr(tokenizer, "all_special_ids", ()))
+        kept = [index for index in ids[:length] if index not in specials or index == unknown_id]
+        tokens = tuple(tokenizer.convert_ids_to_tokens(kept))
+        words = prompt.split()
+        unknown = tuple(word for word in words if unknown_id is not None
+                        and unknown_id in tokenizer(word, add_special_tokens=False)["input_ids"])
+        past = [index for index in ids[length:] if index not in specials]
+        return Reading(tokens=tokens, unknown=unknown, cut=tokenizer.decode(past).strip() if past else "")
+
+    return read
 
 
 def byte_tokens(prompts: list[str], length: int, vocab_size: int, start: int | None, end: int | None,

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.text import TextTower
+from vit_explorer.models.text import Reading, TextTower
 from vit_explorer.models.vit import Transformer
 
 TEXT_KEY = "text"  # the checkpoint's config section, and the prefix of the text tower's tensors
@@ -42,7 +43,9 @@ class WordTextEncoder(nn.Module):
 
 
 def words_of(prompt: str) -> list[str]:
-    return re.findall(r"[a-z]+", prompt.lower())
+    """The words of ``prompt``, lower case, split at anything but letters and digits: a number or an accented word is a
+    word (unknown to a vocabulary without it), never dropped."""
+    return re.findall(r"[^\W_]+", prompt.lower())
 
 
 def tokenize(prompts: list[str], vocabulary: tuple[str, ...], length: int) -> torch.Tensor:
@@ -53,6 +56,19 @@ def tokenize(prompts: list[str], vocabulary: tuple[str, ...], length: int) -> to
         ids = [index[CLS]] + [index.get(word, index[UNK]) for word in words_of(prompt)][: length - 1]
         rows.append(ids + [index[PAD]] * (length - len(ids)))
     return torch.tensor(rows, dtype=torch.long)
+
+
+def reading(vocabulary: tuple[str, ...], length: int) -> Callable[[str], Reading]:
+    """What ``tokenize`` reads of a prompt: its words up to ``length`` − 1 (after ``[cls]``), an unknown one as ``[unk]``."""
+    known = set(vocabulary)
+
+    def read(prompt: str) -> Reading:
+        words = words_of(prompt)
+        kept, past = words[: length - 1], words[length - 1 :]
+        return Reading(tokens=tuple(word if word in known else UNK for word in kept),
+                       unknown=tuple(dict.fromkeys(word for word in kept if word not in known)), cut=" ".join(past))
+
+    return read
 
 
 def text_encoder(config: dict[str, Any], source: str) -> WordTextEncoder:
@@ -74,7 +90,7 @@ def text_tower(config: dict[str, Any], encoder: WordTextEncoder) -> TextTower:
         return encoder(tokenize(prompts, vocabulary, config["length"]).to(device))
 
     known = [word for word in vocabulary if not word.startswith("[")]
-    return TextTower(encode=encode, logit_scale=float(encoder.logit_scale.detach().exp()),
+    return TextTower(encode=encode, read=reading(vocabulary, config["length"]), logit_scale=float(encoder.logit_scale.detach().exp()),
                      logit_bias=float(encoder.logit_bias.detach()),
                      notes=(f"its text tower knows {len(known)} words ({', '.join(known)}); any other word is unknown to it",),
                      module=encoder)

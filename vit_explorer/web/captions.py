@@ -10,6 +10,7 @@ import math
 from vit_explorer.core import maps, results
 from vit_explorer.core.analysis import Analysis, Prediction
 from vit_explorer.core.decomposition import Decomposition
+from vit_explorer.core.targets import shown_prompt
 from vit_explorer.core.results import (
     DEFAULT_RANDOM_ORDERS,
     DEFAULT_STEPS,
@@ -33,7 +34,8 @@ from vit_explorer.web.session import Controls, Session
 RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
 BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions; attention, rollout and head statistics work, and the target "
                  "menu offers similarities for the class maps, their faithfulness score and the head ablation to explain.")
-TEXT_NOTE = "This model reads text: type prompts in **Text prompts** above, one per line, to explain a sentence."
+TEXT_NOTE = ("This model reads text, and the **Text prompts** box above is empty, so there is nothing to predict: type prompts, "
+             "one per line, and press Explain to explain a sentence.")
 NO_CLASSIFIER = ("This model has no classifier head, so it has no class to explain: the class-specific maps (relevance, AttnLRP, "
                  "LeGrad, gradient-weighted rollout) wait for a target. Choose one in the target menu above: the similarity of the "
                  "image's embedding to its own, or to the query patch's. Rollout and last-layer class attention show meanwhile; "
@@ -69,7 +71,7 @@ def model_summary(analysis: Analysis) -> str:
         if analysis.prompted:  # a softmax over the prompts given, not over everything the image could be
             among = (f"zero-shot among the {analysis.num_classes} prompts" if analysis.num_classes > 1
                      else "one prompt, so 100% whatever the image: give two or more to compare")
-            summary = f"Best-matching prompt: **{top.label}** {top.prob:.1%} ({among})  \n{summary}"
+            summary = f"Best-matching prompt: **{shown_prompt(top.label)}** {top.prob:.1%} ({among})  \n{summary}"
         else:
             summary = f"Prediction: **{top.label}** {top.prob:.1%}{domain}  \n{summary}"
     if analysis.random_weights:
