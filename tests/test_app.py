@@ -17,6 +17,7 @@ from PIL import Image
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
 from vit_explorer.draw import charts, pictures, plots, render
+from vit_explorer.draw.pictures import signed
 from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import kept_ablation, prediction_without
 from vit_explorer.methods.sanity import sanity_check
@@ -567,6 +568,16 @@ def test_a_stats_folder_puts_the_dataset_means_beside_this_images_heads(models, 
     assert "this model has 6 × 4" in mismatched["dataset_note"]
 
 
+def colour_bar_ends(picture: np.ndarray, geometry) -> tuple[np.ndarray, np.ndarray]:
+    """The colours at the two ends of a heat map's colour bar (the row below the tiles with the most strongly coloured
+    pixels)."""
+    bar = picture[geometry.size_hw[0]:].astype(int)
+    strong = np.abs(bar[..., 0] - bar[..., 2]) > 60  # clearly red or clearly blue
+    row = int(strong.sum(axis=1).argmax())
+    columns = np.flatnonzero(strong[row])
+    return bar[row, columns[0]], bar[row, columns[-1]]
+
+
 def tile_colour(picture: np.ndarray, geometry, layer: int, head: int) -> np.ndarray:
     """The colour near a heat-map tile's corner, clear of its centred value and of an outline."""
     y, x = geometry.tile_origin(layer, head)
@@ -1058,6 +1069,23 @@ def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models
     ablation_tab.on_run(models, session, *CONTROLS)
     with_ablation = opened(title, session)
     assert not hidden(with_ablation["contributions_ablation"]) and "A head red in both" in with_ablation["contributions_text"]
+    # the ablation below reads as the grid above: red where the head helps the target (its removal lowers it), blue where
+    # it works against it; a positive contribution above is red too, and both colour bars run from blue (negative) to red
+    ablation = kept_ablation(session.analysis, session.target, "zero")
+    for picture in (with_ablation["contributions_view"], with_ablation["contributions_ablation"]["value"]):
+        picture = np.asarray(Image.open(picture)) if isinstance(picture, str) else picture
+        left, right = colour_bar_ends(picture, geometry)
+        assert left[2] > left[0] and right[0] > right[2], (left, right)
+    below = with_ablation["contributions_ablation"]["value"]
+    below = np.asarray(Image.open(below)) if isinstance(below, str) else below
+    drop = ablation.drop.numpy()
+    clear = np.abs(drop) > 0.05 * np.abs(drop).max()
+    colours = np.array([[tile_colour(below, geometry, layer, head) for head in range(heads_per_layer)] for layer in range(layers)])
+    assert (np.sign(colours[..., 0] - colours[..., 2]) == np.sign(drop))[clear].all()
+    # the score is said to be the logit, and every MLP's part is in the words, not only in the chart
+    text = with_ablation["contributions_text"]
+    assert "**logit**" in text and "before the softmax" in text
+    assert all(f"L{layer} {signed(value, 3)}" in text for layer, value in enumerate(decomposition.mlps.tolist()))
 
 
 @pytest.mark.hf

@@ -80,3 +80,23 @@ def test_the_faithfulness_legend_lies_beside_the_curves(tiny, drawn):
     (legend,) = chart["legends"]
     assert inside(legend, chart["figure"]) and not any(legend.overlaps(axes) for axes in chart["axes"])
     assert all(inside(title, chart["figure"]) for title in chart["titles"])
+
+
+def test_the_logit_lens_names_the_top_class_in_letters_as_large_as_the_axis_labels():
+    """Where another class leads the lens, its name is written level and large enough to read (7 pt at 30° read as a
+    smudge): on the shipped model's square, "circle" leads after layer 0, and its word is at least 30 px wide and 8 px
+    tall in the label colour."""
+    import numpy as np
+    from scipy import ndimage
+
+    from vit_explorer.models.builtin import EXAMPLES
+    from vit_explorer.run import Request, run
+
+    result = run(load_model(), EXAMPLES / "05-square.png", Request(decompose=True, score=False))
+    decomposition = result.decomposition
+    assert int(decomposition.lens_top[0, 0]) != decomposition.target
+    picture = charts.lens_chart(decomposition, result.analysis.labels).astype(int)
+    letters = np.abs(picture - np.array([179, 89, 0])).sum(-1) < 60
+    words, count = ndimage.label(ndimage.binary_dilation(letters, iterations=2))
+    extents = [(np.ptp(ys) + 1, np.ptp(xs) + 1) for ys, xs in (np.nonzero(words == index) for index in range(1, count + 1))]
+    assert any(height >= 8 and width >= 30 for height, width in extents), extents

@@ -91,7 +91,7 @@ def test_the_report_of_analyze_opens_offline_with_every_picture(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "tiny.safetensors", TINY)
     out = tmp_path / "out"
     assert main(["analyze", str(SQUARE), "--model", str(checkpoint), "--out", str(out), "--html", "--sanity", "--norms",
-                 "--ablation", "--scoreboard", "--method", "relevance", "--steps", "4"]) == 0
+                 "--ablation", "--scoreboard", "--decompose", "--method", "relevance", "--steps", "4"]) == 0
     report = out / "report.html"
     assert report.stat().st_size < 5 * 2**20
     widths, errors, text = opened_offline(report)
@@ -99,7 +99,7 @@ def test_the_report_of_analyze_opens_offline_with_every_picture(tmp_path):
     assert errors == []
     for words in (checkpoint.name, "vit_explorer", "Layers × heads", "relevance (Chefer et al.)", "beats random orders",
                   "Sanity check", "Token norms", "Head ablation", "gradient-weighted rollout", "Scoreboard for",
-                  "coarser than one map's score"):
+                  "coarser than one map's score", "Decomposition of", "logit lens", "largest parts"):
         assert words in text or (words == "beats random orders" and "does not beat random orders" in text), words
 
 
@@ -127,6 +127,24 @@ def test_a_similarity_report_shows_scores_never_probabilities(tmp_path):
     ablation = json.loads((out / "ablation.json").read_text())
     assert re.search(r"lowers it most, by -?\d+\.\d{3} \(-?\d+\.\d{3} → -?\d+\.\d{3}\)", text), text.split("<h2>Head ablation")[1][-400:]
     assert ablation["target"] == 0
+
+
+def test_the_report_holds_the_decomposition_it_was_asked_for(tmp_path):
+    """``analyze --html --decompose``: the report shows the decomposition the run wrote (its heads, its largest parts with
+    the values of ``decomposition.json``, the lens), and none without ``--decompose``."""
+    from vit_explorer.cli import main
+
+    checkpoint = write_checkpoint(tmp_path / "tiny.safetensors", TINY)
+    for flags, out in ((["--decompose"], tmp_path / "with"), ([], tmp_path / "without")):
+        assert main(["analyze", str(SQUARE), "--model", str(checkpoint), "--out", str(out), "--html", "--no-faithfulness",
+                     *flags]) == 0
+    text = (tmp_path / "with" / "report.html").read_text()
+    record = json.loads((tmp_path / "with" / "decomposition.json").read_text())
+    section = text.split(f"<h2>Decomposition of {record['target_label']}</h2>")[1]
+    top = record["top_parts"][0]
+    assert f"<td>{top['part']}</td><td>{top['contribution']:+.4g}</td>" in section
+    assert section.count("<img") == 3  # the heads, the chart of every part, the lens
+    assert "Decomposition of" not in (tmp_path / "without" / "report.html").read_text()
 
 
 def test_an_explanation_prints_in_one_short_line(tiny_checkpoint, image_file):

@@ -216,6 +216,9 @@ def contributions_chart(decomposition: Decomposition, count: int = 12) -> np.nda
     return _figure_to_array(figure)
 
 
+LENS_LABEL_PT = 10  # the logit lens's names of the top class: as large as the axis labels (7 pt read as a smudge)
+
+
 def lens_chart(decomposition: Decomposition, labels: list[str] | None) -> np.ndarray:
     """The logit lens: the target's score read from the stream after every layer through the final norm, pooling and
     head, with the top class there named where it is not the target."""
@@ -231,8 +234,11 @@ def lens_chart(decomposition: Decomposition, labels: list[str] | None) -> np.nda
         for layer, top in zip(layers, tops):
             if int(top) != decomposition.target:
                 name = labels[int(top)] if labels and int(top) < len(labels) else str(int(top))
-                axes.annotate(textwrap.shorten(name, 14), (layer, float(decomposition.lens_top_scores[layer, 0])), fontsize=7,
-                              rotation=30, xytext=(2, 4), textcoords="offset points", color="tab:orange")
+                # as large as the axis labels, level, on a white box: read at a glance over the grid and the line
+                axes.annotate(textwrap.shorten(name, 14, placeholder="…"), (layer, float(decomposition.lens_top_scores[layer, 0])),
+                              fontsize=LENS_LABEL_PT, xytext=(0, 6), textcoords="offset points", ha="center", color="#b35900",
+                              fontweight="bold", bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none",
+                                                       "alpha": 0.8})
     axes.set_xticks(layers)
     axes.set_xlabel("read after layer")
     axes.set_ylabel("score")

@@ -260,14 +260,22 @@ def signed_grid_picture(values: torch.Tensor | np.ndarray, unit: str, decimals: 
     return render.with_colorbar(picture, cmap, -bound, bound, unit), geometry
 
 
-def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None = None,
-                     tile_px: int | None = None) -> tuple[np.ndarray, render.GridGeometry]:
+def ablation_picture(ablation: HeadAblation, *, selected: tuple[int, int] | None = None, tile_px: int | None = None,
+                     as_drop: bool = False) -> tuple[np.ndarray, render.GridGeometry]:
     """The layers × heads heat map of how the target probability changes when each head alone is removed, in
-    percentage points (``signed_grid_picture``: red where removing the head lowers the target)."""
+    percentage points (``signed_grid_picture``: red where removing the head lowers the target).
+
+    ``as_drop``: the drop instead (``HeadAblation.drop``, positive where the head helps the target) on
+    ``contribution_picture``'s colours, red positive, so that the two grids side by side read the same way."""
     # a probability in percentage points; a single score (a backbone's similarity) as it is
-    points = render.to_numpy(ablation.delta, np.float32) * (1.0 if ablation.single_score else 100.0)  # [layers, heads]
+    values = ablation.drop if as_drop else ablation.delta
+    points = render.to_numpy(values, np.float32) * (1.0 if ablation.single_score else 100.0)  # [layers, heads]
     bound = float(np.abs(points).max())
     decimals = (3 if bound < 1 else 1) if ablation.single_score else (1 if bound < 10 else 0)
+    if as_drop:
+        unit = ("drop of the target score, head removed" if ablation.single_score
+                else "drop of the target probability, percentage points (head removed)")
+        return signed_grid_picture(points, unit, decimals, DIFFERENCE_CMAP, selected=selected, tile_px=tile_px)
     unit = "Δ target score (head removed)" if ablation.single_score else ABLATION_UNIT
     return signed_grid_picture(points, unit, decimals, ABLATION_CMAP, selected=selected, tile_px=tile_px)
 

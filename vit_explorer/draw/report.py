@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image
 
 from vit_explorer.core.analysis import Analysis, Prediction
+from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.maps import CLASS_METHODS, Overview
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import Scoreboard
@@ -105,8 +106,8 @@ def overview_html(analysis: Analysis, overview: Overview, cmap: str = "inferno")
 
 def report_html(run: Run, cmap: str = "inferno") -> str:
     """The whole report of one image: provenance at the top, then the overview, the layers × heads grid, the class maps
-    (the scored one with its deletion and insertion curves), and the scoreboard, sanity check, token norms and head
-    ablation where they ran. Every result carries its own target, and each section is named by it."""
+    (the scored one with its deletion and insertion curves), and the scoreboard, sanity check, token norms, head ablation
+    and decomposition where they ran. Every result carries its own target, and each section is named by it."""
     analysis, evidence, overview = run.analysis, run.evidence, run.overview
     if overview is None:
         raise VitExplorerError("this run has no overview to report: ask for it (Request(overview=True))")
@@ -148,7 +149,23 @@ def report_html(run: Run, cmap: str = "inferno") -> str:
         words = (f"change of the {ablation.measure} of {label} when each head alone is removed ({ablation.mode}); removing "
                  f"L{layer} h{head} lowers it most, {effect}")
         sections.append(f"<h2>Head ablation for {html.escape(label)}</h2>{figure(pictures.ablation_picture(ablation)[0], words)}")
+    if run.decomposition is not None:
+        sections.append(decomposition_section(run.decomposition, analysis.labels))
     return page(f"vit_explorer: {analysis.model_name}", "".join(sections))
+
+
+def decomposition_section(decomposition: Decomposition, labels: list[str] | None) -> str:
+    """The score split over every head (the layers × heads picture), each layer's MLP and the rest (the chart), the largest
+    parts in a table, and the logit lens."""
+    parts = "".join(f"<tr><td>{html.escape(name)}</td><td>{value:+.4g}</td></tr>" for name, value in decomposition.top_parts(8))
+    words = (f"the score of {decomposition.label} ({decomposition.score:.4g}, before any softmax) split into the direct contribution of every head "
+             f"(red adds to it, blue takes from it), every MLP, the embeddings and the biases; the parts add up to "
+             f"{decomposition.total:.6g}")
+    return (f"<h2>Decomposition of {html.escape(decomposition.label)}</h2><div class=\"row\">"
+            f"{figure(pictures.contribution_picture(decomposition)[0], words)}"
+            f"{figure(charts.contributions_chart(decomposition), 'the largest heads and MLPs, then the embeddings, the biases and every other part together')}"
+            f"<div><table><tr><th>largest parts</th><th>contribution</th></tr>{parts}</table></div>"
+            f"{figure(charts.lens_chart(decomposition, labels), 'logit lens: the score read from the stream after every layer')}</div>")
 
 
 def scoreboard_section(board: Scoreboard) -> str:

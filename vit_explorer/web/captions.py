@@ -311,18 +311,23 @@ NO_TARGET_TO_DECOMPOSE = ("This model has no classifier head: choose a similarit
                           "split its score over the heads.")
 
 
-def contributions_text(decomposition: Decomposition, ablation: HeadAblation | None) -> str:
-    """What the contributions tab shows: the score and its largest parts, what a direct contribution is and is not, and
-    how to read the ablation beside it."""
+def contributions_text(decomposition: Decomposition, ablation: HeadAblation | None, similarity: bool = False) -> str:
+    """What the contributions tab shows: the score (a logit, before the softmax that gives the probability beside it; a
+    backbone's ``similarity`` score as it is) and its largest parts, every MLP's part, what a direct contribution is and is
+    not, and how to read the ablation beside it."""
     largest = ", ".join(f"**{name}** {signed(value, 3)}" for name, value in decomposition.top_parts(4))
     rest = ", ".join(f"{name} {signed(value, 3)}" for name, value in decomposition.rest.items())
-    beside = ("Below, head ablation (zero) of the same target: red there means removing the head lowers the "
-              f"{ablation.measure}. A head red in both writes the answer itself; red only in the ablation acts through later "
+    mlps = ", ".join(f"L{layer} {signed(value, 3)}" for layer, value in enumerate(decomposition.mlps.tolist()))
+    beside = ("Below, head ablation (zero) of the same target, on the same colours: red there means removing the head lowers "
+              f"the {ablation.measure}. A head red in both writes the answer itself; red only in the ablation acts through later "
               "layers." if ablation is not None else
               "Run the head ablation (zero) for this target and its heat map shows below, to tell heads that write the answer "
               "from heads that act through later layers.")
-    return (f"Score of **{decomposition.label}**: {decomposition.score:.4g}, split exactly into what each part writes into the "
-            f"stream it is read from (the parts add up to {decomposition.total:.4g}). Largest: {largest}; the rest: {rest}. "
+    score = ("its similarity score" if similarity
+             else "its **logit**, the score before the softmax that gives the probability beside it")
+    return (f"Score of **{decomposition.label}** ({score}): {decomposition.score:.4g}, split exactly into what each part writes "
+            f"into the stream it is read from (the parts add up to {decomposition.total:.4g}). Largest: {largest}. MLPs by layer: "
+            f"{mlps}; the rest: {rest}. "
             "A **direct** contribution is what a head writes that the read-out sees unchanged, with the final norm's scale "
             "held at this image's (Gandelsman et al. 2024); what later layers make of a head's write is counted in theirs. "
             f"{beside}")

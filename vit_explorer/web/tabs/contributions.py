@@ -22,8 +22,8 @@ from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh
 
 OUTPUTS = ("contributions_text", "contributions_view", "contributions_split", "contributions_chart", "contributions_lens",
            "contributions_ablation_title", "contributions_ablation")
-ABLATION_TITLE = ("**Head ablation beside it**: the change of the target when each head alone is removed (zero output), its "
-                  "direct and indirect effects together")
+ABLATION_TITLE = ("#### Head ablation beside it\nHow much the target drops when each head alone is removed (zero output): its "
+                  "direct and indirect effects together, on the colours above (red: the head helps the target)")
 TILE_PX = 56  # as the ablation's heat map: a colour and a number per tile
 ABLATION_MODE = "zero"  # the ablation shown beside: a head's output removed, the total effect of its write
 
@@ -32,10 +32,10 @@ def layout() -> dict:
     text = gr.Markdown("", elem_id="contributions-text")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3):
-            gr.Markdown("**Each head's direct contribution** to the target's score (click a head)")
+            gr.Markdown("#### Each head's direct contribution\nto the target's score (its logit; click a head)")
             view = map_image("contributions-view", "Direct contribution per head")
         with gr.Column(scale=2, min_width=300):
-            gr.Markdown("**The clicked head's contribution** from each patch it attended to")
+            gr.Markdown("#### The clicked head's contribution\nfrom each patch it attended to")
             split = map_image("contributions-split", "One head's contribution over the image")
     with gr.Row(equal_height=False):
         chart = map_image("contributions-chart", "The largest parts of the score")
@@ -87,9 +87,10 @@ def render(session: Session, controls: Controls) -> dict:
     grid, session.screen.contribution_geometry = pictures.contribution_picture(decomposition, selected=(layer, head), tile_px=tile_px)
     ablation = kept_ablation(session.analysis, session.target, ABLATION_MODE)
     beside = (gr.update(value=None, visible=False) if ablation is None
-              else gr.update(value=pictures.ablation_picture(ablation, tile_px=tile_px)[0], visible=True))
+              else gr.update(value=pictures.ablation_picture(ablation, tile_px=tile_px, as_drop=True)[0], visible=True))
     title = gr.update(visible=ablation is not None)
-    return {"contributions_text": contributions_text(decomposition, ablation), "contributions_view": grid,
+    return {"contributions_text": contributions_text(decomposition, ablation, session.analysis.similarity),
+            "contributions_view": grid,
             "contributions_split": pictures.head_split_picture(session.analysis, decomposition, layer, head),
             "contributions_chart": charts.contributions_chart(decomposition),
             "contributions_lens": charts.lens_chart(decomposition, session.analysis.labels), "contributions_ablation_title": title,
