@@ -29,7 +29,7 @@ def test_analyze_writes_maps_and_scores_and_prints_the_aucs(tmp_path, cli_checkp
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("rollout map for 'thing ") and "deletion AUC" in result.stdout and "insertion AUC" in result.stdout
+    assert result.stdout.startswith("rollout map (the same for every target) scored for 'thing ") and "deletion AUC" in result.stdout and "insertion AUC" in result.stdout
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr
     assert sorted(path.name for path in out.iterdir()) == ["attention.npz", "faithfulness.json", "faithfulness.png", "heads.png", "rollout.png"]
     saved = np.load(out / "attention.npz")

@@ -29,7 +29,7 @@ def test_the_wheel_holds_the_model_and_the_examples(wheel):
     assert wheel.stat().st_size < 20 * 2**20
     assert {"vit_explorer/web/app.py", "vit_explorer/web/tabs/__init__.py", "vit_explorer/web/tabs/shared.py", "vit_explorer/core/capture.py",
             "vit_explorer/methods/sanity.py", "vit_explorer/draw/render.py", "vit_explorer/shapes/train.py"} <= names  # every layer
-    assert len([name for name in names if name.startswith("vit_explorer/assets/examples/") and name.endswith(".png")]) == 6
+    assert len([name for name in names if name.startswith("vit_explorer/assets/examples/") and name.endswith(".png")]) == len(list((REPOSITORY / "assets" / "examples").glob("*.png"))) == 7
     assert not any(name.startswith("vit_explorer/assets/screenshot") for name in names)  # the README's pictures stay out
 
 
