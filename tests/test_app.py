@@ -350,6 +350,8 @@ def test_bad_upload_is_a_message_not_a_crash(models, tmp_path, checkpoint):
         outputs = by_name(shared.run_analysis(models, str(junk), checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
     assert outputs["summary"].startswith(f"⚠️ **{shared.UNREADABLE}:**") and "junk.png" in outputs["summary"]
     assert outputs["state"] is None and outputs["query_image"] is None
+    # nor is the previous image's target left beside it
+    assert outputs["target"]["choices"] == [] and outputs["target"]["value"] is None and not outputs["target"]["interactive"]
 
 
 def test_failed_model_switch_keeps_the_previous_model(models, upload, checkpoint):
@@ -467,6 +469,32 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     assert rows[0][1] == SHORT_NAMES[board.entries[0].method] and set(SHORT_NAMES) == set(maps.CLASS_METHODS)
     # the board stays with its target and rollout options, whatever the method shown
     assert opened(CLASS_MAPS, session, controls(method="cls"))["board_table"]["value"] == rows
+
+
+def test_a_class_map_that_waits_for_the_model_is_cleared_first_and_every_caption_names_its_method(models, upload, checkpoint):
+    """While AttnLRP's passes (or a new target's) run, the previous method's map is not left under the new method's
+    name: the page first gets it cleared, with a line naming what is coming. A map at hand comes in one step."""
+    session, outputs = analysed(models, upload, checkpoint, visible=CLASS_MAPS)
+    assert outputs["class_text"].startswith("The map of **relevance (Chefer et al.)**. Target: **")
+    top, attnlrp = session.target, controls(method="attnlrp")
+    first, last = (by_name(step, shared.TAB_OUTPUTS) for step in shared.controls_stages(session, CLASS_MAPS, *attnlrp))
+    assert first["class_view"] == gr.update(value=None)
+    assert first["class_text"].startswith(f"⏳ Computing the **AttnLRP (Achtibat et al.)** map for target **thing {top}**")
+    assert all(is_unchanged(value) for name, value in first.items() if name not in ("class_view", "class_text"))
+    assert isinstance(last["class_view"], np.ndarray) and last["class_text"].startswith("The map of **AttnLRP (Achtibat et al.)**")
+    assert len(list(shared.controls_stages(session, CLASS_MAPS, *CONTROLS))) == 1  # relevance: at hand
+    assert len(list(shared.controls_stages(session, CLASS_MAPS, *attnlrp))) == 1  # computed once, kept
+    assert len(list(shared.controls_stages(session, GRID, *controls(method="legrad")))) == 1  # another tab: nothing waits
+
+    other = (top + 1) % 4
+    early, final = (by_name(step, shared.TARGETED) for step in shared.target_stages(models, session, other, CLASS_MAPS, *attnlrp))
+    assert early["state"] is session and early["class_view"] == gr.update(value=None) and f"**thing {other}**" in early["class_text"]
+    assert isinstance(final["class_view"], np.ndarray) and f"**thing {other}**" in final["class_text"]
+    assert len(list(shared.target_stages(models, final["state"], top, CLASS_MAPS, *attnlrp))) == 1  # seen before: at hand
+    # LeGrad chosen while another tab was open: opening the tab clears the map it would otherwise show meanwhile
+    steps = list(shared.opening_stages(class_maps.TAB)(session, *controls(method="legrad")))
+    assert len(steps) == 2 and steps[0][0] == steps[1][0] == CLASS_MAPS
+    assert "**LeGrad (Bousselham et al.)**" in by_name(steps[0][1:], class_maps.TAB.outputs)["class_text"]
 
 
 @pytest.mark.hf
@@ -768,7 +796,7 @@ def test_compare_a_second_image_shows_both_views_and_their_difference(models, up
     np.testing.assert_allclose(b.evidence[target].weighted, class_evidence(model, expected, target).weighted, rtol=1e-5, atol=1e-7)
     relevance_a = maps.class_map(a, "relevance", session.evidence, options)
     relevance_b = maps.class_map(b, "relevance", b.evidence[target], options)
-    assert np.array_equal(views["compare_difference"]["value"], pictures.difference_picture(a, relevance_a - relevance_b, "A − B, relevance"))
+    assert np.array_equal(views["compare_difference"]["value"], pictures.difference_picture(a, relevance_a - relevance_b, "A − B, relevance (Chefer et al.)"))
     assert f"Both maps are for **{a.label(target)}**" in views["compare_caption"]
     one_scale = (0.0, max(float(relevance_a.max()), float(relevance_b.max())))  # the same rule in every view
     assert np.array_equal(views["compare_view_b"], pictures.map_picture(b, relevance_b, cmap="inferno", overlay=True, query=None,

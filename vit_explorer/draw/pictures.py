@@ -28,7 +28,8 @@ GRID_PX = 500  # about the width of the layers × heads grid
 ATTENTION = "attention weight"
 ROLLOUT = "rollout weight"
 # what the colour of each class-maps method measures, for its colour bar
-UNITS = {"relevance": "relevance", "attnlrp": "relevance (in units of the target score)", "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
+# each names its method: the caption beside a picture can arrive before the picture does
+UNITS = {"relevance": "relevance (Chefer et al.)", "attnlrp": "AttnLRP relevance (in units of the target score)", "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
 
 
 def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:

@@ -37,15 +37,15 @@ from vit_explorer.web.tabs.shared import (
     TAB_OUTPUTS,
     TARGETED,
     analysis_stages,
-    on_controls,
+    controls_stages,
     on_model_change,
     on_patch_click,
     on_query_choice,
     on_reset_query,
-    on_target,
-    opener,
+    opening_stages,
     run_analysis,
     show_visible,
+    target_stages,
 )
 from vit_explorer.web.upload import image_upload
 
@@ -267,8 +267,8 @@ def wire(app: Wiring, containers: dict) -> None:
     app["query"].input(on_query_choice, [state, app["query"], visible, *controls], app.all(QUERIED), api_name="select_query")
     app["reset"].click(on_reset_query, [state, visible, *controls], app.all(QUERIED), api_name="reset_query")
 
-    def choose_target(session, target, tab, *values):
-        return on_target(app.models, session, target, tab, *values)
+    def choose_target(session, target, tab, *values):  # a generator: a map that waits for the pass is cleared first
+        yield from target_stages(app.models, session, target, tab, *values)
 
     app["target"].input(choose_target, [state, app["target"], visible, *controls], app.all(TARGETED), api_name="set_target",
                         concurrency_limit=2)
@@ -278,9 +278,9 @@ def wire(app: Wiring, containers: dict) -> None:
         if name not in INPUT_NAMES and not isinstance(component, gr.State):
             # a text box answers once its text is submitted, not at every key
             event = component.submit if isinstance(component, gr.Textbox) else component.input
-            event(on_controls, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"set_{component.label.lower().replace(' ', '_')}")
+            event(controls_stages, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"set_{component.label.lower().replace(' ', '_')}")
     for tab in TABS:
-        containers[tab.title].select(opener(tab), [state, *controls], [visible, *app.all(tab.outputs)], api_name=f"open_{tab.slug}")
+        containers[tab.title].select(opening_stages(tab), [state, *controls], [visible, *app.all(tab.outputs)], api_name=f"open_{tab.slug}")
         if tab.wire is not None:
             tab.wire(app)
 

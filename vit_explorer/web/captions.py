@@ -193,16 +193,17 @@ def class_note(session: Session, method: str) -> str:
     (rollout, class attention), that it is the same for every target, which only its score is measured against."""
     if session.evidence is None:
         return without_target(session, NO_CLASSIFIER)
-    untargeted = "" if method in maps.CLASS_SPECIFIC else (
+    # the method is named first: the radio above can name another while a slow map is being computed
+    named = f"The map of **{maps.CLASS_METHODS[method]}**. " if method in maps.CLASS_SPECIFIC else (
         f"**{maps.CLASS_METHODS[method]}** takes no target: its map is the same whatever the target, and only its score is "
         "measured against it. ")
     if session.analysis.similarity:
-        return (f"{untargeted}Target: **{session.analysis.label(0)}** = {float(session.analysis.logits[0]):.3f}, its projection "
+        return (f"{named}Target: **{session.analysis.label(0)}** = {float(session.analysis.logits[0]):.3f}, its projection "
                 "on its own direction on the unchanged image (there: its length): a score, not a probability. *Score "
                 "faithfulness* follows it as a share of the whole image's score (1 on the unchanged image, −1 if that score is "
                 f"negative) while patches are deleted and inserted in the map's order and in {DEFAULT_RANDOM_ORDERS} random "
                 f"orders ({forward_passes()} forward passes).")
-    return (f"{untargeted}Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and "
+    return (f"{named}Target: **{session.analysis.label(session.evidence.target)}**. *Score faithfulness* deletes and "
             f"inserts patches in the map's order and against {DEFAULT_RANDOM_ORDERS} random orders ({forward_passes()} forward "
             "passes).")
 

@@ -44,6 +44,9 @@ class Tab:
         target_ranges: its ranges follow the target too (a backbone's similarity target opens the class-specific maps).
         prepare: ``(session, controls) -> None``: the model work its views need, done before it draws by an explicit
             call with the session's model (AttnLRP's and LeGrad's maps); drawing itself never runs the model.
+        waiting: ``(session, controls, target) -> {output name: value}``: its views while the model computes what they
+            need for ``target`` (``prepare``, or a new target's pass): those that would meanwhile show another method's
+            or target's map, cleared, with a line naming what is coming; {} when what they need is at hand.
         follows_query: its views show the query token's: a new query redraws them (the others are left out of the
             query's events, whose every unchanged output costs Gradio a rebuilt component).
     """
@@ -58,6 +61,7 @@ class Tab:
     set_ranges: Callable[[Session], dict[str, Any]] | None = None
     target_ranges: bool = False
     prepare: Callable[[Session, Controls], None] | None = None
+    waiting: Callable[[Session, Controls, int | str | None], dict[str, Any]] | None = None
     follows_query: bool = False
 
     @property

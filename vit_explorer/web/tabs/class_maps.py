@@ -27,7 +27,7 @@ from vit_explorer.web.captions import (
     score_text,
     without_target,
 )
-from vit_explorer.web.session import Controls, ModelCache, Session
+from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, stages, user_errors
 
 T = TypeVar("T")
@@ -84,6 +84,25 @@ def prepare(session: Session, controls: Controls) -> None:
     once (``class_evidence`` keeps it on the evidence), before the tab draws."""
     if session.evidence is not None and controls.method in MODEL_MAPS:
         session.evidence = class_evidence(session.model(), session.analysis, session.evidence.target, (controls.method,))
+
+
+def waiting(session: Session, controls: Controls, target: int | str | None) -> dict:
+    """While the model computes the chosen class-specific map for ``target`` (a new target's pass, AttnLRP's or
+    LeGrad's own passes: seconds on a large model), the previous map is cleared and the line says what is coming, so
+    that no other method's or target's map stands under the chosen method."""
+    method = controls.method
+    if session.evidence is None or method not in maps.CLASS_SPECIFIC:
+        return {}
+    if target in SIMILARITY_TARGETS:  # a similarity target is a new analysis: every map is computed again
+        label = SIMILARITY_TARGETS[target]
+    else:
+        kept = session.analysis.evidence.get(int(target)) if target is not None else session.evidence
+        if kept is not None and (method not in MODEL_MAPS or method in kept.method_maps):
+            return {}
+        label = session.analysis.label(session.target if target is None else int(target))
+    return {"class_view": gr.update(value=None),
+            "class_text": f"⏳ Computing the **{maps.CLASS_METHODS[method]}** map for target **{label}**: the previous map is "
+                          "cleared until this one is drawn."}
 
 
 def set_ranges(session: Session) -> dict:
@@ -219,4 +238,4 @@ def wire(app: Wiring) -> None:
 
 
 TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score", "scoreboard"), set_ranges=set_ranges,
-          target_ranges=True, prepare=prepare)
+          target_ranges=True, prepare=prepare, waiting=waiting)

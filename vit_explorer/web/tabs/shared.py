@@ -126,8 +126,9 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
 def empty_outputs(summary: str = "Upload an image to begin.") -> tuple:
     """``FULL_OUTPUTS`` before any upload (or after one that could not be analysed, ``summary`` saying why): nothing shown."""
     values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
-    values.update(summary=summary, caption="", session_key="", query=gr.update(), target=gr.update(),
-                  top5=gr.update(value=None, visible=False),
+    # the previous image's target would otherwise stay beside a summary that says nothing is analysed
+    values.update(summary=summary, caption="", session_key="", query=gr.update(),
+                  target=gr.update(choices=[], value=None, interactive=False, info=TARGET_INFO, label="Target class"), top5=gr.update(value=None, visible=False),
                   **unchanged(RANGES))
     return in_order(values, FULL_OUTPUTS)
 
@@ -301,6 +302,36 @@ def on_controls(session: Session | None, visible: str, *control_values) -> tuple
     return in_order(tab_views(require(session), Controls.from_values(control_values), visible), TAB_OUTPUTS)
 
 
+def waiting_outputs(session: Session | None, visible: str, target: int | str | None, control_values: tuple,
+                    outputs: tuple[str, ...]) -> Iterator[tuple]:
+    """What the page shows first while the model works for the ``visible`` tab (a new method's passes, a new ``target``'s;
+    None: the session's): its views that would meanwhile show another method's or target's map, cleared, with a line
+    naming what is coming (``Tab.waiting``); nothing when nothing waits for the model."""
+    tab = next((tab for tab in TABS if tab.title == visible), None)
+    if session is None or tab is None or tab.waiting is None:
+        return
+    controls = Controls.from_values(control_values)
+    if target is None and session.screen.shown.get(tab.title) == tab.depends(session, controls):
+        return  # drawn already: nothing will be redrawn
+    views = tab.waiting(session, controls, target)
+    if views:
+        kept = {"state": session} if "state" in outputs else {}  # a state is sent as it is, never as an update
+        yield in_order({**unchanged(outputs), **kept, **views}, outputs)
+
+
+def controls_stages(session: Session | None, visible: str, *control_values) -> Iterator[tuple]:
+    """``on_controls`` as the page runs it: the views that wait for the model cleared first (``waiting_outputs``)."""
+    yield from waiting_outputs(session, visible, None, control_values, TAB_OUTPUTS)
+    yield on_controls(session, visible, *control_values)
+
+
+def target_stages(models: ModelCache, session: Session | None, target: int | str | None, visible: str,
+                  *control_values) -> Iterator[tuple]:
+    """``on_target`` as the page runs it: the views that wait for the target's pass cleared first (``waiting_outputs``)."""
+    yield from waiting_outputs(session, visible, target, control_values, TARGETED)
+    yield on_target(models, session, target, visible, *control_values)
+
+
 def show_visible(session: Session | None, visible: str, *control_values) -> tuple:
     """After an analysis: the tab open now, where another was open when it began (``TAB_OUTPUTS``)."""
     if session is None:
@@ -318,6 +349,18 @@ def opener(tab: Tab) -> Callable[..., tuple]:
         return (tab.title, *in_order(refresh(tab, session, Controls.from_values(control_values)), tab.outputs))
 
     return on_open
+
+
+def opening_stages(tab: Tab) -> Callable[..., Iterator[tuple]]:
+    """``opener(tab)`` as the page runs it: the views that wait for the model cleared first (``waiting_outputs``)."""
+    on_open = opener(tab)
+
+    def stages(session: Session | None, *control_values) -> Iterator[tuple]:
+        for early in waiting_outputs(session, tab.title, None, control_values, tab.outputs):
+            yield (tab.title, *early)
+        yield on_open(session, *control_values)
+
+    return stages
 
 
 def follow_query(session: Session, visible: str, control_values: tuple) -> tuple:
