@@ -98,9 +98,20 @@ def open_and_upload(page, url: str, image: Path, timeout_ms: int = 90_000) -> No
 
 
 def image_bytes(page, elem_id: str) -> bytes:
-    source = page.locator(f"#{elem_id} img").first.get_attribute("src")
-    assert source, f"#{elem_id} shows no image"
-    return page.request.get(source).body()
+    """The bytes of the picture ``#elem_id`` shows: a file Gradio serves, or a quick answer's ``blob:`` URL, which is
+    read in the page (and, revoked once Gradio's event shows the same file, read again from the new source)."""
+    for _ in range(20):
+        source = page.locator(f"#{elem_id} img").first.get_attribute("src")
+        assert source, f"#{elem_id} shows no image"
+        if not source.startswith("blob:"):
+            return page.request.get(source).body()
+        data = page.evaluate("""async (url) => {
+            try { return Array.from(new Uint8Array(await (await fetch(url)).arrayBuffer())); } catch (error) { return null; }
+        }""", source)
+        if data is not None:
+            return bytes(data)
+        page.wait_for_timeout(100)
+    raise AssertionError(f"#{elem_id} kept showing revoked blob: URLs")
 
 
 def wait_for_change(page, elem_id: str, before: bytes, timeout_s: float = 30.0) -> bytes:

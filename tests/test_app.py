@@ -350,8 +350,9 @@ def test_bad_upload_is_a_message_not_a_crash(models, tmp_path, checkpoint):
         outputs = by_name(shared.run_analysis(models, str(junk), checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
     assert outputs["summary"].startswith(f"⚠️ **{shared.UNREADABLE}:**") and "junk.png" in outputs["summary"]
     assert outputs["state"] is None and outputs["query_image"] is None
-    # nor is the previous image's target left beside it
+    # nor are the previous image's target and query left beside it
     assert outputs["target"]["choices"] == [] and outputs["target"]["value"] is None and not outputs["target"]["interactive"]
+    assert outputs["query"]["choices"] == [] and outputs["query"]["value"] is None
 
 
 def test_failed_model_switch_keeps_the_previous_model(models, upload, checkpoint):
@@ -479,7 +480,7 @@ def test_a_class_map_that_waits_for_the_model_is_cleared_first_and_every_caption
     top, attnlrp = session.target, controls(method="attnlrp")
     first, last = (by_name(step, shared.TAB_OUTPUTS) for step in shared.controls_stages(session, CLASS_MAPS, *attnlrp))
     assert first["class_view"] == gr.update(value=None)
-    assert first["class_text"].startswith(f"⏳ Computing the **AttnLRP (Achtibat et al.)** map for target **thing {top}**")
+    assert first["class_text"].startswith(f"Computing the **AttnLRP (Achtibat et al.)** map for target **thing {top}**")
     assert all(is_unchanged(value) for name, value in first.items() if name not in ("class_view", "class_text"))
     assert isinstance(last["class_view"], np.ndarray) and last["class_text"].startswith("The map of **AttnLRP (Achtibat et al.)**")
     assert len(list(shared.controls_stages(session, CLASS_MAPS, *CONTROLS))) == 1  # relevance: at hand

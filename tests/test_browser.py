@@ -307,12 +307,15 @@ def test_a_bad_upload_shows_one_notice_and_no_error_pills(served, tmp_path):
     bad.write_bytes(b"<html><body>hello</body></html>")
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with chromium_page(1280, 800) as (page, errors):
-        page.goto(url)
-        page.wait_for_selector("#upload input[type=file]", state="attached", timeout=30_000)
+        good = tmp_path / "good.png"
+        photo((96, 96)).save(good)
+        open_and_upload(page, url, good)
+        page.wait_for_function("() => document.querySelector('#target input').value.startsWith('thing')", timeout=30_000)
         page.locator("#upload input[type=file]").set_input_files(str(bad))
         page.locator("#summary >> text=This image could not be analysed").first.wait_for(timeout=60_000)
         page.wait_for_timeout(1000)  # any error state would have arrived with the same response
         assert page.locator("#summary >> text=not an image file").first.is_visible()
+        assert page.locator("#target input").input_value() == ""  # not the previous image's target
         assert page.locator(".toast-body").count() == 1
         pills = page.locator(".error:not([class*=toast])")
         assert pills.count() == 0, [pills.nth(i).inner_text() for i in range(pills.count())]
@@ -520,7 +523,21 @@ def test_each_upload_and_each_example_runs_the_model_once(tmp_path):
         page.wait_for_timeout(1500)
         ran = analyses_run(url)
         assert ran.count("analyze") == 2 and ran.count("analyze_example") == 1, ran
+        assert_first_screen_holds_the_maps(page, "first-screen-shapes.png")
         assert errors == []
+
+
+def assert_first_screen_holds_the_maps(page, screenshot: str) -> None:
+    """Once an image is analysed, the panels above the tabs are folded: at 1280 × 800 the open tab's content starts in the
+    upper half of the screen (it started 580 px down, 740 with the prompts), and the image column stays beside it."""
+    for panel in ("model-panel", "examples", "prompts-panel"):
+        if page.locator(f"#{panel}").is_visible():
+            page.wait_for_function(f"() => !document.querySelector('#{panel} .label-wrap.open')", timeout=10_000)
+    page.wait_for_timeout(500)
+    tab_box, query_box = page.locator("#tab-overview").bounding_box(), page.locator("#query-image").bounding_box()
+    page.screenshot(path=str(OUTPUT / screenshot))
+    assert tab_box["y"] < 800 / 2, tab_box
+    assert query_box["x"] + query_box["width"] <= tab_box["x"] and query_box["y"] < tab_box["y"] + tab_box["height"] / 2
 
 
 def test_text_prompts_on_the_shipped_shapes_clip_in_chromium(tmp_path):
@@ -546,6 +563,10 @@ def test_text_prompts_on_the_shipped_shapes_clip_in_chromium(tmp_path):
         page.get_by_text("Best-matching prompt").first.wait_for(timeout=60_000)
         top5 = page.locator("#top5").inner_text()
         assert all(prompt in top5 for prompt in prompts), top5
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        assert_first_screen_holds_the_maps(page, "first-screen-shapes-clip.png")
+        page.get_by_text("Text prompts").first.click()  # folded once submitted: open again to change them
+        assert box.is_visible() and box.input_value() == "\n".join(prompts)
         open_tab(page, "Class maps")
         page.get_by_label("AttnLRP").first.check()
         for prompt in prompts:

@@ -28,6 +28,7 @@ def test_the_real_backbone_in_the_app(dinov2_weights, tmp_path, size):
         with chromium_page(1440, 900) as (page, errors):
             open_and_upload(page, url, photo, timeout_ms=300_000)
             grid = size // 14
+            page.locator("#summary summary").first.click()  # the model's details, folded under its name
             page.get_by_text(f"{grid}×{grid} patches of 14×14 px").first.wait_for(timeout=30_000)
             assert page.get_by_text("Backbone: no classifier head").first.is_visible()
             page.screenshot(path=str(OUTPUT / f"{size}-overview.png"), full_page=True)
@@ -69,7 +70,7 @@ def test_a_clicked_eye_on_the_real_backbone(dinov2_weights, tmp_path):
     with running_server(spec, tmp_path / "server.log", "--input-size", "224", timeout_s=300) as (url, _):
         with chromium_page(1440, 900) as (page, errors):
             open_and_upload(page, url, photo, timeout_ms=300_000)
-            page.get_by_text("16×16 patches of 14×14 px").first.wait_for(timeout=30_000)
+            page.get_by_text("16×16 patches of 14×14 px").first.wait_for(state="attached", timeout=30_000)
             width = page.locator("#query-image img").first.evaluate("(img) => img.naturalWidth")
             before = image_bytes(page, "query-image")
             click_natural(page, "query-image", 6.5 * width / 16, 3.5 * width / 16)

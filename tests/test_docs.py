@@ -19,6 +19,25 @@ def test_the_readme_is_short_enough_to_read_to_the_end():
         assert words in text, words
 
 
+def test_the_readme_says_what_to_do_when_the_cpu_index_is_unreachable_and_its_check_runs():
+    """A CPU torch with a CUDA torchvision fails to import; the README gives one command for a matching pair and a
+    check, and the check is a command that runs and prints both versions."""
+    import subprocess
+    import sys
+
+    import torch
+    import torchvision
+
+    text = (ROOT / "README.md").read_text()
+    fallback = text[text.index("If that index cannot be reached"):]
+    block = fallback[fallback.index("```bash") + len("```bash"):fallback.index("```", fallback.index("```bash") + 3)]
+    install, check = [line.strip() for line in block.strip().splitlines()]
+    assert install.split()[:3] == ["pip", "install", "--force-reinstall"] and install.split()[3:] == ["torch", "torchvision"]
+    code = re.fullmatch(r'python -c "(.+)"', check).group(1)
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert printed == [torch.__version__, torchvision.__version__]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: path.name)
 def test_every_relative_link_and_picture_exists(page):
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):

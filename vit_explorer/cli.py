@@ -80,8 +80,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     with Stages() as stages:
         result = run(model, image, request, name=str(args.image), progress=stages)
     notes, results = terminal.run_lines(result)
-    # what the run learnt of the model beyond loading: the text tower's reading of each prompt
-    for note in result.analysis.model_notes[len(model.notes):]:
+    for note in result.analysis.prompt_notes:
         progress(f"{args.model}: {note}")
     for line in notes:
         progress(line)

@@ -62,6 +62,7 @@ class Analysis:
         view_note: how the uploaded image became the model's input (size, stretched or padded).
         model_notes: what loading the model had to say (a backbone loaded without its head, a resampled position
             embedding), for every view of this analysis to show.
+        prompt_notes: what the text tower read of each prompt, for a model prompted as a classifier.
         ood: the out-of-distribution verdict, for a model calibrated for one (``ood`` module); else None.
         compact: for a compact analysis, ``head_mean`` ``[layers, n, n]``, ``prefix_rows``
             ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` (float16) and the
@@ -90,6 +91,7 @@ class Analysis:
     ood: OodVerdict | None = None
     view_note: str = ""
     model_notes: tuple[str, ...] = ()
+    prompt_notes: tuple[str, ...] = ()
     random_weights: bool = False
     token_norms: torch.Tensor | None = None
     output_tokens: torch.Tensor | None = None
@@ -323,7 +325,7 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
                       labels=model.labels, model_name=model.name,
                       ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,
                       view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), model_notes=tuple(model.notes),
-                      random_weights=model.random_weights,
+                      prompt_notes=tuple(model.prompt_notes), random_weights=model.random_weights,
                       token_norms=captured.token_norms[0], output_tokens=captured.output_tokens[0],
                       layer_tokens=captured.layer_tokens[0],
                       similarity=isinstance(model.adapter, SimilarityAdapter), prompted=isinstance(model.adapter, PromptAdapter),

@@ -183,7 +183,7 @@ def prompt_model(model: LoadedModel, prompts: Prompts) -> LoadedModel:
     adapter = PromptAdapter(base, model.text.embed(prompts.texts), model.text.logit_scale, model.text.logit_bias)
     readings = [model.text.read(text) for text in prompts.texts]
     return dataclasses.replace(model, adapter=adapter, labels=list(prompts.texts), ood=None,
-                               notes=[*model.notes, *reading_notes(prompts, readings)])
+                               prompt_notes=reading_notes(prompts, readings))
 
 
 PROMPT_SHOWN = 60  # characters of a prompt repeated in a note; a longer one is cut there (the model's reading says the rest)

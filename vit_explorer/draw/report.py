@@ -71,7 +71,8 @@ def provenance(analysis: Analysis) -> str:
              + (" · <b>random weights</b>: nothing learned" if analysis.random_weights else "")
              + f" · {analysis.map_shape[0]} layers × {analysis.map_shape[1]} heads · grid {analysis.grid[0]}×{analysis.grid[1]}"
              f" · vit_explorer {html.escape(tool_version())}</p>"]
-    lines += [f'<p class="meta">{html.escape(note)}</p>' for note in (analysis.view_note, *analysis.model_notes) if note]
+    notes = (analysis.view_note, *analysis.model_notes, *analysis.prompt_notes)
+    lines += [f'<p class="meta">{html.escape(note)}</p>' for note in notes if note]
     if analysis.ood is not None and analysis.ood.flagged:
         lines.append(f'<p class="note">{html.escape(analysis.ood.notice(analysis.model_name))}</p>')
     elif analysis.ood is not None and analysis.ood.known and analysis.num_classes:

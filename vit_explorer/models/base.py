@@ -274,6 +274,8 @@ class LoadedModel:
     adapter: CaptureAdapter
     labels: list[str] | None = None
     notes: list[str] = field(default_factory=list)
+    # what its text tower read of each prompt, for a model prompted as a classifier (``targets.prompt_model``)
+    prompt_notes: list[str] = field(default_factory=list)
     # statistics that tell when an image is outside what the model knows (``ood``); None: never flagged
     ood: OodCalibration | None = None
     random_weights: bool = False  # built with freshly initialised weights (``@random``): nothing learned

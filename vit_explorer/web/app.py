@@ -12,7 +12,9 @@ from __future__ import annotations
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 from gradio.components.base import Component
@@ -50,8 +52,8 @@ from vit_explorer.web.tabs.shared import (
 from vit_explorer.web.upload import image_upload
 
 TITLE = "vit_explorer"
-INTRO = ("See what a Vision Transformer looks at: the attention of every head of every layer, rollout, and the patches a "
-         "class depends on. Click any patch to see where it looks.")
+INTRO = ("See what a Vision Transformer looks at: every head's attention, rollout, and the patches a class "
+         "depends on. Click a patch to see where it looks.")
 MAX_UPLOAD = "20mb"
 # Gradio floats an image's buttons over its top-right corner, where they hid column labels and map corners:
 # on our pictures they get a line of their own above the picture instead
@@ -66,33 +68,39 @@ CSS = f""".{MAP_VIEW} .icon-button-wrapper {{ position: static; justify-content:
 NORMALISATIONS = ("per tile", "shared")
 
 
-def page_header(model_spec: str, reads_text: bool) -> dict:
-    """Upload, model, fit, the target, the text prompts (for a model with a text tower, ``reads_text``), the model summary
-    and the examples."""
+def model_panel(model_spec: str, reads_text: bool, upload: gr.Image) -> dict:
+    """Above the tabs: the model and its fit, folded once chosen (``wire``), and the summary under it; beside them the
+    target, in sight from every tab, and the text prompts of a model with a text tower (``reads_text``), folded once
+    submitted; under both the examples and the view controls side by side (an example goes to ``upload``). At 1280 × 800 a tab's content then starts in the
+    upper half of the screen."""
     with gr.Row(equal_height=False):
-        with gr.Column(scale=2, min_width=280):
-            upload = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=200, elem_id="upload")
-        with gr.Column(scale=5):
-            with gr.Row():
+        with gr.Column(scale=3, min_width=300):
+            with gr.Accordion("Model and fit", open=True, elem_id="model-panel") as model_panel, gr.Row():
                 model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
                                     info="built-in, timm:NAME, hf:REPO or a checkpoint file", scale=3)
                 fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch", label="Fit to the model's input",
                                info="for images of other proportions", scale=2, min_width=220)
-                # in sight from every tab: the tabs that explain a class (class maps, ablation, compare) all follow this one
-                target = gr.Dropdown([], label="Target class", interactive=False, scale=2, min_width=200, elem_id="target")
-            prompts = gr.Textbox("", label="Text prompts", lines=2, max_lines=6, visible=reads_text, elem_id="prompts",
-                                 placeholder="one prompt per line, e.g.\na photo of a dog\na photo of a cat",
-                                 info=PROMPTS_INFO, submit_btn="Explain")
             summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
-            # the shapes are what the built-in model knows; another model is offered no examples it would misread.
-            # Open until an image is analysed, then folded, so that the maps come up on the first screen
-            with gr.Accordion("Examples (generated shapes, for the built-in models)", open=True, visible=shows_examples(model_spec),
-                              elem_id="examples") as examples:
-                paths = sorted(EXAMPLES.glob("*.png"))
-                shown = gr.Examples([str(path) for path in paths], inputs=upload, label=None) if paths else None
-                gr.Markdown(hard_cases_note(paths), elem_id="hard-cases")
-    return {"upload": upload, "model": model, "fit": fit, "target": target, "prompts": prompts, "summary": summary,
-            "examples": examples, "example_images": shown}
+        with gr.Column(scale=2, min_width=200):
+            # in sight from every tab: the tabs that explain a class (class maps, ablation, compare) all follow this one
+            target = gr.Dropdown([], label="Target class", interactive=False, elem_id="target")
+            # a text model's prompts are its classes: under the target menu that chooses among them
+            with gr.Accordion("Text prompts", open=True, visible=reads_text, elem_id="prompts-panel") as prompts_panel:
+                prompts = gr.Textbox("", show_label=False, label="Text prompts", lines=2, max_lines=6, elem_id="prompts",
+                                     placeholder="one prompt per line, e.g.\na photo of a dog\na photo of a cat",
+                                     info=PROMPTS_INFO, submit_btn="Explain")
+    with gr.Row(equal_height=False):
+        # the shapes are what the built-in model knows; another model is offered no examples it would misread.
+        # Open until an image is analysed, then folded, so that the maps come up on the first screen
+        with gr.Column(min_width=300), gr.Accordion("Examples (generated shapes, for the built-in models)", open=True,
+                                                    visible=shows_examples(model_spec), elem_id="examples") as examples:
+            paths = sorted(EXAMPLES.glob("*.png"))
+            shown = gr.Examples([str(path) for path in paths], inputs=upload, label=None) if paths else None
+            gr.Markdown(hard_cases_note(paths), elem_id="hard-cases")
+        with gr.Column(min_width=300):
+            controls = view_controls()
+    return {"model": model, "fit": fit, "target": target, "prompts": prompts, "summary": summary, "model_panel": model_panel,
+            "prompts_panel": prompts_panel, "examples": examples, "example_images": shown, **controls}
 
 
 PROMPTS_INFO = ("this model reads text: its prompts become its classes (a zero-shot prediction over them), and the target "
@@ -145,7 +153,7 @@ def query_panel() -> dict:
 def view_controls() -> dict:
     """The controls every map follows: colormap, colour scale, overlay, grid normalisation and head order; folded
     under one line, so that the maps come up on the first screen."""
-    with gr.Accordion("View: colormap, colour scale, overlay, grid normalisation, head order", open=False,
+    with gr.Accordion("View: colours, overlay, grid, head order", open=False,
                       elem_id="view-controls"), gr.Row():
         cmap = gr.Dropdown(list(render.COLORMAPS), value="inferno", label="Colormap", min_width=110)
         colour_scale = gr.Dropdown([(name, key) for key, name in render.COLOUR_SCALES.items()], value="linear", label="Colour scale",
@@ -189,14 +197,15 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
     with gr.Blocks(title=TITLE, delete_cache=(max(1, min(600, cache_ttl_s // 2)), cache_ttl_s)) as demo:
         ui: dict = {"state": gr.State(None, time_to_live=CACHE_TTL_S), "current_model": gr.State(model_spec),
                     "visible_tab": gr.State(FIRST_TAB)}
-        gr.Markdown(f"### {TITLE}\n{INTRO}")
-        ui.update(page_header(model_spec, reads_text(models, model_spec)))
-        # the query image sits beside the tabs, level with the grid and the maps that follow the query
+        gr.Markdown(f"**{TITLE}** · {INTRO}", elem_id="intro")
+        # the image column beside the tabs: the upload, then the query image level with the grid and the maps that follow it
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=280):
+                ui["upload"] = image_upload(sources=["upload", "clipboard"], label="Image (upload or paste)", height=160,
+                                            elem_id="upload")
                 ui.update(query_panel())
             with gr.Column(scale=5):
-                ui.update(view_controls())
+                ui.update(model_panel(model_spec, reads_text(models, model_spec), ui["upload"]))
                 with gr.Tabs(overflow_behavior="wrap"):  # every tab in sight, in two rows on a narrow screen
                     containers = {}
                     for tab in TABS:
@@ -248,14 +257,18 @@ def wire(app: Wiring, containers: dict) -> None:
                               concurrency_limit=2, show_progress_on=progress_on),
     )
     analyses[2].then(lambda spec: (gr.update(visible=shows_examples(spec)), gr.update(visible=reads_text(app.models, spec))),
-                     current_model, [app["examples"], app["prompts"]], api_name=False, show_progress="hidden")
+                     current_model, [app["examples"], app["prompts_panel"]], api_name=False, show_progress="hidden")
     upload.clear(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name=False)  # empties the views
     if app["example_images"] is not None:
         analyses += (app["example_images"].load_input_event.then(
             analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze_example",
             concurrency_limit=2, show_progress="full", show_progress_on=progress_on, trigger_mode=LATEST),)
-    for event in (analyses[0], *analyses[3:]):
-        event.then(lambda: gr.update(open=False), None, app["examples"], api_name=False, show_progress="hidden")
+    # once an image is analysed the panels above the tabs fold, so that the maps come up on the first screen: the model
+    # panel after any analysis, the examples after an image, the prompts once submitted
+    for event in analyses:
+        folded = [app["model_panel"], *([app["examples"]] if event is not analyses[2] else []),
+                  *([app["prompts_panel"]] if event is analyses[3] else [])]
+        event.then(folding(len(folded)), None, folded, api_name=False, show_progress="hidden")
     for event, name in zip(analyses, ("analyze", "set_fit", "change_model", "set_prompts", "analyze_example")):
         # a tab opened while the model ran was drawn from the previous analysis, or not at all: draw it now
         event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",
@@ -283,6 +296,11 @@ def wire(app: Wiring, containers: dict) -> None:
         containers[tab.title].select(opening_stages(tab), [state, *controls], [visible, *app.all(tab.outputs)], api_name=f"open_{tab.slug}")
         if tab.wire is not None:
             tab.wire(app)
+
+
+def folding(count: int) -> Callable[[], Any]:
+    """An event's callback that folds ``count`` accordions."""
+    return lambda: gr.update(open=False) if count == 1 else tuple(gr.update(open=False) for _ in range(count))
 
 
 SHARE_WARNING = ("vit-explorer: warning: --share opens a public Gradio link: anyone with it can use this app, upload files to "

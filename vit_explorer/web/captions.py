@@ -5,6 +5,7 @@ notebook can reuse them."""
 
 from __future__ import annotations
 
+import html
 import math
 
 from vit_explorer.core import maps, results
@@ -54,15 +55,18 @@ def without_target(session: Session, backbone_text: str) -> str:
 
 
 def model_summary(analysis: Analysis) -> str:
-    """The lines above the views: the model, its input and token layout, what the analysis holds, and notices."""
+    """The lines above the views: the prediction, and what this image and these prompts did (a flagged image, random
+    weights, a backbone, how the image was fitted, the words the prompts lost); then the model, its input and token
+    layout and what loading it said, folded under one line, so that the tabs start high on the first screen."""
     layout = analysis.layout
     layers, heads = analysis.map_shape
     prefix = ", ".join(layout.prefix_names) or "none (rollout and grid use the mean over patch queries)"
-    summary = (
-        f"**{analysis.model_name}** · input {layout.input_hw[0]}×{layout.input_hw[1]} px · {layers} layers × {heads} heads · "
-        f"{layout.num_tokens} tokens = {layout.grid_hw[0]}×{layout.grid_hw[1]} patches of {layout.patch_hw[0]}×{layout.patch_hw[1]} px "
-        f"+ prefix: {prefix} · held: {analysis.nbytes / 2**20:.1f} MiB ({analysis.storage})"
+    details = (
+        f"input {layout.input_hw[0]}×{layout.input_hw[1]} px · {layout.num_tokens} tokens = {layout.grid_hw[0]}×"
+        f"{layout.grid_hw[1]} patches of {layout.patch_hw[0]}×{layout.patch_hw[1]} px + prefix: {prefix} · held: "
+        f"{analysis.nbytes / 2**20:.1f} MiB ({analysis.storage})"
     )
+    lines = []
     if analysis.num_classes:  # on the first screen, whatever the height of the window; the top-5 is beside the tabs
         top = analysis.top_k(1)[0]
         # the notice of a flagged image (above) says it already
@@ -71,20 +75,23 @@ def model_summary(analysis: Analysis) -> str:
         if analysis.prompted:  # a softmax over the prompts given, not over everything the image could be
             among = (f"zero-shot among the {analysis.num_classes} prompts" if analysis.num_classes > 1
                      else "one prompt, so 100% whatever the image: give two or more to compare")
-            summary = f"Best-matching prompt: **{shown_prompt(top.label)}** {top.prob:.1%} ({among})  \n{summary}"
+            lines.append(f"Best-matching prompt: **{shown_prompt(top.label)}** {top.prob:.1%} ({among})")
         else:
-            summary = f"Prediction: **{top.label}** {top.prob:.1%}{domain}  \n{summary}"
+            lines.append(f"Prediction: **{top.label}** {top.prob:.1%}{domain}")
     if analysis.random_weights:
-        summary += f"  \n**{RANDOM_WEIGHTS_NOTE}**"
+        lines.append(f"**{RANDOM_WEIGHTS_NOTE}**")
     if analysis.num_classes == 0:
-        summary += f"  \n{BACKBONE_NOTE}" + (f" {TEXT_NOTE}" if analysis.reads_text else "")
-    if analysis.view_note:
-        summary += f"  \n{analysis.view_note}"
-    for note in analysis.model_notes:  # e.g. a resampled position embedding: the maps are not the model's own grid
-        summary += f"  \n{note[0].upper()}{note[1:]}"
+        lines.append(BACKBONE_NOTE + (f" {TEXT_NOTE}" if analysis.reads_text else ""))
+    lines += [note[0].upper() + note[1:] for note in (analysis.view_note, *analysis.prompt_notes) if note]
+    # e.g. a resampled position embedding: the maps are not the model's own grid
+    about = "<br>".join([details, *(note[0].upper() + note[1:] for note in analysis.model_notes)])
+    lines.append(f"<details><summary><b>{html.escape(analysis.model_name)}</b> · {layers} layers × {heads} heads"
+                 f"{f' · {len(analysis.model_notes)} notes' if analysis.model_notes else ''}</summary>{about}</details>")
+    summary = "  \n".join(lines[:-1]) + "\n\n" + lines[-1]
     if analysis.ood is not None and analysis.ood.flagged:
         summary = f"> ⚠️ **Outside what this model knows.** {analysis.ood.notice(analysis.model_name)}\n\n{summary}"
     return summary
+
 
 MEAN_HEADS = "mean of heads"
 MEAN_PATCHES = "mean of patch queries"

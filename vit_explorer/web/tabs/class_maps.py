@@ -101,7 +101,7 @@ def waiting(session: Session, controls: Controls, target: int | str | None) -> d
             return {}
         label = session.analysis.label(session.target if target is None else int(target))
     return {"class_view": gr.update(value=None),
-            "class_text": f"⏳ Computing the **{maps.CLASS_METHODS[method]}** map for target **{label}**: the previous map is "
+            "class_text": f"Computing the **{maps.CLASS_METHODS[method]}** map for target **{label}**: the previous map is "
                           "cleared until this one is drawn."}
 
 

@@ -126,9 +126,10 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
 def empty_outputs(summary: str = "Upload an image to begin.") -> tuple:
     """``FULL_OUTPUTS`` before any upload (or after one that could not be analysed, ``summary`` saying why): nothing shown."""
     values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
-    # the previous image's target would otherwise stay beside a summary that says nothing is analysed
-    values.update(summary=summary, caption="", session_key="", query=gr.update(),
-                  target=gr.update(choices=[], value=None, interactive=False, info=TARGET_INFO, label="Target class"), top5=gr.update(value=None, visible=False),
+    # the previous image's target and query would otherwise stay beside a summary that says nothing is analysed
+    values.update(summary=summary, caption="", session_key="", query=gr.update(choices=[], value=None),
+                  target=gr.update(choices=[], value=None, interactive=False, info=TARGET_INFO, label="Target class"),
+                  top5=gr.update(value=None, visible=False),
                   **unchanged(RANGES))
     return in_order(values, FULL_OUTPUTS)
 
