@@ -492,6 +492,17 @@ def test_a_class_map_that_waits_for_the_model_is_cleared_first_and_every_caption
     assert early["state"] is session and early["class_view"] == gr.update(value=None) and f"**thing {other}**" in early["class_text"]
     assert isinstance(final["class_view"], np.ndarray) and f"**thing {other}**" in final["class_text"]
     assert len(list(shared.target_stages(models, final["state"], top, CLASS_MAPS, *attnlrp))) == 1  # seen before: at hand
+    calls = forward_counter(models, checkpoint)
+    (same,) = shared.target_stages(models, session, top, CLASS_MAPS, *CONTROLS)  # chosen already (a dropdown's blur)
+    assert all(is_unchanged(value) for name, value in by_name(same, shared.TARGETED).items() if name != "state") and not calls
+    # the second of two events for one new target, begun before the first ended: its cleared map is drawn again
+    third = (top + 2) % 4
+    second_event = shared.target_stages(models, session, third, CLASS_MAPS, *attnlrp)
+    assert by_name(next(second_event), shared.TARGETED)["class_view"] == gr.update(value=None)
+    shared.on_target(models, session, third, CLASS_MAPS, *attnlrp)  # the first event ends meanwhile
+    redrawn = by_name(next(second_event), shared.TARGETED)
+    assert isinstance(redrawn["class_view"], np.ndarray) and f"**thing {third}**" in redrawn["class_text"]
+    assert len(calls) == 2  # the target's pass and AttnLRP's, once each
     # LeGrad chosen while another tab was open: opening the tab clears the map it would otherwise show meanwhile
     steps = list(shared.opening_stages(class_maps.TAB)(session, *controls(method="legrad")))
     assert len(steps) == 2 and steps[0][0] == steps[1][0] == CLASS_MAPS
@@ -539,9 +550,21 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     assert targeted["class_view"].shape[-1] == 3
     ran = by_name(ablation_tab.on_run(models, session, *CONTROLS), ablation_tab.OUTPUTS)
     assert "Change of the score of **similarity to the image's own embedding**" in ran["ablation_text"]
+    # the dropdown sends its value again when it loses focus (a click on the method): that similarity is not computed
+    # again, and no view is redrawn with the controls of that moment
+    analysis, calls = session.analysis, forward_counter(models, "hf:test-backbone")
+    again = list(shared.target_stages(models, session, "own", CLASS_MAPS, *controls(method="rollout")))
+    assert len(again) == 1 and all(is_unchanged(value) for value in by_name(again[0], shared.TARGETED).values() if value is not session)
+    assert session.analysis is analysis and not calls
     session.query = session.analysis.layout.patch_token(1, 2)
     shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)
     assert session.analysis.label(0) == "patch (row 1, col 2): its own output token" and session.query == session.analysis.layout.patch_token(1, 2)
+    patched = session.analysis
+    shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)
+    assert session.analysis is patched  # the same patch: nothing to redo
+    session.query = session.analysis.layout.patch_token(2, 2)
+    shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)
+    assert session.analysis.label(0) == "patch (row 2, col 2): its own output token"  # another patch: its own similarity
 
 
 def test_every_tab_is_wired_by_name():
@@ -1098,6 +1121,9 @@ def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models
     ablation_tab.on_run(models, session, *CONTROLS)
     with_ablation = opened(title, session)
     assert not hidden(with_ablation["contributions_ablation"]) and "A head red in both" in with_ablation["contributions_text"]
+    # its heading is sent with it: an upload empties every hidden tab's outputs, the heading's text too
+    title_update = with_ablation["contributions_ablation_title"]
+    assert title_update["visible"] and title_update["value"].startswith("#### Head ablation of the same heads")
     # the ablation below reads as the grid above: red where the head helps the target (its removal lowers it), blue where
     # it works against it; a positive contribution above is red too, and both colour bars run from blue (negative) to red
     ablation = kept_ablation(session.analysis, session.target, "zero")

@@ -184,6 +184,9 @@ class Session:
     # (its classes are the prompts, ``core.targets``); ``analysis`` is then its analysis
     target_model: LoadedModel | None = None
     similarity_choice: str | None = None  # which one: a key of ``SIMILARITY_TARGETS``
+    similarity_patch: tuple[int, int] | None = None  # the query patch of the "patch" similarity
+    # held while a target is being chosen: the target menu's events for one session run one at a time
+    choosing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # the app's shared model cache, for the explicit model work a tab asks for before it draws (``Tab.prepare``)
     models: ModelCache | None = field(default=None, repr=False, compare=False)
     # names the session to the page's own script (``web.quick_answer``); unguessable, as the page is its only holder

@@ -22,7 +22,7 @@ from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh
 
 OUTPUTS = ("contributions_text", "contributions_view", "contributions_split", "contributions_chart", "contributions_lens",
            "contributions_ablation_title", "contributions_ablation")
-ABLATION_TITLE = ("#### Head ablation beside it\nHow much the target drops when each head alone is removed (zero output): its "
+ABLATION_TITLE = ("#### Head ablation of the same heads\nHow much the target drops when each head alone is removed (zero output): its "
                   "direct and indirect effects together, on the colours above (red: the head helps the target)")
 TILE_PX = 56  # as the ablation's heat map: a colour and a number per tile
 ABLATION_MODE = "zero"  # the ablation shown beside: a head's output removed, the total effect of its write
@@ -88,7 +88,7 @@ def render(session: Session, controls: Controls) -> dict:
     ablation = kept_ablation(session.analysis, session.target, ABLATION_MODE)
     beside = (gr.update(value=None, visible=False) if ablation is None
               else gr.update(value=pictures.ablation_picture(ablation, tile_px=tile_px, as_drop=True)[0], visible=True))
-    title = gr.update(visible=ablation is not None)
+    title = gr.update(value=ABLATION_TITLE, visible=ablation is not None)  # an upload clears every hidden tab's outputs
     return {"contributions_text": contributions_text(decomposition, ablation, session.analysis.similarity),
             "contributions_view": grid,
             "contributions_split": pictures.head_split_picture(session.analysis, decomposition, layer, head),

@@ -92,16 +92,38 @@ SIMILARITY_INFO = ("a backbone has no classes: its class maps and head ablation 
 
 
 @user_errors
-def on_target(models: ModelCache, session: Session | None, target: int | None, visible: str, *control_values) -> tuple:
+def on_target(models: ModelCache, session: Session | None, target: int | None, visible: str, *control_values,
+              redraw: bool = False) -> tuple:
     """Another target class, chosen beside the model for every tab that explains one: one forward and backward
-    pass (none for a target seen before on this image); the open tab redraws (``TARGETED``)."""
+    pass (none for a target seen before on this image); the open tab redraws (``TARGETED``). The target already chosen
+    changes nothing, unless the open tab is to be drawn again (``redraw``: its views were cleared meanwhile)."""
     session = require(session)
-    if target in SIMILARITY_TARGETS:
-        choose_similarity(models, session, target)
-    elif session.evidence is not None and target is not None:
-        session.evidence = class_evidence(session.model(models), session.analysis, int(target), decompose=True)
+    # Gradio's dropdown sends its value again when it loses focus, as the first event may still run: one at a time, and
+    # the second finds its target chosen (redrawing the open tab with the controls of its moment would show a stale map)
+    with session.choosing:
+        if is_chosen(session, target):
+            if not redraw:
+                return in_order({"state": session, **unchanged(TARGETED[1:])}, TARGETED)
+            session.screen.shown.pop(visible, None)
+        elif target in SIMILARITY_TARGETS:
+            choose_similarity(models, session, target)
+        elif session.evidence is not None and target is not None:
+            session.evidence = class_evidence(session.model(models), session.analysis, int(target), decompose=True)
     ranges = {name: value for tab in TARGET_TABS for name, value in tab.set_ranges(session).items()}
     return in_order({"state": session, **tab_views(session, Controls.from_values(control_values), visible), **ranges}, TARGETED)
+
+
+def is_chosen(session: Session, target: int | str | None) -> bool:
+    """Whether ``target`` is the one the session's views already explain: the same class, or the same similarity (for
+    the query patch's, of the same patch)."""
+    if target in SIMILARITY_TARGETS:
+        return (session.analysis.similarity and target == session.similarity_choice
+                and (target == "own" or query_patch(session) == session.similarity_patch))
+    return target is not None and session.evidence is not None and not session.analysis.similarity and session.target == int(target)
+
+
+def query_patch(session: Session) -> tuple[int, int] | None:
+    return None if session.query is None else session.analysis.layout.token_patch(session.query)
 
 
 def choose_similarity(models: ModelCache, session: Session, choice: str) -> None:
@@ -110,7 +132,7 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
     one forward and one backward pass."""
     patch = None
     if choice == "patch":
-        patch = None if session.query is None else session.analysis.layout.token_patch(session.query)
+        patch = query_patch(session)
         if patch is None:
             raise VitExplorerError("click a patch of the image first: the query patch's target needs a patch as the query")
     base = models.get(session.model_spec)
@@ -118,6 +140,7 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
     similarity, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget, decompose=True)
     query, layer, head = session.query, session.layer, session.head
     session.analysis, session.target_model, session.similarity_choice = analysis, similarity, choice
+    session.similarity_patch = patch
     session.evidence = class_evidence(similarity, analysis, 0, decompose=True)
     session.query, session.layer, session.head = query, layer, head
     session.screen = type(session.screen)()  # every result on screen was for another target
@@ -328,9 +351,14 @@ def controls_stages(session: Session | None, visible: str, *control_values) -> I
 
 def target_stages(models: ModelCache, session: Session | None, target: int | str | None, visible: str,
                   *control_values) -> Iterator[tuple]:
-    """``on_target`` as the page runs it: the views that wait for the target's pass cleared first (``waiting_outputs``)."""
-    yield from waiting_outputs(session, visible, target, control_values, TARGETED)
-    yield on_target(models, session, target, visible, *control_values)
+    """``on_target`` as the page runs it: the views that wait for the target's pass cleared first (``waiting_outputs``),
+    and then drawn again whoever chose the target meanwhile."""
+    waited = False
+    if session is not None and not is_chosen(session, target):
+        for early in waiting_outputs(session, visible, target, control_values, TARGETED):
+            waited = True
+            yield early
+    yield on_target(models, session, target, visible, *control_values, redraw=waited)
 
 
 def show_visible(session: Session | None, visible: str, *control_values) -> tuple:
