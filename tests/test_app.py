@@ -464,6 +464,7 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     words, table = class_maps.on_scoreboard(models, session, "mean", *CONTROLS)
     board = session.screen.board[1]
     assert "Scoreboard" in words and "mean deletion and insertion" in words and table["visible"] is True
+    assert "best first. Score = insertion AUC − deletion AUC" in words
     rows = table["value"]
     assert [row[0] for row in rows] == list(range(1, len(maps.CLASS_METHODS) + 1))
     assert [row[2] for row in rows] == sorted((row[2] for row in rows), reverse=True)

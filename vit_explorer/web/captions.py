@@ -245,7 +245,7 @@ def board_text(analysis: Analysis, board: Scoreboard) -> str:
     badge = (f" ⚠️ {', '.join(unweighted)}: the map barely changes when the whole model is randomised (ρ ≥ 0.5), so it shows the "
              "image more than the model." if unweighted else "")
     measure = "" if board.measure == PROBABILITY else f" (curves of the {board.measure})"
-    order = f"⚠️ **not ranked**: {board.unranked}." if board.unranked else "best first"
+    order = f"⚠️ **not ranked**: {board.unranked}." if board.unranked else "best first."
     notes = "".join(f" ⚠️ {note}." for note in board.notes)
     return (f"**Scoreboard** for **{analysis.label(board.target)}**{measure}, by {protocol}, {order} Score = {second} AUC − {first} AUC"
             f"{' halved' if board.protocol.imputes else ''} (*del.* and *ins.* are the {first} and {second} AUCs, over "
