@@ -183,3 +183,18 @@ def test_weights_lacking_a_parameter_other_than_the_head_are_refused(tmp_path, m
     save_file(state, str(weights), metadata={"format": "pt"})
     with pytest.raises(VitExplorerError, match=r"lack 1 parameter.*initialised at random: '[\w.]+\.1\.layernorm_after\.bias'\. "):
         load_model(f"hf:{tmp_path / 'vit'}", device="cpu")
+
+
+def test_a_config_saved_on_its_own_builds_and_another_family_is_refused_in_one_sentence(tmp_path):
+    """A config saved without a model names no architecture: transformers' Auto classes then raised a TypeError from
+    inside (DeiT, LeViT). It builds; a family the adapter does not read is one sentence naming it."""
+    small = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64, "image_size": 32,
+             "patch_size": 8}
+    transformers.DeiTConfig(**small).save_pretrained(tmp_path / "deit")
+    deit = load_model(f"hf:{tmp_path / 'deit'}@random")
+    assert deit.layout.prefix_names == ("cls", "dist") and deit.map_shape == (2, 2)
+    transformers.LevitConfig().save_pretrained(tmp_path / "levit")
+    with pytest.raises(VitExplorerError) as refused:
+        load_model(f"hf:{tmp_path / 'levit'}@random")
+    assert str(refused.value).startswith(f"hf:{tmp_path / 'levit'}@random: vit_explorer cannot read LevitForImageClassification: "
+                                         "it reads the Hugging Face ViTs of types deit, dinov2")

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import assert_class_maps_work, photo
 
-from vit_explorer import analyze, load_model, record_attention
+from vit_explorer import VitExplorerError, analyze, load_model, record_attention
 from vit_explorer.core import maps
 from vit_explorer.models import adapter_for
 from vit_explorer.models.timm_adapter import TimmAdapter, from_timm_module
@@ -181,6 +181,23 @@ def test_weights_run_at_the_position_grid_they_hold_unless_asked_and_resampling_
     resized = load_model(f"timm:vit_tiny_patch16_224@{path}", input_hw=(128, 128), device="cpu")
     assert resized.layout.grid_hw == (8, 8)
     assert any("position embedding resampled by timm from the weights' 64×64 input to 128×128" in note for note in resized.notes)
+
+
+# every family the issue trackers ask for that is not a plain ViT, and those that crashed the loader with an AttributeError
+# (XCiT's, LeViT's and Hiera's patch embedding; Twins', CrossViT's and TNT's blocks without ``attn``)
+UNREADABLE = {"swin_tiny_patch4_window7_224": "SwinTransformer", "cait_xxs24_224": "Cait", "pit_ti_224": "PoolingVisionTransformer",
+              "xcit_tiny_12_p16_224": "Xcit", "levit_128s": "LevitDistilled", "hiera_tiny_224": "Hiera",
+              "twins_svt_small": "Twins", "crossvit_tiny_240": "CrossVit", "tnt_s_patch16_224": "TNT", "mvitv2_tiny": "MultiScaleVit",
+              "pvt_v2_b0": "PyramidVisionTransformerV2", "vitamin_small_224": "VisionTransformer", "resnet18": "ResNet"}
+
+
+@pytest.mark.parametrize("name", sorted(UNREADABLE))
+def test_a_model_that_is_not_a_plain_vit_is_refused_in_one_sentence(name):
+    with pytest.raises(VitExplorerError) as refused:
+        load_model(f"timm:{name}@random")
+    message = str(refused.value)
+    assert message.startswith(f"timm:{name}@random: vit_explorer cannot read {UNREADABLE[name]}: it reads timm's plain ViTs")
+    assert "not supported yet" in message and "\n" not in message
 
 
 def test_unknown_timm_name_is_a_user_error():

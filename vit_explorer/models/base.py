@@ -303,3 +303,9 @@ class LoadedModel:
         """The normal forward without capture, under ``torch.inference_mode`` ``[b, classes]``."""
         with torch.inference_mode():
             return self.adapter.logits(self.module, pixels.to(self.device))
+
+
+def unreadable(name: str, architecture: str, readable: str) -> str:
+    """The one sentence for a model vit_explorer cannot read: what it is, what the loader reads (``readable``)."""
+    return (f"{name}: vit_explorer cannot read {architecture}: it reads {readable}; hierarchical and pooling ViTs (Swin, CaiT, "
+            "PiT, XCiT, LeViT, Hiera, MViT, PVT) are not supported yet")

@@ -27,6 +27,7 @@ from vit_explorer.models.base import (
     Preprocess,
     map_place,
     softmax_in_place,
+    unreadable,
 )
 from vit_explorer.models.layout import TokenLayout, check_input_hw
 
@@ -239,7 +240,8 @@ def from_hf_module(module: nn.Module, name: str, source: str | None = None, inpu
     ``config.id2label``."""
     adapter = adapter or HFAdapter()
     if not adapter.matches(module):
-        raise VitExplorerError(f"{name}: vit_explorer captures Hugging Face {sorted(MODEL_TYPES)} models, not {type(module).__name__}")
+        raise VitExplorerError(unreadable(name, type(module).__name__, f"the Hugging Face ViTs of types {', '.join(sorted(MODEL_TYPES))}, "
+                                          "CLIP and SigLIP (timm:NAME@FILE reads more families)"))
     module.eval()
     preprocess = preprocess_from(module, source)
     if input_hw is not None:

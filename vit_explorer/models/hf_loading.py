@@ -97,6 +97,10 @@ def load_hf(source: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
     def build() -> LoadedModel:
         last_error: Exception | None = None
         config = transformers.AutoConfig.from_pretrained(where) if random_weights else None
+        if config is not None and config.architectures is None:
+            # a config saved on its own names no architecture, and an Auto class's from_config then iterates None
+            # (a TypeError from inside transformers for DeiT and LeViT): none named, the Auto class picks its default
+            config.architectures = []
         if (config or transformers.AutoConfig.from_pretrained(where)).model_type in FULL_TYPES:  # an image and a text tower
             module = transformers.AutoModel.from_config(config, attn_implementation="eager") if config is not None else (
                 load_pretrained(transformers.AutoModel, where, f"hf:{source}")[0])

@@ -33,6 +33,7 @@ from vit_explorer.models.base import (
     listed,
     map_place,
     softmax_in_place,
+    unreadable,
 )
 from vit_explorer.models.hub import load_cached_or_fetch
 from vit_explorer.models.layout import TokenLayout, check_input_hw
@@ -46,8 +47,9 @@ def require_timm():
     return timm
 
 
-def attention_modules(module: nn.Module) -> list[nn.Module]:
-    return [block.attn for block in getattr(module, "blocks", [])]
+def attention_modules(module: nn.Module) -> list[nn.Module | None]:
+    """Each block's ``attn`` (None for a block without one: Twins', CrossViT's and TNT's blocks are not a ViT's)."""
+    return [getattr(block, "attn", None) for block in getattr(module, "blocks", [])]
 
 
 class TimmAdapter(HookAdapter):
@@ -55,11 +57,20 @@ class TimmAdapter(HookAdapter):
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
+        """A plain ViT: one patch grid (``patch_embed`` with its size, grid and patch), prefix tokens, and blocks whose
+        ``attn`` is a softmax over all tokens. XCiT's ``blocks[i].attn`` attends over channels, and the hierarchical
+        families (Swin, Hiera, MViT, PVT, LeViT) have no single grid: their ``patch_embed`` lacks those sizes."""
         attentions = attention_modules(module)
+        patch_embed = getattr(module, "patch_embed", None)
         return (
             type(module).__module__.startswith("timm.")
             and bool(attentions)
-            and all(hasattr(attention, "fused_attn") and isinstance(getattr(attention, "attn_drop", None), nn.Dropout) for attention in attentions)
+            and all(hasattr(attention, "fused_attn") and isinstance(getattr(attention, "attn_drop", None), nn.Dropout)
+                    for attention in attentions)
+            and hasattr(module, "num_prefix_tokens")
+            and all(hasattr(patch_embed, size) for size in ("img_size", "grid_size", "patch_size"))
+            # its patches are cut from the image itself, not from a convolutional stem's features (ViTamin, hybrids)
+            and [g * p for g, p in zip(patch_embed.grid_size, patch_embed.patch_size)] == list(patch_embed.img_size)
         )
 
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
@@ -209,11 +220,11 @@ def imagenet_labels(module: nn.Module) -> list[str] | None:
 def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
     """A ``LoadedModel`` around a built timm model; its preprocessing comes from ``resolve_data_config``."""
     timm = require_timm()
-    config = timm.data.resolve_data_config(model=module)
-    input_hw = input_hw or tuple(module.patch_embed.img_size)  # the size it was built for (the cfg may say otherwise)
     adapter = TimmAdapter()
     if not adapter.matches(module):
-        raise VitExplorerError(f"{name}: vit_explorer captures timm ViT-style models with `blocks[i].attn`; {type(module).__name__} is not one")
+        raise VitExplorerError(unreadable(name, type(module).__name__, TIMM_READABLE))
+    config = timm.data.resolve_data_config(model=module)
+    input_hw = input_hw or tuple(module.patch_embed.img_size)  # the size it was built for (the cfg may say otherwise)
     module.eval()
     return LoadedModel(
         module=module,
@@ -227,6 +238,8 @@ def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | N
     )
 
 
+TIMM_READABLE = ("timm's plain ViTs, whose patches are cut from the image into one grid and whose every block attends over "
+                 "all of them: ViT, DeiT, DeiT-III, BEiT, EVA-02, DINOv2, FlexiViT, SigLIP's and CLIP's image towers")
 RANDOM = "random"  # ``NAME@random``: the architecture with freshly initialised weights, no download
 
 
