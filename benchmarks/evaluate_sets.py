@@ -46,7 +46,7 @@ def write_independent_pairs(folder: Path, count: int) -> None:
         path = folder / "images" / "+".join(names) / f"{index:06d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(pair.image).save(path)
-        for name, mask in zip(names, pair.masks):
+        for name, mask in zip(names, pair.masks, strict=True):
             mask_path = folder / "masks" / "+".join(names) / f"{index:06d}" / f"{name}.png"
             mask_path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(mask.astype("uint8") * 255).save(mask_path)

@@ -25,8 +25,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from vit_explorer.core import decomposition, relevance
 from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
 from vit_explorer.core.attnlrp import attnlrp
@@ -46,6 +44,8 @@ from vit_explorer.models.vit_pytorch import VitPytorchAdapter
 from vit_explorer.web.session import Controls, ModelCache
 from vit_explorer.web.tabs import TABS, layers_heads, shared
 from vit_explorer.web.tabs import class_maps as class_tab
+
+ROOT = Path(__file__).resolve().parent.parent
 
 VIT_B16 = {"image_size": 224, "patch_size": 16, "num_classes": 1000, "dim": 768, "depth": 12, "heads": 12, "dim_head": 64, "mlp_dim": 3072}
 VIT_L_518 = {"image_size": 518, "patch_size": 14, "num_classes": 10, "dim": 64, "depth": 24, "heads": 16, "dim_head": 8, "mlp_dim": 128}

@@ -172,7 +172,7 @@ def draw_independent_pair(rng: np.random.Generator) -> DrawnPair:
         if np.linalg.norm(centres[0] - centres[1]) >= radii.sum() * 1.1 + 36:  # a star's points reach past its radius
             break
     masks = []
-    for label, centre, radius in zip(labels, centres, radii):
+    for label, centre, radius in zip(labels, centres, radii, strict=True):
         image, mask, _ = _put(image, rng, CLASSES[label], centre, radius, background_value)
         masks.append(mask)
     image += rng.normal(0, rng.uniform(0, 8), image.shape)

@@ -214,7 +214,7 @@ def test_prediction_without_a_head_matches_the_heat_map_and_ablation_is_kept_on_
     assert drop == pytest.approx(-float(result.delta_probability.min()))
     predictions = prediction_without(model, pixels_of(model, analysis), [(layer, head)], k=TINY["num_classes"])
     assert [p.label for p in predictions[:1]] == [f"class {predictions[0].index}"]  # this model has no labels
-    assert all(first.prob >= second.prob for first, second in zip(predictions, predictions[1:]))
+    assert all(first.prob >= second.prob for first, second in zip(predictions, predictions[1:], strict=False))
     probability = {p.index: p.prob for p in predictions}
     assert probability[result.target] == pytest.approx(result.original_probability - drop, abs=1e-6)
     importance = class_evidence(model, analysis, result.target).importance
@@ -302,7 +302,7 @@ def test_on_held_out_shapes_the_largest_effects_matter_more_than_random_or_small
         chosen = {"largest": order[:3], "random": rng.choice(drop.size, 3, replace=False), "smallest": quiet[:3]}
         sets = [[tuple(int(i) for i in np.unravel_index(flat, shape)) for flat in chosen[name]] for name in drops]
         probabilities = ablated_logits(model, pixels, sets).double().softmax(-1)[:, result.target].numpy()
-        for name, probability in zip(drops, probabilities):
+        for name, probability in zip(drops, probabilities, strict=True):
             drops[name].append(result.original_probability - probability)
     means = {name: float(np.mean(values)) for name, values in drops.items()}
     print(f"mean drop of the target probability, 3 heads removed: {means}")

@@ -4,8 +4,11 @@ import torch
 from conftest import photo
 
 from vit_explorer import VitExplorerError, analyze, load_model, record_attention
-from vit_explorer.core.analysis import MODEL_MAPS, class_evidence, recompute_query_rows
+from vit_explorer.core import maps
+from vit_explorer.core.analysis import MODEL_MAPS, choose_storage, class_evidence, map_bytes, recompute_query_rows
 from vit_explorer.core.images import model_view, to_pixels
+from vit_explorer.draw import pictures
+from vit_explorer.models.layout import TokenLayout
 
 
 def test_analyze_captures_once_and_returns_cpu_arrays(tiny_checkpoint, image_file):
@@ -32,12 +35,6 @@ def test_analyze_accepts_pil_images_and_bytes(tiny_checkpoint, image_file):
     np.testing.assert_array_equal(from_path.attentions, from_bytes.attentions)
     np.testing.assert_allclose(from_path.attentions, from_pil.attentions, atol=1e-6)
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # capture left no global mode behind
-
-
-from vit_explorer.core import maps
-from vit_explorer.core.analysis import choose_storage, map_bytes
-from vit_explorer.draw import pictures
-from vit_explorer.models.layout import TokenLayout
 
 
 def test_dinov2_large_at_518_would_not_hold_float32_maps():

@@ -108,7 +108,7 @@ def click(x, y):
 
 def by_name(outputs: tuple, names: tuple) -> dict:
     assert len(outputs) == len(names)
-    return {name: read_back(value) for name, value in zip(names, outputs)}
+    return {name: read_back(value) for name, value in zip(names, outputs, strict=True)}
 
 
 def read_back(value):
@@ -984,7 +984,7 @@ def test_long_actions_move_a_progress_bar_to_its_end(models, upload, checkpoint)
                (class_maps.on_scoreboard, ("blur",), None))
     for run, extra, total in actions:
         calls = []
-        run(models, session, *extra, *CONTROLS, progress=lambda value, desc, unit: calls.append(value))
+        run(models, session, *extra, *CONTROLS, progress=lambda value, desc, unit, calls=calls: calls.append(value))
         steps = total or calls[0][1]
         assert calls[0] == (0, steps) and calls[-1] == (steps, steps) and len(calls) == steps + 1, (run.__name__, calls)
 

@@ -319,7 +319,7 @@ def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout
         correct.append(float(model.labels[int(captured.logits[0].argmax())] == path.parent.name))
         rows, cols = model.layout.grid_hw
         cell_h, cell_w = mask.shape[0] // rows, mask.shape[1] // cols
-        for method, row in zip(("rollout", "cls"), hand_rollout_and_last_layer(captured.kept[0].numpy())):
+        for method, row in zip(("rollout", "cls"), hand_rollout_and_last_layer(captured.kept[0].numpy()), strict=True):
             peak = int(np.argmax(row))
             row_index, col_index = divmod(peak, cols)
             near = mask[max(row_index - 1, 0) * cell_h : (row_index + 2) * cell_h, max(col_index - 1, 0) * cell_w : (col_index + 2) * cell_w]

@@ -81,7 +81,7 @@ def test_streamed_totals_equal_the_per_image_oracle(tmp_path, tiny_model):
         pixels = to_pixels(model_view(load_image(path), tiny_model.preprocess), tiny_model.preprocess)
         predictions.append(int(tiny_model.logits(pixels).argmax()))
     # the folders are the model's first classes in its own order, so folder index = class index
-    assert float(totals.tensors["correct"]) == sum(int(p == label) for p, label in zip(predictions, labels))
+    assert float(totals.tensors["correct"]) == sum(int(p == label) for p, label in zip(predictions, labels, strict=True))
     assert float(totals.tensors["labelled"]) == len(labels)
 
 
@@ -205,7 +205,7 @@ def test_two_torchrun_processes_evaluate_like_one(tmp_path):
     for key, values in expected["per_image"].items():
         np.testing.assert_allclose(found["per_image"][key], values, rtol=0, atol=1e-6, err_msg=key)
     assert [row["method"] for row in found["table"]] == ["rollout", "relevance", "random"]
-    for found_row, expected_row in zip(found["table"], expected["table"]):
+    for found_row, expected_row in zip(found["table"], expected["table"], strict=True):
         for score in ("deletion", "insertion", "perturbation", "pointing", "energy"):
             assert found_row[score]["mean"] == pytest.approx(expected_row[score]["mean"], abs=1e-6)
             assert found_row[score]["ci95"] == pytest.approx(expected_row[score]["ci95"], abs=1e-6)

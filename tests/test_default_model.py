@@ -120,11 +120,11 @@ def test_every_example_is_predicted_as_its_name_says_unless_it_says_it_is_a_hard
     named = [example_class(path) for path in examples]
     assert sorted(name for name, hard in named if not hard) == sorted(CLASSES)
     hard_ones = []
-    for path, (name, hard) in zip(examples, named):
+    for path, (name, hard) in zip(examples, named, strict=True):
         predicted = analyze(shapes_model, path).top_k(1)[0].label
         assert (predicted != name) == hard, (path.name, predicted)
         hard_ones += [name] if hard else []
-    assert examples[-len(hard_ones):] == [path for path, (_, hard) in zip(examples, named) if hard]  # after the others
+    assert examples[-len(hard_ones):] == [path for path, (_, hard) in zip(examples, named, strict=True) if hard]  # after the others
     note = hard_cases_note(examples)
     assert all(f"(a {name})" in note for name in hard_ones) and ("wrong" in note) == bool(hard_ones)
 
@@ -175,7 +175,7 @@ def test_textures_and_text_that_look_like_no_shape_are_flagged(shapes_model):
     data = pytest.importorskip("skimage.data")
     names = ("brick", "grass", "gravel", "immunohistochemistry", "logo", "moon", "page", "text")
     flagged = [analyze(shapes_model, Image.fromarray(getattr(data, name)()), explain=False).ood.flagged for name in names]
-    assert sum(flagged) >= 6, dict(zip(names, flagged))
+    assert sum(flagged) >= 6, dict(zip(names, flagged, strict=True))
 
 
 def test_few_independent_shapes_are_flagged(shapes_model, independent):

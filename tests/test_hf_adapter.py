@@ -45,7 +45,7 @@ def manual_maps(model, images):
             hook.remove()
     maps = []
     with torch.no_grad():
-        for attention, x in zip(attentions, inputs):
+        for attention, x in zip(attentions, inputs, strict=True):
             shape = (*x.shape[:-1], -1, attention.head_dim)
             q = attention.q_proj(x).view(shape).transpose(1, 2)
             k = attention.k_proj(x).view(shape).transpose(1, 2)

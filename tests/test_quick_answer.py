@@ -34,7 +34,7 @@ def upload(tmp_path):
 
 
 def by_name(values: tuple, names: tuple) -> dict:
-    return dict(zip(names, values))
+    return dict(zip(names, values, strict=True))
 
 
 def click(x: int, y: int):
@@ -223,7 +223,7 @@ def test_the_upload_route_analyses_the_posted_file(checkpoint, upload, tmp_path)
     assert [elem_id for elem_id, _ in layout] == ["query-image", "overview-rollout", "overview-last"]
     event = by_name(shared.run_analysis(models, str(image), checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
     at = 0
-    for (elem_id, length), name in zip(layout, ("query_image", "overview_rollout", "overview_last")):
+    for (_, length), name in zip(layout, ("query_image", "overview_rollout", "overview_last"), strict=True):
         picture = np.asarray(Image.open(io.BytesIO(body[at:at + int(length)])).convert("RGB"))
         at += int(length)
         np.testing.assert_array_equal(picture, pixels(event[name]))

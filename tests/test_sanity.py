@@ -97,7 +97,7 @@ def test_randomise_keeps_each_tensors_mean_and_spread_and_is_seeded():
     again.register_parameter("constant", torch.nn.Parameter(torch.zeros(8)))
     again.load_state_dict(trained)
     randomise(again, torch.Generator().manual_seed(3))
-    assert all(torch.equal(a, b) for a, b in zip(block.parameters(), again.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(block.parameters(), again.parameters(), strict=True))
 
 
 def test_analyze_sanity_writes_the_curves_and_their_chart(tmp_path, capsys):

@@ -36,6 +36,6 @@ def test_concurrent_sessions_keep_their_own_maps(tmp_path):
     expected = [analyze(model, path).attentions for path in images]
     with running_app(str(checkpoint), tmp_path / "server.log") as url, ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda path: session_run(url, path), images))
-    for got, want in zip(results, expected):
+    for got, want in zip(results, expected, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6)
     assert not np.allclose(results[0], results[1])

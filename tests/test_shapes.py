@@ -6,11 +6,11 @@ from vit_explorer.shapes.generator import CLASSES, IMAGE_SIZE, MAX_SIZE, MIN_SIZ
 
 def test_generator_is_deterministic_from_its_seed():
     first, again, other = generate_set(3, 4), generate_set(3, 4), generate_set(4, 4)
-    for a, b in zip(first, again):
+    for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a.image, b.image)
         np.testing.assert_array_equal(a.mask, b.mask)
         assert a.label == b.label and a.bbox == b.bbox
-    assert any(not np.array_equal(a.image, c.image) for a, c in zip(first, other))
+    assert any(not np.array_equal(a.image, c.image) for a, c in zip(first, other, strict=True))
 
 
 def test_samples_have_one_object_whose_mask_and_box_agree():

@@ -41,7 +41,7 @@ def manual_maps(model, images):
             handle.remove()
     maps = []
     with torch.no_grad():
-        for block, x in zip(model.blocks, inputs):
+        for block, x in zip(model.blocks, inputs, strict=True):
             attn = block.attn
             b, n, _ = x.shape
             qkv = attn.qkv(block.norm1(x)).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)

@@ -202,7 +202,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         report = {"model": model.name, "weights": weights, "source": str(args.source), "images": len(scores["correct"]), "processes": world, "skipped": skipped,
                   "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
                   "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline,
-                  "curves": dict(zip(("deletion", "insertion"), protocol.curve_names)),
+                  "curves": dict(zip(("deletion", "insertion"), protocol.curve_names, strict=True)),
                   "table": rows, "per_image": scores}
         files.write_evaluation(report, out)
         print(f"{model.name}: {weights} weights" + (" (nothing learned: every figure below is a control, not a finding)"

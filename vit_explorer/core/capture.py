@@ -305,7 +305,7 @@ def capture(
                 if reduce_gradients is None:
                     gradients = torch.stack(layer_gradients, dim=1)
                 else:
-                    gradients = [reduce_gradients(attention.detach(), gradient) for attention, gradient in zip(maps, layer_gradients)]
+                    gradients = [reduce_gradients(attention.detach(), gradient) for attention, gradient in zip(maps, layer_gradients, strict=True)]
             del maps, graph
     output_tokens = token_norms = layer_tokens = None
     if norms:

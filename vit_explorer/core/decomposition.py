@@ -97,8 +97,8 @@ class Decomposition:
                 "heads": self.heads.tolist(), "mlps": self.mlps.tolist(), "attention_biases": self.attention_biases.tolist(),
                 "rest": self.rest, "top_parts": [{"part": name, "contribution": value} for name, value in self.top_parts()],
                 "lens": self.lens.tolist(),
-                "lens_top": [[{"class": named(int(index)), "score": float(score)} for index, score in zip(indices, scores)]
-                             for indices, scores in zip(self.lens_top.tolist(), self.lens_top_scores.tolist())],
+                "lens_top": [[{"class": named(int(index)), "score": float(score)} for index, score in zip(indices, scores, strict=True)]
+                             for indices, scores in zip(self.lens_top.tolist(), self.lens_top_scores.tolist(), strict=True)],
                 "note": "direct contributions with the final norm's standard deviation held at the image's own; what a head "
                         "writes that later layers transform is counted in those layers' parts (head ablation measures it)"}
 

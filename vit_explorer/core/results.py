@@ -252,7 +252,7 @@ class SanityCurves:
         None when it never did (the map mostly reflects the input and the layers left trained)."""
         fallen = {}
         for method, values in self.correlations.items():
-            steps = [step for step, value in zip(self.randomised_layers, values) if value < below]
+            steps = [step for step, value in zip(self.randomised_layers, values, strict=True) if value < below]
             fallen[method] = steps[0] if steps else None
         return fallen
 

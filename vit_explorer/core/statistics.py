@@ -77,7 +77,7 @@ def head_statistics(attentions: torch.Tensor, layout: TokenLayout) -> dict[str, 
     (what capture's statistics sinks use: a dataset batch's maps come from memory once, not once per statistic)."""
     distances, prefix = patch_distances(layout, attentions.device), layout.num_prefix_tokens
     values = _per_map(attentions, lambda maps: torch.stack([_entropy(maps), _distance(maps, distances, prefix), _prefix_share(maps, prefix)]))
-    return dict(zip(HEAD_STATISTICS, values))
+    return dict(zip(HEAD_STATISTICS, values, strict=True))
 
 
 def ranks(values: torch.Tensor) -> torch.Tensor:

@@ -199,13 +199,13 @@ def reading_notes(prompts: Prompts, readings: list[Reading]) -> list[str]:
     """What the text tower read of each prompt, a line each where it missed anything (words it has no token for, words past
     its text length), prompts it reads as the same text, and prompts given twice; one line when it read every word."""
     same: dict[tuple[str, ...], list[str]] = {}
-    for text, reading in zip(prompts.texts, readings):
+    for text, reading in zip(prompts.texts, readings, strict=True):
         same.setdefault(reading.tokens, []).append(text)
     lines = [f"{len(texts)} prompts read as the same text, so they score alike: "
              + ", ".join(shown_prompt(text) for text in texts[:3]) + (" …" if len(texts) > 3 else "")
              for texts in same.values() if len(texts) > 1]
     missing = []
-    for text, reading in zip(prompts.texts, readings):
+    for text, reading in zip(prompts.texts, readings, strict=True):
         missed = []
         if reading.unknown:
             missed.append("not known to it: " + ", ".join(shown_prompt(word) for word in reading.unknown))

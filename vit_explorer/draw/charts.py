@@ -52,7 +52,7 @@ def faithfulness_chart(curves: FaithfulnessCurves, title: str) -> np.ndarray:
     figure = _figure(7.0, 3.2)
     axes = figure.add_subplot()
     aucs = curves.aucs
-    for name, shown, colour in zip(("deletion", "insertion"), curves.curve_names, ("tab:red", "tab:blue")):
+    for name, shown, colour in zip(("deletion", "insertion"), curves.curve_names, ("tab:red", "tab:blue"), strict=True):
         fractions = curves.fractions.numpy()
         axes.plot(fractions, getattr(curves, name).numpy(), color=colour, linewidth=2, label=f"{shown} (AUC {aucs[name]:.3f})")
         axes.plot(fractions, getattr(curves, f"random_{name}").numpy(), color=colour, linewidth=1, linestyle="--",
@@ -76,7 +76,7 @@ def dataset_statistic_chart(mean: np.ndarray, std: np.ndarray, name: str, unit: 
     offsets = (np.arange(heads) - (heads - 1) / 2) * min(0.6 / max(heads, 1), 0.08)
     colours = itertools.cycle(("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
                                "tab:gray", "tab:olive", "tab:cyan"))
-    for head, colour in zip(range(heads), colours):
+    for head, colour in zip(range(heads), colours, strict=False):  # the colours cycle
         axes.errorbar(np.arange(layers) + offsets[head], mean[:, head], yerr=std[:, head], fmt="o", markersize=3.5,
                       elinewidth=0.8, capsize=0, alpha=0.8, color=colour, label=f"h{head}")
     if heads <= 16:  # a legend of more would cover the chart; the axis label still says the order
@@ -231,7 +231,7 @@ def lens_chart(decomposition: Decomposition, labels: list[str] | None) -> np.nda
     if len(to_numpy(decomposition.lens_top[0])) > 1:
         axes.plot(layers, to_numpy(decomposition.lens_top_scores[:, 0]), color="tab:orange", linewidth=1, linestyle="--",
                   label="top class's score there")
-        for layer, top in zip(layers, tops):
+        for layer, top in zip(layers, tops, strict=True):
             if int(top) != decomposition.target:
                 name = labels[int(top)] if labels and int(top) < len(labels) else str(int(top))
                 # as large as the axis labels, level, on a white box: read at a glance over the grid and the line

@@ -261,7 +261,7 @@ def write_dataset_outputs(out: Path, rows: list[dict], summary: dict) -> list[Pa
             writer.writeheader()
             writer.writerows(rows)
         (staging / names[1]).write_text(json.dumps(summary, indent=2))
-        for name, file_name in zip(HEAD_STATISTICS, names[2:]):
+        for name, file_name in zip(HEAD_STATISTICS, names[2:], strict=True):
             mean = np.asarray(summary["statistics"][name]["mean"])
             std = [row["std"] for row in rows if row["group"] == "all" and row["statistic"] == name]
             chart = charts.dataset_statistic_chart(mean, np.asarray(std).reshape(mean.shape), name, STATISTIC_UNITS[name], summary["analysed"])

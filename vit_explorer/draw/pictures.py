@@ -320,7 +320,7 @@ def patched_tokens_picture(patching: Patching, tile_px: int | None = None) -> np
         notes[row][col] = f"L{layer}"
     picture, _ = render.tile_grid(tiles, [""] * rows, [""] * cols, axis_names=("", ""), tile_notes=notes)
     prefix = ", ".join(f"{name} {signed(float(value), 3)}" for name, value in
-                       zip(patching.layout.prefix_names, patching.tokens[-1, : patching.layout.num_prefix_tokens]))
+                       zip(patching.layout.prefix_names, patching.tokens[-1, : patching.layout.num_prefix_tokens], strict=True))
     unit = (f"{PATCH_UNIT} with the stream after each layer (L0…) at that patch from B"
             + (f" (after the last layer: {prefix})" if prefix else ""))
     return render.with_colorbar(picture, DIFFERENCE_CMAP, -bound, bound, unit)
@@ -332,7 +332,7 @@ def head_split_picture(analysis: Analysis, decomposition: Decomposition, layer: 
     split = decomposition.head_patches[layer, head]  # [grid_h, grid_w]
     bound = max(float(split.abs().max()), 1e-12)
     prefix = decomposition.head_sources[layer, head, : decomposition.layout.num_prefix_tokens]
-    from_prefix = ", ".join(f"{name} {signed(float(value), 3)}" for name, value in zip(decomposition.layout.prefix_names, prefix))
+    from_prefix = ", ".join(f"{name} {signed(float(value), 3)}" for name, value in zip(decomposition.layout.prefix_names, prefix, strict=True))
     unit = f"L{layer} h{head}'s direct contribution from each patch" + (f" (from {from_prefix})" if from_prefix else "")
     return map_picture(analysis, split, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),
                        unit=f"{unit}: red adds to the score, blue takes from it", muted=True)

@@ -189,7 +189,7 @@ def colour_bar(width: int, cmap: str, low: float, high: float, unit: str, clippe
              if span > 0 and low + span / 4 <= value <= high - span / 4]
     ticks = [low, *inner, high] if span > 0 else []
     labels = tick_labels(ticks)
-    for value, text in zip(ticks if span > 0 else [low], labels if span > 0 else [f"{low:.3g}"]):
+    for value, text in zip(ticks if span > 0 else [low], labels if span > 0 else [f"{low:.3g}"], strict=True):
         x = left + (0.5 if span <= 0 else (value - low) / span) * (right - left - 1)
         draw.line((x, 6 + bar_h, x, 6 + bar_h + tick_h), fill=TEXT, width=1)
         # a label keeps inside the picture: anchored at its middle, unless that would cut it off at an edge
@@ -223,7 +223,7 @@ def tick_labels(ticks: list[float]) -> list[str]:
     if magnitude >= 1e4 or 0 < magnitude < 1e-3:
         digits = next((d for d in range(2, 9) if distinct([f"{value:.{d}g}" for value in ticks])), 8)
         return [f"{value:.{digits}g}" for value in ticks]
-    gaps = [abs(b - a) for a, b in zip(ticks, ticks[1:]) if b != a]
+    gaps = [abs(b - a) for a, b in zip(ticks, ticks[1:], strict=False) if b != a]
     # the decimals that make neighbouring labels differ (a step of 0.0004 needs 4), then those that write them exactly
     needed = max(0, -int(np.floor(np.log10(min(gaps))))) if gaps else 0
     tolerance = 1e-6 * (magnitude or 1.0)
@@ -232,7 +232,7 @@ def tick_labels(ticks: list[float]) -> list[str]:
 
 
 def distinct(labels: list[str]) -> bool:
-    return all(a != b for a, b in zip(labels, labels[1:]))
+    return all(a != b for a, b in zip(labels, labels[1:], strict=False))
 
 
 def with_colorbar(picture: np.ndarray, cmap: str, low: float, high: float, unit: str = "", clipped: bool = False,

@@ -333,7 +333,7 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
         if shard_totals is None:
             shard_totals = HeadTotals.zeros(layers, heads, classes)
         good = torch.tensor([error == "" for error in errors])
-        shard_totals.skipped += [{"path": str(images.paths[int(index)]), "reason": error} for index, error in zip(indices, errors) if error]
+        shard_totals.skipped += [{"path": str(images.paths[int(index)]), "reason": error} for index, error in zip(indices, errors, strict=True) if error]
         if good.any():
             captured = capture(model, pixels[good].to(model.device), StatisticsSink(model.layout, head_statistics))
             predictions = None if folder_of_class is None else folder_of_class[captured.logits.argmax(-1).cpu()]
@@ -364,8 +364,8 @@ def mean_and_std(sums: torch.Tensor, squares: torch.Tensor, count: float) -> tup
 
 def cells(mean: torch.Tensor, std: torch.Tensor) -> Iterator[tuple[tuple[int, int], float, float]]:
     """((layer, head), mean, std) for every head, as Python numbers for a table row."""
-    for layer, (means, stds) in enumerate(zip(mean.tolist(), std.tolist())):
-        for head, (value, spread) in enumerate(zip(means, stds)):
+    for layer, (means, stds) in enumerate(zip(mean.tolist(), std.tolist(), strict=True)):
+        for head, (value, spread) in enumerate(zip(means, stds, strict=True)):
             yield (layer, head), value, spread
 
 

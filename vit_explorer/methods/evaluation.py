@@ -99,7 +99,7 @@ def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size:
         captured = capture(model, pixels, StackingSink(model.map_shape[0]), target=TOP if (labels < 0).all() else labels,
                            reduce_gradients=relevance.layer_evidence)
         targets = captured.targets
-        for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu())):
+        for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu(), strict=True)):
             analysis = Analysis(image=sample.image, attentions=maps, logits=sample_logits, layout=model.layout,
                                 labels=model.labels, model_name=model.name)
             if targets is None:
@@ -156,7 +156,7 @@ SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "p
 def class_sensitive_hit(maps_by_class: Sequence[torch.Tensor], objects: Sequence[tuple[int, np.ndarray]], grid_hw: tuple[int, int]) -> bool:
     """Whether the map of each object's class ``[grid_h, grid_w]`` peaks on a patch of that object (not grown: the two
     objects of a generated pair lie two patches apart, so the patches they touch are their own)."""
-    return all(pointing_hit(grid_map, patch_mask(mask, grid_hw, dilate=0)) for grid_map, (_, mask) in zip(maps_by_class, objects))
+    return all(pointing_hit(grid_map, patch_mask(mask, grid_hw, dilate=0)) for grid_map, (_, mask) in zip(maps_by_class, objects, strict=True))
 
 
 def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[str, ...], *, steps: int = 10,

@@ -60,7 +60,7 @@ class TextTower:
         if new:
             with torch.inference_mode():
                 embeddings = nn.functional.normalize(self.encode(new).float().cpu(), dim=-1)  # [new, dim]
-            self.known.update(((text, stamp), embedding.clone()) for text, embedding in zip(new, embeddings))
+            self.known.update(((text, stamp), embedding.clone()) for text, embedding in zip(new, embeddings, strict=True))
         return torch.stack([self.known[text, stamp] for text in texts])
 
 

@@ -70,7 +70,7 @@ class TimmAdapter(HookAdapter):
             and hasattr(module, "num_prefix_tokens")
             and all(hasattr(patch_embed, size) for size in ("img_size", "grid_size", "patch_size"))
             # its patches are cut from the image itself, not from a convolutional stem's features (ViTamin, hybrids)
-            and [g * p for g, p in zip(patch_embed.grid_size, patch_embed.patch_size)] == list(patch_embed.img_size)
+            and [g * p for g, p in zip(patch_embed.grid_size, patch_embed.patch_size, strict=True)] == list(patch_embed.img_size)
         )
 
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
@@ -91,7 +91,7 @@ class TimmAdapter(HookAdapter):
                 attention.fused_attn = False
             yield
         finally:
-            for attention, fused in zip(attentions, saved):
+            for attention, fused in zip(attentions, saved, strict=True):
                 attention.fused_attn = fused
 
     @contextmanager
@@ -164,7 +164,7 @@ class TimmAdapter(HookAdapter):
             grid = tuple(patch_embed.dynamic_feat_size(input_hw))
         else:
             grid = tuple(patch_embed.grid_size)
-            expected = tuple(g * p for g, p in zip(grid, patch_embed.patch_size))
+            expected = tuple(g * p for g, p in zip(grid, patch_embed.patch_size, strict=True))
             check_input_hw(input_hw, tuple(patch_embed.patch_size))
             if tuple(input_hw) != expected:
                 raise VitExplorerError(f"this timm model takes {expected[0]}×{expected[1]} inputs, not {input_hw[0]}×{input_hw[1]}")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +169,7 @@ def _irregular_polygon(rng: np.random.Generator, x: float, y: float, radius: flo
     count = int(rng.integers(5, 10))
     angles = np.sort(rng.uniform(0, 2 * math.pi, count))
     radii = radius * rng.uniform(0.35, 1.0, count)
-    return [(x + r * math.cos(a), y + r * math.sin(a)) for r, a in zip(radii, angles)]
+    return [(x + r * math.cos(a), y + r * math.sin(a)) for r, a in zip(radii, angles, strict=True)]
 
 
 def _distractors(rng: np.random.Generator, canvas: Image.Image) -> None:
@@ -432,7 +432,7 @@ def write_set(folder: Path, count: int, seed: int, objects: int = 1) -> None:
             path = folder / "images" / name / f"{index:06d}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(pair.image).save(path)
-            for class_name, mask in zip(pair.class_names, pair.masks):
+            for class_name, mask in zip(pair.class_names, pair.masks, strict=True):
                 mask_path = folder / "masks" / name / f"{index:06d}" / f"{class_name}.png"
                 mask_path.parent.mkdir(parents=True, exist_ok=True)
                 Image.fromarray(mask.astype(np.uint8) * 255).save(mask_path)

@@ -55,7 +55,7 @@ def _draw_chunk(job: tuple[int, int, int]) -> tuple[np.ndarray, list[tuple[Thing
         else:
             pair = generate_pair(rng)
             images.append(pair.image)
-            things.append(tuple(Thing.from_mask(label, mask) for label, mask in zip(pair.labels, pair.masks)))
+            things.append(tuple(Thing.from_mask(label, mask) for label, mask in zip(pair.labels, pair.masks, strict=True)))
     return np.stack(images), things
 
 

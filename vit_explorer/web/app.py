@@ -269,7 +269,7 @@ def wire(app: Wiring, containers: dict) -> None:
         folded = [app["model_panel"], *([app["examples"]] if event is not analyses[2] else []),
                   *([app["prompts_panel"]] if event is analyses[3] else [])]
         event.then(folding(len(folded)), None, folded, api_name=False, show_progress="hidden")
-    for event, name in zip(analyses, ("analyze", "set_fit", "change_model", "set_prompts", "analyze_example")):
+    for event, name in zip(analyses, ("analyze", "set_fit", "change_model", "set_prompts", "analyze_example"), strict=True):
         # a tab opened while the model ran was drawn from the previous analysis, or not at all: draw it now
         event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",
                       show_progress="hidden")

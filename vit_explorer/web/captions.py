@@ -11,7 +11,6 @@ import math
 from vit_explorer.core import maps, results
 from vit_explorer.core.analysis import Analysis, Prediction
 from vit_explorer.core.decomposition import Decomposition
-from vit_explorer.core.targets import shown_prompt
 from vit_explorer.core.results import (
     DEFAULT_RANDOM_ORDERS,
     DEFAULT_STEPS,
@@ -23,6 +22,7 @@ from vit_explorer.core.results import (
     SanityCurves,
     Scoreboard,
 )
+from vit_explorer.core.targets import shown_prompt
 from vit_explorer.draw.pictures import signed
 from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import cost_text as ablation_cost_text

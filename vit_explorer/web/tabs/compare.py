@@ -94,7 +94,7 @@ def layout() -> dict:
             # every setting of the chart is fixed here and updates send data only: Gradio 6 draws a chart whose title, axes,
             # colours or limits an update changes from the data before that update
             plot = gr.ScatterPlot(x="depth", y=plots.VALUE, color="side", x_title="relative depth: layer ÷ (layers − 1)",
-                                  y_title="value", color_title="side", color_map=dict(zip(SIDES, plots.SIDE_COLOURS)),
+                                  y_title="value", color_title="side", color_map=dict(zip(SIDES, plots.SIDE_COLOURS, strict=True)),
                                   x_lim=[-0.05, 1.05], height=280, label="Head statistics of both", show_label=False,
                                   buttons=["fullscreen", "export"], tooltip="all", elem_id="compare-plot")
     patch_text = gr.Markdown("", elem_id="compare-patch-text")
@@ -165,9 +165,9 @@ def statistics_plot(a: Side, b: Side, statistic: str) -> dict:
     """Both sides' ``statistic`` of every head in one plot, a colour per side, each layer at its relative depth, and the
     words above it (``compare_plot_note``, ``compare_plot``). A side without the statistic (gradient importance without a
     classifier) is left out."""
-    values = {name: maps.ranking_values(side.analysis, statistic, side.evidence) for name, side in zip(SIDES, (a, b))
+    values = {name: maps.ranking_values(side.analysis, statistic, side.evidence) for name, side in zip(SIDES, (a, b), strict=True)
               if statistic != maps.GRADIENT_IMPORTANCE or side.evidence is not None}  # [layers, heads] each
-    depths = {name: relative_depth(side.analysis.map_shape[0]) for name, side in zip(SIDES, (a, b))}
+    depths = {name: relative_depth(side.analysis.map_shape[0]) for name, side in zip(SIDES, (a, b), strict=True)}
     return {"compare_plot_note": statistic_note(statistic, a, b, tuple(values)),
             "compare_plot": plots.sides_table(values, depths) if values else None}
 
