@@ -70,11 +70,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         work = Path(args.work or temporary)
         sets = {
-            "held-out": lambda folder: subprocess.run([sys.executable, "-m", "vit_explorer", "make-shapes", str(folder), "--count",
-                                                       str(args.count), "--seed", str(HELDOUT_SEED)], check=True),
+            "held-out": lambda folder: subprocess.run([sys.executable, "-m", "vit_explorer", "make-shapes", str(folder),
+                                                       "--count", str(args.count), "--seed", str(HELDOUT_SEED)], check=True),
             "independent": lambda folder: write_independent(folder, args.count),
-            "two-shape": lambda folder: subprocess.run([sys.executable, "-m", "vit_explorer", "make-shapes", str(folder), "--count",
-                                                        str(args.pairs), "--seed", str(PAIRS_SEED), "--objects", "2"], check=True),
+            "two-shape": lambda folder: subprocess.run([sys.executable, "-m", "vit_explorer", "make-shapes", str(folder),
+                                                        "--count", str(args.pairs), "--seed", str(PAIRS_SEED), "--objects",
+                                                        "2"], check=True),
             "independent two-shape": lambda folder: write_independent_pairs(folder, args.pairs),
         }
         results = {"model": args.model, "methods": METHODS}

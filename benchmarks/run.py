@@ -47,8 +47,10 @@ from vit_explorer.web.tabs import class_maps as class_tab
 
 ROOT = Path(__file__).resolve().parent.parent
 
-VIT_B16 = {"image_size": 224, "patch_size": 16, "num_classes": 1000, "dim": 768, "depth": 12, "heads": 12, "dim_head": 64, "mlp_dim": 3072}
-VIT_L_518 = {"image_size": 518, "patch_size": 14, "num_classes": 10, "dim": 64, "depth": 24, "heads": 16, "dim_head": 8, "mlp_dim": 128}
+VIT_B16 = {"image_size": 224, "patch_size": 16, "num_classes": 1000, "dim": 768, "depth": 12, "heads": 12, "dim_head": 64,
+           "mlp_dim": 3072}
+VIT_L_518 = {"image_size": 518, "patch_size": 14, "num_classes": 10, "dim": 64, "depth": 24, "heads": 16, "dim_head": 8,
+             "mlp_dim": 128}
 TINY = {"image_size": 64, "patch_size": 16, "num_classes": 10, "dim": 32, "depth": 2, "heads": 2, "dim_head": 16, "mlp_dim": 64}
 
 
@@ -69,14 +71,16 @@ def random_model(config: dict, name: str) -> LoadedModel:
     module = ViT(**config).eval()
     adapter = VitPytorchAdapter()
     size = (config["image_size"], config["image_size"])
-    return LoadedModel(module=module, name=name, preprocess=Preprocess(input_hw=size), layout=adapter.layout(module, size), adapter=adapter)
+    return LoadedModel(module=module, name=name, preprocess=Preprocess(input_hw=size), layout=adapter.layout(module, size),
+                       adapter=adapter)
 
 
 def photo(size: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     from PIL import Image
 
-    return np.asarray(Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((size, size), Image.Resampling.BICUBIC))
+    noise = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
+    return np.asarray(noise.resize((size, size), Image.Resampling.BICUBIC))
 
 
 def paired_ratio(numerator, denominator, repeats: int, warmup: int = 1) -> dict:
@@ -96,7 +100,8 @@ def paired_ratio(numerator, denominator, repeats: int, warmup: int = 1) -> dict:
         tops.append(end - middle)
         ratios.append((end - middle) / (middle - start))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    return {"numerator_s": statistics.median(tops), "denominator_s": statistics.median(bottoms), "ratio": statistics.median(ratios),
+    return {"numerator_s": statistics.median(tops), "denominator_s": statistics.median(bottoms),
+            "ratio": statistics.median(ratios),
             "ratio_q1": quartiles[0], "ratio_q3": quartiles[2], "pair_ratios": ratios}
 
 
@@ -169,9 +174,11 @@ def method_costs(models: dict[str, LoadedModel], repeats: int) -> list[dict]:
     for name, model in models.items():
         pixels = torch.randn(1, 3, *model.preprocess.input_hw)
         target = int(model.logits(pixels).argmax())
-        for method, function in (("LeGrad", lambda: legrad(model, pixels, target)), ("AttnLRP", lambda: attnlrp(model, pixels, target))):
+        for method, function in (("LeGrad", lambda: legrad(model, pixels, target)),
+                                 ("AttnLRP", lambda: attnlrp(model, pixels, target))):
             timing = paired_ratio(function, lambda: capture(model, pixels, target=target), repeats)
-            rows.append({"model": name, "method": method, "method_s": timing["numerator_s"], "forward_backward_s": timing["denominator_s"],
+            rows.append({"model": name, "method": method, "method_s": timing["numerator_s"],
+                         "forward_backward_s": timing["denominator_s"],
                          "ratio": timing["ratio"], "ratio_q1": timing["ratio_q1"], "ratio_q3": timing["ratio_q3"],
                          "pair_ratios": timing["pair_ratios"]})
     return rows
@@ -250,7 +257,8 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
 
             def next_patch():  # a different patch each time, so no memoised rows are reused
                 step = next(clicks)
-                return shared.on_patch_click(cache, select((step * 37) % width, (step * 53) % height), session, "Layers × heads", *values)
+                return shared.on_patch_click(cache, select((step * 37) % width, (step * 53) % height), session, "Layers × heads",
+                                             *values)
 
             # each call changes the control, so that the open tab draws (an unchanged control draws nothing)
             colormaps = alternating(values_of(cmap="viridis"), values)
@@ -318,7 +326,8 @@ def rendering(layers: int, heads: int, repeats: int) -> dict:
         for layer in range(layers):
             for head in range(heads):
                 axes[layer, head].imshow(image)
-                axes[layer, head].imshow(maps[layer, head], cmap="inferno", alpha=0.6, extent=(0, 224, 224, 0), interpolation="bilinear")
+                axes[layer, head].imshow(maps[layer, head], cmap="inferno", alpha=0.6, extent=(0, 224, 224, 0),
+                                         interpolation="bilinear")
                 axes[layer, head].set_axis_off()
         canvas = FigureCanvasAgg(figure)
         canvas.draw()
@@ -390,7 +399,8 @@ def peak_rss_of_analyze(model: str, image_size: int) -> dict:
         path = Path(folder) / "image.png"
         Image.fromarray(photo(image_size)).save(path)
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        subprocess.run([sys.executable, "-m", "vit_explorer.cli", "analyze", str(path), "--model", model, "--out", str(Path(folder) / "out")],
+        subprocess.run([sys.executable, "-m", "vit_explorer.cli", "analyze", str(path), "--model", model, "--out",
+                        str(Path(folder) / "out")],
                        check=True, capture_output=True)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"model": model, "peak_rss_mib": max(peak, before) / 1024}
@@ -410,12 +420,14 @@ def peak_rss_of_stats(model: str, image_size: int, counts: tuple[int, ...] = (50
         for count in counts:
             listing = Path(folder) / f"first-{count}.txt"
             listing.write_text("\n".join(str(path) for path in paths[:count]))
-            command = [sys.executable, "-m", "vit_explorer", "stats", str(listing), "--model", model, "--out", str(Path(folder) / f"out-{count}"),
+            command = [sys.executable, "-m", "vit_explorer", "stats", str(listing), "--model", model, "--out",
+                       str(Path(folder) / f"out-{count}"),
                        "--batch-size", str(batch_size)]
             # a fresh interpreter per count, so the peak of one run does not hide behind an earlier one
             probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
                      "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-            peak_kib = int(subprocess.run([sys.executable, "-c", probe, *command], check=True, capture_output=True, text=True).stdout)
+            peak_kib = int(subprocess.run([sys.executable, "-c", probe, *command], check=True, capture_output=True,
+                                          text=True).stdout)
             rows.append({"model": model, "images": count, "peak_rss_mib": peak_kib / 1024})
     return rows
 
@@ -428,7 +440,8 @@ def start_up(model: str, repeats: int) -> dict:
     def serve_once() -> float:
         port = free_port()
         start = time.perf_counter()
-        server = subprocess.Popen([sys.executable, "-m", "vit_explorer.cli", "serve", "--model", model, "--port", str(port), "--no-browser"],
+        server = subprocess.Popen([sys.executable, "-m", "vit_explorer.cli", "serve", "--model", model, "--port", str(port),
+                                   "--no-browser"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             while True:
@@ -483,7 +496,8 @@ def dataset_throughput(models: dict[str, LoadedModel], count: int, batch_size: i
                     start = time.perf_counter()
                     function()
                     times.append(time.perf_counter() - start)
-            rows.append({"model": name, "images": count, "batch": batch_size, "plain_img_per_s": count / statistics.median(plain_s),
+            rows.append({"model": name, "images": count, "batch": batch_size,
+                         "plain_img_per_s": count / statistics.median(plain_s),
                          "stats_img_per_s": count / statistics.median(stats_s),
                          "ratio": statistics.median(plain_s) / statistics.median(stats_s)})
     return rows
@@ -536,7 +550,8 @@ def main() -> None:
                                                          2 if args.tiny else 3),
     }
     if rss_model is not None:
-        sections.update({"peak_rss": lambda: [peak_rss_of_analyze(rss_model, rss_size)], "start_up": lambda: [start_up(rss_model, 3)],
+        sections.update({"peak_rss": lambda: [peak_rss_of_analyze(rss_model, rss_size)],
+                         "start_up": lambda: [start_up(rss_model, 3)],
                          "stats_peak_rss": lambda: peak_rss_of_stats(rss_model, rss_size)})
     chosen = list(sections) if args.only is None else [name.strip() for name in args.only.split(",")]
     unknown = [name for name in chosen if name not in sections]

@@ -47,7 +47,8 @@ def main() -> None:
     report["photos"] = {}
     for photo in ("astronaut", "chelsea", "coffee", "camera", "rocket"):
         analysis = analyze(model, Image.fromarray(np.asarray(getattr(data, photo)())), explain=False)
-        report["photos"][photo] = {"score": analysis.ood.score, "threshold": analysis.ood.threshold, "flagged": analysis.ood.flagged,
+        report["photos"][photo] = {"score": analysis.ood.score, "threshold": analysis.ood.threshold,
+                                   "flagged": analysis.ood.flagged,
                                    "top": analysis.top_k(1)[0].label, "prob": analysis.top_k(1)[0].prob}
     print(json.dumps(report["photos"]), flush=True)
     out = Path(__file__).with_name("shipped_model.json")

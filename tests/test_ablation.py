@@ -51,7 +51,8 @@ def seed_vit_logits(module, pixels, ablate, mode, reference):
     for layer, (attention, feed_forward) in enumerate(module.transformer.layers):
         normed = F.layer_norm(x, attention.norm.normalized_shape, attention.norm.weight, attention.norm.bias)
         b, n, _ = normed.shape
-        q, k, v = (t.reshape(b, n, attention.heads, -1).transpose(1, 2) for t in (normed @ attention.to_qkv.weight.T).chunk(3, dim=-1))
+        q, k, v = (t.reshape(b, n, attention.heads, -1).transpose(1, 2)
+                   for t in (normed @ attention.to_qkv.weight.T).chunk(3, dim=-1))
         out = heads_attention(q, k, v, attention.scale, layer, ablate, mode, reference)
         x = attention.to_out[0](out.transpose(1, 2).reshape(b, n, -1)) + x
         x = feed_forward(x) + x
@@ -64,7 +65,8 @@ def timm_logits(module, pixels, ablate, mode, reference):
         attention = block.attn
         normed = block.norm1(x)
         b, n, c = normed.shape
-        qkv = F.linear(normed, attention.qkv.weight, attention.qkv.bias).reshape(b, n, 3, attention.num_heads, -1).permute(2, 0, 3, 1, 4)
+        qkv = F.linear(normed, attention.qkv.weight, attention.qkv.bias)
+        qkv = qkv.reshape(b, n, 3, attention.num_heads, -1).permute(2, 0, 3, 1, 4)
         out = heads_attention(qkv[0], qkv[1], qkv[2], attention.scale, layer, ablate, mode, reference)
         x = x + block.ls1(attention.proj(out.transpose(1, 2).reshape(b, n, c)))
         x = x + block.ls2(block.mlp(block.norm2(x)))
@@ -89,7 +91,8 @@ def seed_model() -> LoadedModel:
     module = make_vit(TINY)
     adapter = VitPytorchAdapter()
     size = (TINY["image_size"],) * 2
-    return LoadedModel(module=module, name="tiny", preprocess=Preprocess(input_hw=size), layout=adapter.layout(module, size), adapter=adapter)
+    return LoadedModel(module=module, name="tiny", preprocess=Preprocess(input_hw=size), layout=adapter.layout(module, size),
+                       adapter=adapter)
 
 
 def timm_model() -> LoadedModel:
@@ -106,10 +109,12 @@ def hf_vit_model(model_class=None, config=None) -> LoadedModel:
     torch.manual_seed(0)
     config = config or transformers.ViTConfig(image_size=64, patch_size=16, num_labels=5, hidden_size=32, num_hidden_layers=2,
                                               num_attention_heads=4, intermediate_size=64, initializer_range=0.3)
-    return from_hf_module((model_class or transformers.ViTForImageClassification)._from_config(config, attn_implementation="sdpa"), "hf-tiny")
+    model = (model_class or transformers.ViTForImageClassification)._from_config(config, attn_implementation="sdpa")
+    return from_hf_module(model, "hf-tiny")
 
 
-FAMILIES = {"seed ViT": (seed_model, seed_vit_logits), "timm ViT": (timm_model, timm_logits), "hf ViT": (hf_vit_model, hf_vit_logits)}
+FAMILIES = {"seed ViT": (seed_model, seed_vit_logits), "timm ViT": (timm_model, timm_logits),
+            "hf ViT": (hf_vit_model, hf_vit_logits)}
 
 
 def random_reference(model: LoadedModel, seed: int = 1) -> torch.Tensor:
@@ -140,7 +145,8 @@ def test_each_delta_equals_a_hand_written_forward_without_that_head(family, mode
     layers, heads = model.map_shape
     with torch.no_grad():
         original = reference_forward(model.module, pixels, None, mode, reference)[0].double()
-        np.testing.assert_allclose(original.float().numpy(), model.logits(pixels)[0].numpy(), atol=1e-5)  # the hand forward is the model
+        # the hand forward is the model
+        np.testing.assert_allclose(original.float().numpy(), model.logits(pixels)[0].numpy(), atol=1e-5)
         target = int(original.argmin())  # not the top class: any target works
         expected_logit = np.zeros((layers, heads))
         expected_probability = np.zeros((layers, heads))
@@ -166,7 +172,8 @@ def test_mean_mode_without_a_reference_is_uniform_attention(family):
     n = model.layout.num_tokens
     uniform = torch.full((layers, heads, n, n), 1.0 / n)
     default = head_ablation(model, pixels, mode="mean")
-    np.testing.assert_allclose(default.delta_logit, head_ablation(model, pixels, mode="mean", reference=uniform).delta_logit, atol=1e-6)
+    np.testing.assert_allclose(default.delta_logit, head_ablation(model, pixels, mode="mean", reference=uniform).delta_logit,
+                               atol=1e-6)
     assert not np.allclose(default.delta_logit, head_ablation(model, pixels, mode="zero").delta_logit, atol=1e-4)
 
 
@@ -174,17 +181,20 @@ def timm_deit_model() -> LoadedModel:
     from vit_explorer.models.timm_adapter import from_timm_module
 
     torch.manual_seed(0)
-    return from_timm_module(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=64, depth=2), "timm-deit")
+    return from_timm_module(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=64, depth=2),
+                            "timm-deit")
 
 
 SMALL_HF = {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4, "num_labels": 3, "initializer_range": 0.3}
 BRANCHING = {
     **{name: make for name, (make, _) in FAMILIES.items()},
     "timm DeiT distilled": timm_deit_model,
-    "hf DINOv2 registers": lambda: hf_vit_model(transformers.Dinov2WithRegistersForImageClassification,
-                                                transformers.Dinov2WithRegistersConfig(image_size=56, patch_size=14, num_register_tokens=2, **SMALL_HF)),
+    "hf DINOv2 registers": lambda: hf_vit_model(
+        transformers.Dinov2WithRegistersForImageClassification,
+        transformers.Dinov2WithRegistersConfig(image_size=56, patch_size=14, num_register_tokens=2, **SMALL_HF)),
     "hf DeiT teacher": lambda: hf_vit_model(transformers.DeiTForImageClassificationWithTeacher,
-                                            transformers.DeiTConfig(image_size=64, patch_size=16, intermediate_size=64, **SMALL_HF)),
+                                            transformers.DeiTConfig(image_size=64, patch_size=16, intermediate_size=64,
+                                                                    **SMALL_HF)),
 }
 
 
@@ -255,7 +265,8 @@ def test_edits_are_undone_after_the_pass():
     before = model.logits(pixels)
     ablated_logits(model, pixels, [[(0, 0)], [(1, 1)]])
     assert all(block.attn.fused_attn for block in model.module.blocks)
-    assert not any(block._forward_hooks or block._forward_pre_hooks or block.attn.attn_drop._forward_hooks for block in model.module.blocks)
+    assert not any(block._forward_hooks or block._forward_pre_hooks or block.attn.attn_drop._forward_hooks
+                   for block in model.module.blocks)
     torch.testing.assert_close(model.logits(pixels), before)
 
 
@@ -268,16 +279,19 @@ def test_cli_ablation_writes_ablation_json(tmp_path, image_file):
                  "--ablation-mode", "mean"]) == 0
     record = json.loads((out / "ablation.json").read_text())
     assert record["mode"] == "mean" and record["forward_passes"] == 1 + TINY["depth"]
-    assert np.asarray(record["delta_probability"]).shape == np.asarray(record["delta_logit"]).shape == (TINY["depth"], TINY["heads"])
+    shape = (TINY["depth"], TINY["heads"])
+    assert np.asarray(record["delta_probability"]).shape == np.asarray(record["delta_logit"]).shape == shape
     from scipy.stats import spearmanr  # an independent rank correlation of the file's own numbers
 
-    importance = class_evidence(load_model(str(checkpoint)), analyze(load_model(str(checkpoint)), image_file), record["target"]).importance
+    importance = class_evidence(load_model(str(checkpoint)), analyze(load_model(str(checkpoint)), image_file),
+                                record["target"]).importance
     expected = spearmanr(np.abs(np.asarray(record["delta_probability"])).ravel(), importance.ravel()).statistic
     assert record["spearman_abs_delta_probability_vs_gradient_importance"] == pytest.approx(expected, abs=1e-6)
     assert (out / "ablation.png").is_file()
     model = load_model(str(checkpoint))
     analysis = analyze(model, image_file)
-    np.testing.assert_allclose(record["delta_probability"], ablation_of(model, analysis, mode="mean").delta_probability, atol=1e-6)
+    np.testing.assert_allclose(record["delta_probability"], ablation_of(model, analysis, mode="mean").delta_probability,
+                               atol=1e-6)
 
 
 @pytest.mark.slow

@@ -243,7 +243,8 @@ def test_a_patch_clicked_on_the_overview_shows_its_own_maps_there(models, upload
     query = clicked["state"].query
     assert session.analysis.layout.token_patch(query) == (15, 15)  # the bottom-right patch of the 16×16 grid
     expected = pictures.map_picture(session.analysis, maps.rollout_map(session.analysis, query, maps.RolloutOptions()),
-                                    cmap="inferno", overlay=True, query=query, unit=f"rollout weight of {maps.query_name(session.analysis, query)}")
+                                    cmap="inferno", overlay=True, query=query,
+                                    unit=f"rollout weight of {maps.query_name(session.analysis, query)}")
     assert np.array_equal(clicked["overview_rollout"], expected) and not np.array_equal(expected, outputs["overview_rollout"])
 
 
@@ -254,7 +255,8 @@ def test_a_control_redraws_the_open_tab_and_the_others_when_opened(models, uploa
     views = by_name(shared.on_controls(session, OVERVIEW, *viridis), shared.TAB_OUTPUTS)
     assert not np.array_equal(views["overview_rollout"], outputs["overview_rollout"]) and len(overview_draws) == 2
     assert is_unchanged(views["grid"]) and grid_draws == []
-    assert all(is_unchanged(value) for value in by_name(shared.on_controls(session, OVERVIEW, *viridis), shared.TAB_OUTPUTS).values())
+    assert all(is_unchanged(value)
+               for value in by_name(shared.on_controls(session, OVERVIEW, *viridis), shared.TAB_OUTPUTS).values())
     grid = opened(GRID, session, viridis)["grid"]
     assert isinstance(grid, np.ndarray) and len(grid_draws) == 1
     assert is_unchanged(opened(OVERVIEW, session, viridis)["overview_rollout"]) and len(overview_draws) == 2
@@ -433,12 +435,14 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     assert session2.evidence.target == other and len(calls) == 1  # one forward (and backward) pass for the new class
     assert not np.array_equal(targeted["class_view"], class_view) and f"thing {other}" in targeted["class_text"]
     assert hidden(targeted["faithfulness_plot"])
-    assert opened(STATISTICS, session2)["top_heads"] != top_heads and isinstance(opened(GRID, session2, ordered)["grid"], np.ndarray)
+    assert opened(STATISTICS, session2)["top_heads"] != top_heads
+    assert isinstance(opened(GRID, session2, ordered)["grid"], np.ndarray)
     shared.on_target(models, session2, top.index, CLASS_MAPS, *CONTROLS)
     assert len(calls) == 1  # the first target's evidence is kept on the analysis
 
     percentile = by_name(shared.on_controls(session, CLASS_MAPS, *controls(colour_scale="percentile")), shared.TAB_OUTPUTS)
-    assert not np.array_equal(percentile["class_view"], class_view) and len(calls) == 1  # recoloured from the cached maps, no pass
+    # recoloured from the cached maps, no pass
+    assert not np.array_equal(percentile["class_view"], class_view) and len(calls) == 1
     grad = by_name(shared.on_controls(session, CLASS_MAPS, *controls(method="grad-rollout")), shared.TAB_OUTPUTS)
     assert not np.array_equal(grad["class_view"], class_view) and hidden(grad["faithfulness_plot"]) and len(calls) == 1
 
@@ -483,14 +487,16 @@ def test_a_class_map_that_waits_for_the_model_is_cleared_first_and_every_caption
     assert first["class_view"] == gr.update(value=None)
     assert first["class_text"].startswith(f"Computing the **AttnLRP (Achtibat et al.)** map for target **thing {top}**")
     assert all(is_unchanged(value) for name, value in first.items() if name not in ("class_view", "class_text"))
-    assert isinstance(last["class_view"], np.ndarray) and last["class_text"].startswith("The map of **AttnLRP (Achtibat et al.)**")
+    assert isinstance(last["class_view"],
+                      np.ndarray) and last["class_text"].startswith("The map of **AttnLRP (Achtibat et al.)**")
     assert len(list(shared.controls_stages(session, CLASS_MAPS, *CONTROLS))) == 1  # relevance: at hand
     assert len(list(shared.controls_stages(session, CLASS_MAPS, *attnlrp))) == 1  # computed once, kept
     assert len(list(shared.controls_stages(session, GRID, *controls(method="legrad")))) == 1  # another tab: nothing waits
 
     other = (top + 1) % 4
     early, final = (by_name(step, shared.TARGETED) for step in shared.target_stages(models, session, other, CLASS_MAPS, *attnlrp))
-    assert early["state"] is session and early["class_view"] == gr.update(value=None) and f"**thing {other}**" in early["class_text"]
+    assert early["state"] is session and early["class_view"] == gr.update(value=None)
+    assert f"**thing {other}**" in early["class_text"]
     assert isinstance(final["class_view"], np.ndarray) and f"**thing {other}**" in final["class_text"]
     assert len(list(shared.target_stages(models, final["state"], top, CLASS_MAPS, *attnlrp))) == 1  # seen before: at hand
     calls = forward_counter(models, checkpoint)
@@ -555,11 +561,13 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     # again, and no view is redrawn with the controls of that moment
     analysis, calls = session.analysis, forward_counter(models, "hf:test-backbone")
     again = list(shared.target_stages(models, session, "own", CLASS_MAPS, *controls(method="rollout")))
-    assert len(again) == 1 and all(is_unchanged(value) for value in by_name(again[0], shared.TARGETED).values() if value is not session)
+    assert len(again) == 1 and all(is_unchanged(value) for value in by_name(again[0], shared.TARGETED).values()
+                                   if value is not session)
     assert session.analysis is analysis and not calls
     session.query = session.analysis.layout.patch_token(1, 2)
     shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)
-    assert session.analysis.label(0) == "patch (row 1, col 2): its own output token" and session.query == session.analysis.layout.patch_token(1, 2)
+    assert session.analysis.label(0) == "patch (row 1, col 2): its own output token"
+    assert session.query == session.analysis.layout.patch_token(1, 2)
     patched = session.analysis
     shared.on_target(models, session, "patch", CLASS_MAPS, *CONTROLS)
     assert session.analysis is patched  # the same patch: nothing to redo
@@ -637,12 +645,15 @@ def tile_colour(picture: np.ndarray, geometry, layer: int, head: int) -> np.ndar
     return picture[y + 4, x + 4].astype(int)
 
 
-def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_prediction_without_that_head(models, upload, tiny_checkpoint):
+def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_prediction_without_that_head(
+        models, upload, tiny_checkpoint):
     checkpoint = str(tiny_checkpoint)  # 3 layers × 4 heads
     session, outputs = analysed(models, upload, checkpoint, visible=ABLATION)
     # 3 layers × 4 heads: 3 + (0 + 4·3) + (1 + 4·2) + (2 + 4·1) = 30 layer evaluations, 10 passes' worth
-    assert outputs["run_ablation"]["value"] == "Run ablation (≈10× one forward pass)" and outputs["run_ablation"]["interactive"] is True
-    assert hidden(outputs["ablation_view"]) and hidden(outputs["ablation_original"]) and "about 10× the cost of one forward pass (1 + 3 passes" in outputs["ablation_text"]
+    assert outputs["run_ablation"]["value"] == "Run ablation (≈10× one forward pass)"
+    assert outputs["run_ablation"]["interactive"] is True
+    assert hidden(outputs["ablation_view"]) and hidden(outputs["ablation_original"])
+    assert "about 10× the cost of one forward pass (1 + 3 passes" in outputs["ablation_text"]
     calls = forward_counter(models, checkpoint)
 
     ran = by_name(ablation_tab.on_run(models, session, *CONTROLS), ablation_tab.OUTPUTS)
@@ -670,7 +681,8 @@ def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_predictio
     assert ran["ablation_without"]["value"] is None
 
     y, x = geometry.tile_origin(2, 1)
-    clicked = by_name(ablation_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session, *CONTROLS),
+    clicked = by_name(ablation_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session,
+                                                 *CONTROLS),
                       ablation_tab.OUTPUTS)
     assert session.screen.ablated[1] == (2, 1) and len(calls) == 5  # one pass without that head
     without = clicked["ablation_without"]
@@ -687,10 +699,12 @@ def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_predictio
 
     # the other mode has not run: its note; back to zero: the map and the clicked head again, with no pass
     uniform = by_name(shared.on_controls(session, ABLATION, *controls(ablation_mode="mean")), shared.TAB_OUTPUTS)
-    assert hidden(uniform["ablation_view"]) and "uniform attention" in uniform["ablation_text"] and uniform["ablation_without"]["value"] is None
+    assert hidden(uniform["ablation_view"]) and "uniform attention" in uniform["ablation_text"]
+    assert uniform["ablation_without"]["value"] is None
     assert "ablation effect" not in opened(STATISTICS, session, controls(ablation_mode="mean"))["top_heads"]["headers"][-1]
     back = by_name(shared.on_controls(session, ABLATION, *CONTROLS), shared.TAB_OUTPUTS)
-    assert np.array_equal(back["ablation_view"]["value"], clicked["ablation_view"]["value"]) and back["ablation_without"]["value"] == without["value"]
+    assert np.array_equal(back["ablation_view"]["value"],
+                          clicked["ablation_view"]["value"]) and back["ablation_without"]["value"] == without["value"]
     assert all(is_unchanged(value) for value in opened(ABLATION, session).values())
     top_heads = opened(STATISTICS, session)["top_heads"]  # the ablation effect joins the rankings
     assert top_heads["headers"][-1].startswith("ablation effect, zero output") and f"{rho:.2f}" in top_heads["headers"][-1]
@@ -705,7 +719,8 @@ def test_token_norms_tab_outlines_a_planted_outlier_without_running_the_model(up
     model = loaded(planted_vit(), (64, 64))  # patch (1, 1) turns high-norm at layer 1's output, of 3 layers
     models.put("planted", model)
     session, outputs = analysed(models, upload, "planted")
-    assert outputs["norm_layer"]["maximum"] == 2 and outputs["norm_layer"]["value"] == 2  # the layer with the most outliers (last on a tie)
+    # the layer with the most outliers (last on a tie)
+    assert outputs["norm_layer"]["maximum"] == 2 and outputs["norm_layer"]["value"] == 2
 
     def refuse(*_):
         raise AssertionError("the token norms tab ran the model")
@@ -807,7 +822,9 @@ def test_compare_a_second_image_shows_both_views_and_their_difference(models, up
     # one colour scale for both sides: 0 to the larger of the two maxima
     one_scale = (0.0, max(float(rollout_a.max()), float(rollout_b.max())))
     for picture, analysis, grid_map in ((out["compare_view_a"], a, rollout_a), (out["compare_view_b"], b, rollout_b)):
-        assert np.array_equal(picture, pictures.map_picture(analysis, grid_map, cmap="inferno", overlay=True, query=0, unit=pictures.ROLLOUT,
+        assert np.array_equal(picture,
+                              pictures.map_picture(analysis, grid_map, cmap="inferno", overlay=True, query=0,
+                                                   unit=pictures.ROLLOUT,
                                                             bounds=one_scale))
     assert "A and B are coloured on one scale" in out["compare_caption"]
     difference = out["compare_difference"]
@@ -818,10 +835,12 @@ def test_compare_a_second_image_shows_both_views_and_their_difference(models, up
     # the class map: B's for the main target (the same model's classes), from the evidence of that class on B's image
     views = compare_views(session, comparison, compare_view="class map")
     target = session.target
-    np.testing.assert_allclose(b.evidence[target].weighted, class_evidence(model, expected, target).weighted, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(b.evidence[target].weighted, class_evidence(model, expected, target).weighted, rtol=1e-5,
+                               atol=1e-7)
     relevance_a = maps.class_map(a, "relevance", session.evidence, options)
     relevance_b = maps.class_map(b, "relevance", b.evidence[target], options)
-    assert np.array_equal(views["compare_difference"]["value"], pictures.difference_picture(a, relevance_a - relevance_b, "A − B, relevance (Chefer et al.)"))
+    assert np.array_equal(views["compare_difference"]["value"],
+                          pictures.difference_picture(a, relevance_a - relevance_b, "A − B, relevance (Chefer et al.)"))
     assert f"Both maps are for **{a.label(target)}**" in views["compare_caption"]
     one_scale = (0.0, max(float(relevance_a.max()), float(relevance_b.max())))  # the same rule in every view
     assert np.array_equal(views["compare_view_b"], pictures.map_picture(b, relevance_b, cmap="inferno", overlay=True, query=None,
@@ -904,7 +923,8 @@ def test_compare_view_changes_redraw_without_running_a_model(models, upload, che
     changes = [  # the comparison drew the default view (rollout): each of these differs from it and from each other
         {"compare_view": "class map"}, {"compare_view": "layer and head"}, {"compare_view": "layer and head", "compare_layer": 2,
                                                                                "compare_head": "h1"},
-        {"cmap": "viridis"}, {"overlay": False}, {"colour_scale": "percentile"}, {"compare_view": "class map", "method": "grad-rollout"},
+        {"cmap": "viridis"}, {"overlay": False}, {"colour_scale": "percentile"},
+               {"compare_view": "class map", "method": "grad-rollout"},
         {"head_fusion": "max"}, {"start_layer": 3},
     ]
     pictures_b = []
@@ -914,7 +934,8 @@ def test_compare_view_changes_redraw_without_running_a_model(models, upload, che
         pictures_b.append(views["compare_view_b"].tobytes())
     assert len(set(pictures_b)) == len(changes)  # each change redrew B's view
     importance = compare_views(session, comparison, compare_statistic="gradient importance")
-    assert importance["compare_plot"]["side"].nunique() == 2 and "**Gradient importance Σ|∇A ⊙ A|" in importance["compare_plot_note"]
+    assert importance["compare_plot"]["side"].nunique() == 2
+    assert "**Gradient importance Σ|∇A ⊙ A|" in importance["compare_plot_note"]
     assert opened(COMPARE, session, controls(comparison=comparison))["compare_view_a"] is not None
     # Compare again with the same image and model: B is the one already analysed
     again = compared(models, session, upload, second, three, controls(comparison=comparison))
@@ -994,7 +1015,8 @@ def test_gradio_hands_its_progress_bar_to_the_long_actions(checkpoint):
 
     with app.build_demo(checkpoint, ModelCache()) as demo:
         functions = {block.api_name: block.fn for block in demo.fns.values()}
-    for name, index in {"sanity_check": 1, "run_ablation": 1, "score": 2, "scoreboard": 2, "compare": 4, "compare_model": 4, "change_model": 5}.items():
+    for name, index in {"sanity_check": 1, "run_ablation": 1, "score": 2, "scoreboard": 2, "compare": 4, "compare_model": 4,
+                        "change_model": 5}.items():
         _, progress_index, _, _ = special_args(functions[name], inputs=[None] * 40)
         assert progress_index == index, name  # Gradio inserts its gr.Progress there, before the control values
 
@@ -1056,7 +1078,8 @@ def test_the_tokens_tab_follows_the_query_patch_from_the_upload_pass(models, upl
     assert not np.array_equal(early["token_components"], first["token_components"])
     first_layer = session.analysis.layer_tokens[0].float()  # [n, dim]
     cosine = torch.nn.functional.cosine_similarity(first_layer, first_layer[session.query][None], dim=-1)
-    torch.testing.assert_close(maps.token_similarity(session.analysis, session.query, 0), cosine[1:].reshape(session.analysis.grid))
+    torch.testing.assert_close(maps.token_similarity(session.analysis, session.query, 0),
+                               cosine[1:].reshape(session.analysis.grid))
     assert all(is_unchanged(value) for value in opened(tokens_tab, session).values())  # drawn already, for layer 0
     back = by_name(tokens_tab_module.on_layer(session, last, *CONTROLS), tokens_tab_module.OUTPUTS)
     np.testing.assert_array_equal(back["token_similarity"], moved["token_similarity"])
@@ -1076,11 +1099,13 @@ def test_why_two_images_match_explains_each_embedding_on_the_others_direction(up
                       compare_tab.MATCHED)
     match = matched["comparison"].match
     assert matched["compare_view"] == "class map"
-    assert match.a.label(0) == "similarity to B · second.png's embedding" and match.b.label(0) == "similarity to A · the main image's embedding"
+    assert match.a.label(0) == "similarity to B · second.png's embedding"
+    assert match.b.label(0) == "similarity to A · the main image's embedding"
     assert "similarity to B · second.png's embedding" in matched["compare_title_a"]
     assert "Why they match" in matched["compare_caption"]
     # ⟨a, b⟩ / |b| and ⟨a, b⟩ / |a|: each times the other's own-embedding length is the same dot product
-    own = {side: float(analysis.output_tokens[0].norm()) for side, analysis in (("a", session.analysis), ("b", comparison.analysis))}
+    own = {side: float(analysis.output_tokens[0].norm()) for side,
+           analysis in (("a", session.analysis), ("b", comparison.analysis))}
     assert float(match.a.logits[0]) * own["b"] == pytest.approx(float(match.b.logits[0]) * own["a"], rel=1e-4)
     calls = forward_counter(models, "hf:test-backbone")
     for method in maps.CLASS_SPECIFIC:
@@ -1114,7 +1139,8 @@ def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models
     assert (np.sign(colours[..., 0] - colours[..., 2]) == np.sign(heads))[clear].all()  # red adds to the score, blue takes
     other = (0, 0) if largest != (0, 0) else (1, 1)
     y, x = geometry.tile_origin(*other)
-    clicked = by_name(contributions_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session, *CONTROLS),
+    clicked = by_name(contributions_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session,
+                                                      *CONTROLS),
                       contributions_tab.OUTPUTS)
     assert session.screen.contribution_head == other and len(calls) == 0
     assert not np.array_equal(clicked["contributions_split"], first["contributions_split"])
@@ -1136,7 +1162,8 @@ def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models
     below = np.asarray(Image.open(below)) if isinstance(below, str) else below
     drop = ablation.drop.numpy()
     clear = np.abs(drop) > 0.05 * np.abs(drop).max()
-    colours = np.array([[tile_colour(below, geometry, layer, head) for head in range(heads_per_layer)] for layer in range(layers)])
+    colours = np.array([[tile_colour(below, geometry, layer, head) for head in range(heads_per_layer)]
+                        for layer in range(layers)])
     assert (np.sign(colours[..., 0] - colours[..., 2]) == np.sign(drop))[clear].all()
     # the score is said to be the logit, and every MLP's part is in the words, not only in the chart
     text = with_ablation["contributions_text"]
@@ -1174,9 +1201,11 @@ def test_patching_b_into_a_shows_each_heads_and_tokens_effect_on_as_target(model
     heads_only = by_name(compare_tab.on_patch(models, session, False, *controls(comparison=comparison)), compare_tab.COMPARED)
     patched = heads_only["comparison"].patched(session.analysis, session.target)
     model = models.get(checkpoint)
-    expected = patch(model, pixels_of(model, session.analysis), pixels_of(model, comparison.analysis), session.target, tokens=False)
+    expected = patch(model, pixels_of(model, session.analysis), pixels_of(model, comparison.analysis), session.target,
+                     tokens=False)
     torch.testing.assert_close(patched.heads, expected.heads)
-    assert patched.score_b == pytest.approx(float(model.logits(pixels_of(model, comparison.analysis))[0, session.target]), abs=1e-5)
+    assert patched.score_b == pytest.approx(float(model.logits(pixels_of(model, comparison.analysis))[0, session.target]),
+                                            abs=1e-5)
     assert not hidden(heads_only["compare_patch_heads"]) and hidden(heads_only["compare_patch_tokens"])
     assert f"A's score {patched.score_a:.4g}, B's {patched.score_b:.4g}" in heads_only["compare_patch_text"]
     with_tokens = by_name(compare_tab.on_patch(models, session, True, *controls(comparison=comparison)), compare_tab.COMPARED)
@@ -1298,7 +1327,8 @@ def test_text_prompts_become_the_classes_of_a_clip_model(upload):
     expected = own_logits(pixels_of(loaded, session.analysis), prompts)[0].detach()
     torch.testing.assert_close(session.analysis.logits, expected, rtol=1e-4, atol=1e-4)
     top = outputs["top5"]["value"]  # {label: probability}
-    assert set(top) == set(prompts) and top[prompts[int(expected.argmax())]] == pytest.approx(float(expected.softmax(-1).max()), abs=1e-4)
+    assert set(top) == set(prompts)
+    assert top[prompts[int(expected.argmax())]] == pytest.approx(float(expected.softmax(-1).max()), abs=1e-4)
     assert "Best-matching prompt" in outputs["summary"] and "zero-shot among the 3 prompts" in outputs["summary"]
     assert sorted(index for _, index in outputs["target"]["choices"]) == [0, 1, 2]  # each prompt, once
     assert all(shown.startswith(prompts[index]) for shown, index in outputs["target"]["choices"])

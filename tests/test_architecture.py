@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vit_explorer"
 # a layer may import its own layer and those to its right; errors is the package's one exception, below everything
 ORDER = ("web", "cli", "explain", "shapes", "run", "draw", "methods", "core", "models", "errors")
 ALLOWED = {
-    "web": {"web", "run", "draw", "methods", "core", "models", "errors", "shapes"},  # the app offers the built-in model's examples
+    # the app offers the built-in model's examples
+    "web": {"web", "run", "draw", "methods", "core", "models", "errors", "shapes"},
     "cli": {"cli", "web", "run", "shapes", "draw", "methods", "core", "models", "errors"},
     "explain": {"explain", "run", "draw", "core", "models", "errors"},
     "shapes": {"shapes", "draw", "methods", "core", "models", "errors"},
@@ -68,7 +69,8 @@ def test_the_package_init_only_reexports():
     notebook display onto ``Analysis``, an upward dependency)."""
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
     assigned = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AugAssign))
-                and any(isinstance(target, ast.Attribute) for target in getattr(node, "targets", [getattr(node, "target", None)]))]
+                and any(isinstance(target, ast.Attribute)
+                        for target in getattr(node, "targets", [getattr(node, "target", None)]))]
     assert assigned == [], assigned
     assert {type(node).__name__ for node in tree.body} <= {"Expr", "ImportFrom", "Import", "Assign"}
 

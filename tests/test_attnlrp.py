@@ -18,7 +18,8 @@ REFERENCE = Path(__file__).with_name("lxt_reference.py")
 def timm_from_torchvision(state: dict[str, torch.Tensor], config: dict) -> torch.nn.Module:
     """A timm ViT holding a torchvision ViT's weights, mapped name by name."""
     timm = pytest.importorskip("timm")
-    model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=config["image_size"], patch_size=config["patch_size"],
+    model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=config["image_size"],
+                              patch_size=config["patch_size"],
                               embed_dim=config["hidden_dim"], depth=config["num_layers"], num_heads=config["num_heads"],
                               mlp_ratio=config["mlp_dim"] / config["hidden_dim"], num_classes=config["num_classes"]).eval()
     mapped = {"patch_embed.proj.weight": state["conv_proj.weight"], "patch_embed.proj.bias": state["conv_proj.bias"],

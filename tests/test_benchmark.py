@@ -16,7 +16,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
 
 def test_tiny_benchmark_writes_every_section(tmp_path):
     out = tmp_path / "results.json"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--out", str(out)], capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(out.read_text())
     assert {"machine", "capture_overhead", "interaction_latency", "class_maps", "rendering", "rollout_scaling", "memory",
@@ -28,7 +29,8 @@ def test_tiny_benchmark_writes_every_section(tmp_path):
     for row in results["capture_overhead"]:
         pairs = row["pair_ratios"]
         quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else [pairs[0]] * 3
-        assert row["ratio"] == statistics.median(pairs) and [row["ratio_q1"], row["ratio_q3"]] == [quartiles[0], quartiles[2]], row
+        assert row["ratio"] == statistics.median(pairs), row
+        assert [row["ratio_q1"], row["ratio_q3"]] == [quartiles[0], quartiles[2]], row
     rendering = results["rendering"]
     for row in rendering if isinstance(rendering, list) else [rendering]:
         assert row["ratio"] == pytest.approx(row["numpy_s"] / row["matplotlib_s"]), row

@@ -379,7 +379,8 @@ def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
         page.screenshot(path=str(OUTPUT / "1280x800-head-ablation.png"), full_page=True)
 
         open_tab(page, "Head contributions")  # the ablation has run: its heat map shows beside the contributions
-        for elem_id in ("contributions-view", "contributions-split", "contributions-chart", "contributions-lens", "contributions-ablation"):
+        for elem_id in ("contributions-view", "contributions-split", "contributions-chart", "contributions-lens",
+                        "contributions-ablation"):
             page.wait_for_selector(f"#{elem_id} img", timeout=60_000)
         page.locator("#contributions-text >> text=A head red in both").first.wait_for(timeout=10_000)
         assert shown_scale(page, "contributions-view") >= LEGIBLE_SCALE

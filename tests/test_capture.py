@@ -27,7 +27,8 @@ def hook_count(model):
     return sum(len(module._forward_hooks) for module in model.modules())
 
 
-@pytest.mark.parametrize("config", [TINY, {**TINY, "image_size": (64, 32)}, {**TINY, "pool": "mean"}], ids=["square", "rect", "no-cls"])
+@pytest.mark.parametrize("config", [TINY, {**TINY, "image_size": (64, 32)}, {**TINY, "pool": "mean"}],
+                         ids=["square", "rect", "no-cls"])
 def test_captured_maps_equal_manual_softmax_and_rows_sum_to_one(config):
     model = make_vit(config)
     images = torch.randn(2, 3, *model.image_size)

@@ -50,7 +50,8 @@ def inside(inner, outer) -> bool:
 def test_a_long_target_keeps_the_sanity_charts_title_inside_the_figure(tiny, drawn):
     model, analysis = tiny
     curves = sanity_check(model, analysis, 0)
-    long = dataclasses.replace(curves, target_label="similarity to patch (row 13, col 26) — " + "tabby, tabby cat, domestic cat " * 3)
+    long = dataclasses.replace(curves,
+                               target_label="similarity to patch (row 13, col 26) — " + "tabby, tabby cat, domestic cat " * 3)
     charts.sanity_chart(long)
     (chart,) = drawn
     assert chart["titles"] and all(inside(title, chart["figure"]) for title in chart["titles"]), chart["titles"]
@@ -73,7 +74,8 @@ def test_the_faithfulness_legend_lies_beside_the_curves(tiny, drawn):
 
     model, analysis = tiny
     evidence = class_evidence(model, analysis)
-    curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()), evidence.target,
+    curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()),
+                                evidence.target,
                                 steps=4, random_orders=1)
     charts.faithfulness_chart(curves, "relevance for a class with a long name " * 2)
     (chart,) = drawn

@@ -29,9 +29,11 @@ def test_analyze_writes_maps_and_scores_and_prints_the_aucs(tmp_path, cli_checkp
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("rollout map (the same for every target) scored for 'thing ") and "deletion AUC" in result.stdout and "insertion AUC" in result.stdout
+    assert result.stdout.startswith("rollout map (the same for every target) scored for 'thing ")
+    assert "deletion AUC" in result.stdout and "insertion AUC" in result.stdout
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr
-    assert sorted(path.name for path in out.iterdir()) == ["attention.npz", "faithfulness.json", "faithfulness.png", "heads.png", "rollout.png"]
+    assert sorted(path.name for path in out.iterdir()) == ["attention.npz", "faithfulness.json", "faithfulness.png", "heads.png",
+                                                           "rollout.png"]
     saved = np.load(out / "attention.npz")
     assert "attentions" not in saved and saved["head_mean"].shape == (6, 257, 257)  # the compact form by default
     assert saved["prefix_rows"].shape == (6, 4, 1, 257) and saved["statistic_entropy"].shape == (6, 4)
@@ -163,7 +165,8 @@ def test_train_default_never_writes_over_the_shipped_model_unless_asked(tmp_path
     written = []
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(train, "train_default", lambda out, **kwargs: written.append(out) or {"heldout_accuracy": 0.5})
-    monkeypatch.setattr(train_clip, "train_clip", lambda out, **kwargs: written.append(out) or {"heldout_zero_shot_accuracy": 0.5})
+    monkeypatch.setattr(train_clip, "train_clip", lambda out,
+                        **kwargs: written.append(out) or {"heldout_zero_shot_accuracy": 0.5})
     assert main(["train-default"]) == 0 and main(["train-default", "--clip"]) == 0
     # beside the user, not in the package
     assert written == [Path("shapes.safetensors"), Path("shapes-clip.safetensors")]
@@ -235,7 +238,8 @@ def test_evaluate_on_random_weights_says_so_and_its_relative_scores_stay_readabl
     for seed in range(2):
         photo((224, 224), seed=seed).save(folder / f"photo{seed}.png")
     torch.manual_seed(5)  # the same random weights for the run and for the oracle below
-    assert main(["evaluate", str(folder), "--model", spec, "--methods", "rollout", "--steps", "2", "--out", str(tmp_path / "out")]) == 0
+    assert main(["evaluate", str(folder), "--model", spec, "--methods", "rollout", "--steps", "2", "--out",
+                 str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(f"{spec}: random weights (nothing learned")
     report = json.loads((tmp_path / "out" / "evaluation.json").read_text())
@@ -303,7 +307,8 @@ def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout
           "--steps", "4", "--out", str(out)])
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "builtin:shapes: trained weights, 6 images"
-    assert printed[1] == "method | deletion | insertion | deletion_relative | insertion_relative | perturbation | pointing | energy | class_pointing"
+    assert printed[1] == ("method | deletion | insertion | deletion_relative | insertion_relative | perturbation | pointing | "
+                          "energy | class_pointing")
     assert [line.split(" | ")[0] for line in printed[3:]] == ["rollout", "cls", "random"]
     report = json.loads((out / "evaluation.json").read_text())
     assert report["images"] == 6 and report["skipped"] == [] and report["weights"] == "trained"
@@ -322,7 +327,8 @@ def test_evaluate_scores_a_generated_set_and_its_pointing_matches_a_hand_rollout
         for method, row in zip(("rollout", "cls"), hand_rollout_and_last_layer(captured.kept[0].numpy()), strict=True):
             peak = int(np.argmax(row))
             row_index, col_index = divmod(peak, cols)
-            near = mask[max(row_index - 1, 0) * cell_h : (row_index + 2) * cell_h, max(col_index - 1, 0) * cell_w : (col_index + 2) * cell_w]
+            near = mask[max(row_index - 1, 0) * cell_h : (row_index + 2) * cell_h,
+                        max(col_index - 1, 0) * cell_w : (col_index + 2) * cell_w]
             hits[method].append(float(near.any()))
     assert report["accuracy"] == pytest.approx(np.mean(correct))
     for row in report["table"]:
@@ -442,7 +448,8 @@ def test_analyze_explains_text_prompts_on_a_clip_model(tmp_path, capsys):
     transformers.CLIPConfig(vision_config=VISION, text_config=TEXT, projection_dim=16).save_pretrained(tmp_path / "clip")
     photo((40, 40)).save(tmp_path / "image.png")
     prompts = ["a red star", "a blue circle", "a cat"]
-    assert main(["analyze", str(tmp_path / "image.png"), "--model", f"hf:{tmp_path / 'clip'}@random", "--out", str(tmp_path / "out"),
+    assert main(["analyze", str(tmp_path / "image.png"), "--model", f"hf:{tmp_path / 'clip'}@random", "--out",
+                 str(tmp_path / "out"),
                  "--method", "attnlrp", "--target", f"text:{prompts[0]}|*{prompts[1]}|{prompts[2]}", "--decompose", "--html",
                  "--no-faithfulness"]) == 0
     err = capsys.readouterr().err

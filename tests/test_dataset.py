@@ -74,7 +74,8 @@ def test_streamed_totals_equal_the_per_image_oracle(tmp_path, tiny_model):
         np.testing.assert_allclose(totals.tensors[f"sums/{name}"].numpy(), values.sum(0), rtol=1e-5)
         np.testing.assert_allclose(totals.tensors[f"squares/{name}"].numpy(), (values.astype(np.float64) ** 2).sum(0), rtol=1e-5)
         for label in range(len(CLASSES)):
-            np.testing.assert_allclose(totals.tensors[f"class_sums/{name}"][label].numpy(), values[labels == label].sum(0), rtol=1e-5)
+            np.testing.assert_allclose(totals.tensors[f"class_sums/{name}"][label].numpy(), values[labels == label].sum(0),
+                                       rtol=1e-5)
         assert totals.tensors[f"histograms/{name}"].sum(-1).eq(len(images.paths)).all()
     predictions = []
     for path in images.paths:
@@ -106,7 +107,8 @@ def test_unreadable_files_are_skipped_and_listed_with_their_reason(tmp_path, tin
 
 
 def run_stats(args: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vit_explorer", "stats", *args], capture_output=True, text=True, timeout=600, **kwargs)
+    return subprocess.run([sys.executable, "-m", "vit_explorer", "stats", *args], capture_output=True, text=True, timeout=600,
+                          **kwargs)
 
 
 def totals_of(out: Path) -> HeadTotals:
@@ -192,7 +194,8 @@ def test_two_torchrun_processes_evaluate_like_one(tmp_path):
 
     main(["make-shapes", str(tmp_path / "set"), "--count", "5", "--seed", "3"])
     common = ["--model", "builtin:shapes", "--methods", "rollout,relevance", "--steps", "3"]
-    one = subprocess.run([sys.executable, "-m", "vit_explorer", "evaluate", str(tmp_path / "set" / "images"), "--out", str(tmp_path / "one"),
+    one = subprocess.run([sys.executable, "-m", "vit_explorer", "evaluate", str(tmp_path / "set" / "images"), "--out",
+                          str(tmp_path / "one"),
                           *common], capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29534", "-m",

@@ -79,7 +79,8 @@ def test_a_backbones_similarity_score_is_decomposed_too(patch):
 
 
 def test_a_model_whose_attention_writes_through_a_norm_is_refused():
-    module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=3, scale_attn_norm=True)
+    module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=3,
+                               scale_attn_norm=True)
     from vit_explorer.models.timm_adapter import from_timm_module
 
     model = from_timm_module(module, "timm-scale-norm")
@@ -115,7 +116,8 @@ def test_each_part_equals_a_computation_on_timms_blocks():
             head_dim = dim // heads
             gamma = block.ls1.gamma
             # each source s's value through head h's slice of the out-projection and the layer scale [heads, n, dim]
-            projected = torch.stack([v[h] @ attention.proj.weight[:, h * head_dim:(h + 1) * head_dim].T for h in range(heads)]) * gamma
+            projected = torch.stack([v[h] @ attention.proj.weight[:, h * head_dim:(h + 1) * head_dim].T
+                                     for h in range(heads)]) * gamma
             writes = maps @ projected  # [heads, n(query), dim]
             head_writes.append(writes)
             head_sources.append((maps, projected))
@@ -203,7 +205,8 @@ def test_an_upload_on_a_model_that_cannot_be_decomposed_still_gives_its_maps():
     from vit_explorer.models.timm_adapter import from_timm_module
     from vit_explorer.run import decompose
 
-    module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=3, scale_attn_norm=True)
+    module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=3,
+                               scale_attn_norm=True)
     model = from_timm_module(module, "timm-scale-norm")
     analysis = analyze(model, Image.new("RGB", (32, 32), (120, 30, 200)), decompose=True)
     assert analysis.attentions.shape[0] == 1

@@ -104,7 +104,8 @@ def test_the_target_class_moves_the_map_to_its_object(shapes_model):
     for method in ("relevance", "grad-rollout"):
         left_share = {}
         for target in ("square", "circle"):
-            grid_map = maps.class_map(analysis, method, class_evidence(shapes_model, analysis, target, (method,)), maps.RolloutOptions())
+            grid_map = maps.class_map(analysis, method, class_evidence(shapes_model, analysis, target, (method,)),
+                                      maps.RolloutOptions())
             left_share[target] = grid_map[:, :8].sum() / grid_map.sum()
         assert left_share["square"] > left_share["circle"] + 0.2, (method, left_share)  # measured 0.57 and 0.12
 
@@ -124,7 +125,8 @@ def test_every_example_is_predicted_as_its_name_says_unless_it_says_it_is_a_hard
         predicted = analyze(shapes_model, path).top_k(1)[0].label
         assert (predicted != name) == hard, (path.name, predicted)
         hard_ones += [name] if hard else []
-    assert examples[-len(hard_ones):] == [path for path, (_, hard) in zip(examples, named, strict=True) if hard]  # after the others
+    # after the others
+    assert examples[-len(hard_ones):] == [path for path, (_, hard) in zip(examples, named, strict=True) if hard]
     note = hard_cases_note(examples)
     assert all(f"(a {name})" in note for name in hard_ones) and ("wrong" in note) == bool(hard_ones)
 

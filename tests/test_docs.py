@@ -15,7 +15,8 @@ def test_the_readme_is_short_enough_to_read_to_the_end():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 300, len(lines)
     text = "\n".join(lines)
-    for words in ("## Quick start", "## Set up", "python -m pytest", "pip install . && vit-explorer", "## Commands", "## Documentation"):
+    for words in ("## Quick start", "## Set up", "python -m pytest", "pip install . && vit-explorer", "## Commands",
+                  "## Documentation"):
         assert words in text, words
 
 

@@ -79,7 +79,8 @@ def test_curves_start_at_the_image_and_end_at_the_baseline(tiny_model):
     blank = baseline_view(view, tiny_model.layout, "mean")
     for patch in top:
         row, col = divmod(int(patch), 4)
-        by_hand[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16] = blank[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16]
+        by_hand[row * 16 : (row + 1) * 16, col * 16 : (col + 1) * 16] = blank[row * 16 : (row + 1) * 16,
+                                                                              col * 16 : (col + 1) * 16]
     assert curves.deletion[1] == pytest.approx(probs(by_hand), abs=1e-5)
     inserted_by_hand = blank + (view - by_hand)  # the top patches of the image on the baseline
     assert curves.insertion[1] == pytest.approx(probs(inserted_by_hand), abs=1e-5)
@@ -112,7 +113,8 @@ def test_beating_chance_needs_a_margin_at_both_curves():
     fractions = torch.linspace(0, 1, 3, dtype=torch.float64)
 
     def curves(deletion, insertion):
-        return FaithfulnessCurves(target=0, fractions=fractions, deletion=torch.tensor(deletion), insertion=torch.tensor(insertion),
+        return FaithfulnessCurves(target=0, fractions=fractions, deletion=torch.tensor(deletion),
+                                  insertion=torch.tensor(insertion),
                                   random_deletion=torch.tensor([1.0, 0.5, 0.0]), random_insertion=torch.tensor([0.0, 0.5, 1.0]),
                                   deletion_top1=torch.ones(3), random_deletion_top1=torch.ones(3))
 

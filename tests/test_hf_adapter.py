@@ -20,13 +20,15 @@ def build(model_class, config):
 
 
 CASES = {
-    "vit": (lambda: build(transformers.ViTForImageClassification, transformers.ViTConfig(image_size=64, patch_size=16, num_labels=5, **SMALL)),
+    "vit": (lambda: build(transformers.ViTForImageClassification,
+                          transformers.ViTConfig(image_size=64, patch_size=16, num_labels=5, **SMALL)),
             ("cls",), (4, 4), (64, 64)),
     "deit-teacher": (lambda: build(transformers.DeiTForImageClassificationWithTeacher,
                                    transformers.DeiTConfig(image_size=64, patch_size=16, num_labels=3, **SMALL)),
                      ("cls", "dist"), (4, 4), (64, 64)),
-    "dinov2-registers-56px": (lambda: build(transformers.Dinov2WithRegistersModel,
-                                            transformers.Dinov2WithRegistersConfig(image_size=56, patch_size=14, num_register_tokens=4, **SMALL)),
+    "dinov2-registers-56px": (lambda: build(
+        transformers.Dinov2WithRegistersModel,
+        transformers.Dinov2WithRegistersConfig(image_size=56, patch_size=14, num_register_tokens=4, **SMALL)),
                               ("cls", "reg1", "reg2", "reg3", "reg4"), (4, 4), (56, 56)),
 }
 
@@ -35,7 +37,8 @@ def manual_maps(model, images):
     """softmax(q·kᵀ·scale) from each layer's q/k projections of that layer's attention input."""
     inputs = []
     attentions = [module for module in model.modules() if hasattr(module, "q_proj") and hasattr(module, "k_proj")]
-    hooks = [attention.register_forward_pre_hook(lambda _m, args, kwargs: inputs.append(args[0] if args else kwargs["hidden_states"]),
+    hooks = [attention.register_forward_pre_hook(lambda _m, args,
+                                                 kwargs: inputs.append(args[0] if args else kwargs["hidden_states"]),
                                                  with_kwargs=True) for attention in attentions]
     try:
         with torch.no_grad():

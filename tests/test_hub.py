@@ -70,7 +70,8 @@ def test_a_cached_timm_name_loads_with_no_network(empty_hub):
     # another input size: timm resamples the 14×14 position grid at load, and the model says so
     resized = load_model("timm:vit_tiny_patch16_224", input_hw=(112, 112), device="cpu")
     assert resized.layout.grid_hw == (7, 7)
-    assert any("position embedding resampled by timm from the weights' 224×224 input to 112×112" in note for note in resized.notes)
+    assert any("position embedding resampled by timm from the weights' 224×224 input to 112×112" in note
+               for note in resized.notes)
 
 
 @pytest.mark.parametrize("name,prefix,side", [
@@ -90,7 +91,8 @@ def test_random_timm_weights_give_the_real_layout_and_say_so(empty_hub, tmp_path
 
 def test_random_hf_weights_from_a_config_folder(tmp_path):
     transformers = pytest.importorskip("transformers")
-    config = transformers.Dinov2WithRegistersConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+    config = transformers.Dinov2WithRegistersConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                    intermediate_size=128,
                                                     image_size=56, patch_size=14, num_register_tokens=2)
     config.save_pretrained(tmp_path / "config")
     loaded = load_model(f"hf:{tmp_path / 'config'}@random", device="cpu")

@@ -17,7 +17,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPOSITORY), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPOSITORY), "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(dist)],
                    check=True, capture_output=True, timeout=600)
     (built,) = dist.glob("vit_explorer-*.whl")
     return built
@@ -25,11 +26,15 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_holds_the_model_and_the_examples(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"vit_explorer/assets/shapes.safetensors", "vit_explorer/assets/shapes-clip.safetensors"} <= names  # both shipped models
+    # both shipped models
+    assert {"vit_explorer/assets/shapes.safetensors", "vit_explorer/assets/shapes-clip.safetensors"} <= names
     assert wheel.stat().st_size < 20 * 2**20
-    assert {"vit_explorer/web/app.py", "vit_explorer/web/tabs/__init__.py", "vit_explorer/web/tabs/shared.py", "vit_explorer/core/capture.py",
-            "vit_explorer/methods/sanity.py", "vit_explorer/draw/render.py", "vit_explorer/shapes/train.py"} <= names  # every layer
-    assert len([name for name in names if name.startswith("vit_explorer/assets/examples/") and name.endswith(".png")]) == len(list((REPOSITORY / "assets" / "examples").glob("*.png"))) == 7
+    assert {"vit_explorer/web/app.py", "vit_explorer/web/tabs/__init__.py", "vit_explorer/web/tabs/shared.py",
+            "vit_explorer/core/capture.py",
+            # every layer
+            "vit_explorer/methods/sanity.py", "vit_explorer/draw/render.py", "vit_explorer/shapes/train.py"} <= names
+    assert len([name for name in names if name.startswith("vit_explorer/assets/examples/")
+                and name.endswith(".png")]) == len(list((REPOSITORY / "assets" / "examples").glob("*.png"))) == 7
     assert not any(name.startswith("vit_explorer/assets/screenshot") for name in names)  # the README's pictures stay out
 
 
@@ -51,7 +56,8 @@ def environment_beside_this_one(environment: Path) -> Path:
 def test_an_installed_wheel_analyses_an_example_from_an_unrelated_folder(wheel, tmp_path):
     environment = tmp_path / "venv"
     python = environment_beside_this_one(environment)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--ignore-installed", "-q", str(wheel)],
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--ignore-installed", "-q",
+                    str(wheel)],
                    check=True, capture_output=True, timeout=600)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -59,7 +65,8 @@ def test_an_installed_wheel_analyses_an_example_from_an_unrelated_folder(wheel, 
                              capture_output=True, text=True, check=True)
     assert located.stdout.startswith(str(environment)), located.stdout  # the wheel's copy, not the checkout
     example = next((REPOSITORY / "assets" / "examples").glob("*.png"))
-    result = subprocess.run([str(environment / "bin" / "vit-explorer"), "analyze", str(example), "--out", "out", "--no-faithfulness"],
+    result = subprocess.run([str(environment / "bin" / "vit-explorer"), "analyze", str(example), "--out", "out",
+                             "--no-faithfulness"],
                             cwd=elsewhere, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert {"rollout.png", "heads.png", "attention.npz"} <= {path.name for path in (elsewhere / "out").iterdir()}

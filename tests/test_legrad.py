@@ -117,7 +117,8 @@ def test_legrad_for_a_text_prompt_equals_the_authors_package_on_openclip(tmp_pat
     config = {"embed_dim": 16, "vision": {"layers": 4, "width": 32, "head_width": 8, "patch_size": 8, "image_size": 32},
               "text": {"context_length": 16, "vocab_size": 300, "width": 32, "heads": 4, "layers": 2}}
     torch.manual_seed(5)
-    model = CLIP(embed_dim=config["embed_dim"], vision_cfg=CLIPVisionCfg(**config["vision"]), text_cfg=CLIPTextCfg(**config["text"]))
+    model = CLIP(embed_dim=config["embed_dim"], vision_cfg=CLIPVisionCfg(**config["vision"]),
+                 text_cfg=CLIPTextCfg(**config["text"]))
     loaded = from_open_clip(model.eval(), "open_clip:tiny", random_weights=True)
     texts = F.normalize(torch.randn(2, 16), dim=-1)  # [prompts, dim]: the text tower is not what is compared
     image = torch.randn(1, 3, 32, 32)

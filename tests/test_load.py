@@ -74,7 +74,8 @@ def test_concurrent_clients_each_get_their_own_answers(checkpoint, tmp_path, req
             start = time.perf_counter()
             outputs = session.predict(gradio_client.handle_file(str(path)), *CONTROLS, api_name="/analyze")
             analyse_s.append(time.perf_counter() - start)
-            label = outputs[2]["value"] if outputs[2].get("__type__") == "update" else outputs[2]  # shown or hidden with its value
+            # shown or hidden with its value
+            label = outputs[2]["value"] if outputs[2].get("__type__") == "update" else outputs[2]
             top5 = {entry["label"]: entry["confidence"] for entry in label["confidences"]}
             want_top5, want_image = expected[path]
             if top5.keys() != want_top5.keys() or not np.allclose(list(top5.values()), [want_top5[k] for k in top5], atol=1e-5):
@@ -104,7 +105,8 @@ def test_a_long_session_keeps_memory_flat(checkpoint, tmp_path, request):
     images = client_images(tmp_path, 0, count=4)
     events = [
         ("/set_colormap", lambda step: (["inferno", "viridis", "magma"][step % 3], *CONTROLS[1:])),
-        ("/set_order_heads_by", lambda step: (*CONTROLS[:3], ["entropy", "distance", "prefix share", "gradient importance"][step % 4], *CONTROLS[4:])),
+        ("/set_order_heads_by",
+         lambda step: (*CONTROLS[:3], ["entropy", "distance", "prefix share", "gradient importance"][step % 4], *CONTROLS[4:])),
         ("/set_discard_ratio", lambda step: (*CONTROLS[:5], (step % 10) / 10, *CONTROLS[6:])),
         ("/select_query", lambda step: ("mean of patch queries" if step % 2 else "cls", *CONTROLS)),
         ("/set_method", lambda step: (*CONTROLS[:8], ["relevance", "grad-rollout", "rollout", "cls"][step % 4])),
@@ -122,7 +124,8 @@ def test_a_long_session_keeps_memory_flat(checkpoint, tmp_path, request):
         session = gradio_client.Client(url, verbose=False, download_files=str(tmp_path / "downloads"))
         for step in range(updates):
             if step % 25 == 0:  # a new image now and then: the previous analysis must be let go
-                session.predict(gradio_client.handle_file(str(images[(step // 25) % len(images)])), *CONTROLS, api_name="/analyze")
+                session.predict(gradio_client.handle_file(str(images[(step // 25) % len(images)])), *CONTROLS,
+                                api_name="/analyze")
             endpoint, arguments = events[step % len(events)]
             session.predict(*arguments(step), api_name=endpoint)
             if step % 10 == 0:
@@ -130,6 +133,7 @@ def test_a_long_session_keeps_memory_flat(checkpoint, tmp_path, request):
         assert server.poll() is None
     warm = samples[len(samples) // 4]  # after the caches and the allocator have settled
     growth = max(samples[len(samples) // 4 :]) - warm
-    report("soak", {"updates": updates, "rss_samples_mib": [round(sample, 1) for sample in samples], "rss_after_warm_up_mib": warm,
+    report("soak",
+           {"updates": updates, "rss_samples_mib": [round(sample, 1) for sample in samples], "rss_after_warm_up_mib": warm,
                     "growth_after_warm_up_mib": growth})
     assert growth < 150, f"RSS grew by {growth:.0f} MiB after warm-up: {samples}"

@@ -49,7 +49,8 @@ def test_query_rows_and_attention_map_read_the_right_rows(analysis):
     rows = query_rows(analysis, 7)
     np.testing.assert_array_equal(rows, analysis.attentions[:, :, 7, :])
     np.testing.assert_allclose(attention_map(analysis, 7, 2, 3), analysis.attentions[2, 3, 7, 1:].reshape(4, 4))
-    np.testing.assert_allclose(attention_map(analysis, 7, 2, None), analysis.attentions[2, :, 7, 1:].mean(0).reshape(4, 4), rtol=1e-6)
+    np.testing.assert_allclose(attention_map(analysis, 7, 2, None), analysis.attentions[2, :, 7, 1:].mean(0).reshape(4, 4),
+                               rtol=1e-6)
     assert query_rows(analysis, 7) is rows  # memoised on the analysis
     assert default_query(analysis) == 0
 
@@ -159,7 +160,8 @@ def test_the_analysis_layer_is_torch_and_pictures_are_numpy_from_the_render_boun
     picture = map_picture(analysis, rollout, cmap="inferno", overlay=True, query=0, unit="rollout weight")
     assert isinstance(picture, np.ndarray) and picture.dtype == np.uint8 and picture.ndim == 3 and picture.shape[2] == 3
     # the picture is of that map: the same values handed over as numpy draw the same pixels, another map does not
-    assert np.array_equal(picture, map_picture(analysis, rollout.numpy(), cmap="inferno", overlay=True, query=0, unit="rollout weight"))
+    assert np.array_equal(picture,
+                          map_picture(analysis, rollout.numpy(), cmap="inferno", overlay=True, query=0, unit="rollout weight"))
     other = map_picture(analysis, computed["relevance map"], cmap="inferno", overlay=True, query=0, unit="rollout weight")
     assert not np.array_equal(picture, other)
 
@@ -170,7 +172,8 @@ def test_percentile_scale_spreads_a_heavy_tailed_map_over_the_colormap(analysis)
     grid_map[0, 0] = 10.0  # one extreme patch
     height, _ = view_hw(analysis)
     linear = map_picture(analysis, grid_map, cmap="gray", overlay=False, query=None, unit="relevance")[:height]
-    percentile = map_picture(analysis, grid_map, cmap="gray", overlay=False, query=None, unit="relevance", scale="percentile")[:height]
+    percentile = map_picture(analysis, grid_map, cmap="gray", overlay=False, query=None, unit="relevance",
+                             scale="percentile")[:height]
     middle = (slice(height * 3 // 8, height * 5 // 8),) * 2  # the four graded patches
     assert np.ptp(linear[middle]) < 10  # on min–max, the extreme patch leaves them all one dark grey
     assert np.ptp(percentile[middle]) > 100  # clipped at the 99th percentile, they spread over the colormap
@@ -181,7 +184,8 @@ def test_class_maps_are_the_class_token_rows_of_their_chains(model, analysis):
     _, attentions, gradients = record_attention_gradients(model, to_pixels(analysis.image, model.preprocess), torch.tensor([3]))
     expected = relevance(attentions[0], gradients[0]).numpy()[0, 1:].reshape(4, 4)
     np.testing.assert_allclose(class_map(analysis, "relevance", evidence, RolloutOptions()), expected, rtol=1e-4, atol=1e-7)
-    np.testing.assert_allclose(class_map(analysis, "rollout", evidence, RolloutOptions()), rollout_map(analysis, 0, RolloutOptions()))
+    np.testing.assert_allclose(class_map(analysis, "rollout", evidence, RolloutOptions()),
+                               rollout_map(analysis, 0, RolloutOptions()))
     np.testing.assert_allclose(class_map(analysis, "cls", None, RolloutOptions()), attention_map(analysis, 0, 2, None))
     assert class_evidence(model, analysis, "thing 3") is evidence  # kept on the analysis, found by name too
     other = class_evidence(model, analysis, 1)
@@ -270,7 +274,8 @@ def test_attnlrp_says_how_its_relevance_adds_up_to_the_score(model, analysis):
     evidence = class_evidence(model, analysis, None, ("attnlrp",))
     grid_map = class_map(analysis, "attnlrp", evidence, RolloutOptions())
     ratio = conservation(analysis, "attnlrp", evidence, grid_map)
-    expected = float(grid_map.double().sum()) / float(model.logits(to_pixels(analysis.image, model.preprocess))[0, evidence.target])
+    logits = model.logits(to_pixels(analysis.image, model.preprocess))
+    expected = float(grid_map.double().sum()) / float(logits[0, evidence.target])
     assert ratio == pytest.approx(expected, rel=1e-4)
     assert conservation(analysis, "relevance", evidence, grid_map) is None
     assert trust_note(None, 1.1) == "relevance sums to 1.10× the score"
@@ -297,7 +302,8 @@ def test_token_views_are_the_output_tokens_of_one_independent_pass():
         tokens = model.module.forward_features(to_pixels(analysis.image, model.preprocess))[0]  # [n, dim], registers included
     assert isinstance(model.module, timm.models.VisionTransformer) and analysis.output_tokens.shape == tokens.shape
     query = analysis.layout.patch_token(2, 1)
-    expected = torch.nn.functional.cosine_similarity(tokens[5:], tokens[query][None], dim=-1).reshape(4, 4)  # 1 class + 4 registers
+    # 1 class + 4 registers
+    expected = torch.nn.functional.cosine_similarity(tokens[5:], tokens[query][None], dim=-1).reshape(4, 4)
     torch.testing.assert_close(token_similarity(analysis, query), expected, rtol=1e-4, atol=1e-5)
     assert float(token_similarity(analysis, query)[2, 1]) == pytest.approx(1.0, abs=1e-5)
     # the components: numpy's SVD of the centred patch tokens, each scaled to 0…1, up to the sign of each component

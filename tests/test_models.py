@@ -67,7 +67,8 @@ def test_shape_mismatch_names_the_first_bad_parameter(tmp_path):
 
 @pytest.mark.parametrize(
     "spec, message",
-    [("nonsense", "unknown model spec"), ("builtin:nope", "no built-in model 'nope'"), ("/no/such/model.safetensors", "does not exist")],
+    [("nonsense", "unknown model spec"), ("builtin:nope", "no built-in model 'nope'"),
+     ("/no/such/model.safetensors", "does not exist")],
 )
 def test_bad_specs_are_user_errors(spec, message):
     with pytest.raises(VitExplorerError, match=message):
@@ -106,9 +107,11 @@ def test_a_checkpoint_without_its_head_loads_as_a_backbone(tmp_path):
     config = json.dumps({"vit": TINY, "labels": [f"thing {i}" for i in range(5)]})
     model = load_model(str(path))
     assert model.module.mlp_head is None and model.labels is None
-    assert model.notes and model.notes[0].startswith("backbone: the checkpoint has no classifier head ('mlp_head.weight', 'mlp_head.bias')")
+    assert model.notes
+    assert model.notes[0].startswith("backbone: the checkpoint has no classifier head ('mlp_head.weight', 'mlp_head.bias')")
     assert model.logits(torch.randn(1, 3, 64, 64)).shape == (1, 0) and model.num_classes == 0
     del headless["transformer.layers.1.1.net.1.weight"]
     save_file(headless, str(tmp_path / "broken.safetensors"), metadata={"vit_explorer": config})
-    with pytest.raises(VitExplorerError, match=r"lacks parameter\(s\) 'transformer\.layers\.1\.1\.net\.1\.weight'.*initialised at random"):
+    with pytest.raises(VitExplorerError,
+                       match=r"lacks parameter\(s\) 'transformer\.layers\.1\.1\.net\.1\.weight'.*initialised at random"):
         load_model(str(tmp_path / "broken.safetensors"))

@@ -209,7 +209,8 @@ def test_timm_registers_are_reported_by_name_and_never_flagged():
 
 def test_analyze_norms_writes_the_json_and_pictures_and_the_npz_gains_token_norms(tmp_path, tiny_checkpoint, image_file):
     out = tmp_path / "out"
-    assert main(["analyze", str(image_file), "--model", str(tiny_checkpoint), "--out", str(out), "--norms", "--no-faithfulness"]) == 0
+    assert main(["analyze", str(image_file), "--model", str(tiny_checkpoint), "--out", str(out), "--norms",
+                 "--no-faithfulness"]) == 0
     for name in ("norms.json", "norms.png", "norms_chart.png", "norm_outliers.png"):
         assert (out / name).stat().st_size > 0, name
     token_norms = np.load(out / "attention.npz")["token_norms"]

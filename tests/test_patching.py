@@ -107,7 +107,8 @@ def test_a_backbones_similarity_is_patched_with_as_reference_held():
     a, b = pixels_for(backbone, 3), pixels_for(backbone, 4)
     model = similarity_model(backbone, a)
     result = patch(model, a, b, 0, model.labels[0])
-    assert result.score_a == pytest.approx(scores(model, a, 0), abs=1e-5) and result.score_b == pytest.approx(scores(model, b, 0), abs=1e-5)
+    assert result.score_a == pytest.approx(scores(model, a, 0), abs=1e-5)
+    assert result.score_b == pytest.approx(scores(model, b, 0), abs=1e-5)
     n = backbone.layout.num_tokens
     everything = patched_residual(model, a, record(model, b), 1, torch.ones(1, n, dtype=torch.bool), 0)
     assert float(everything[0]) == pytest.approx(result.score_b, abs=1e-4)

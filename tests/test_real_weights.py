@@ -43,7 +43,8 @@ def layer_inputs(model, pixels: torch.Tensor) -> list[torch.Tensor]:
     module = model.module
     layers = module.blocks if hasattr(module, "blocks") else module.encoder.layer
     inputs: list[torch.Tensor] = []
-    handles = [layer.register_forward_pre_hook(lambda _m, args, kwargs: inputs.append(args[0] if args else kwargs["hidden_states"]),
+    handles = [layer.register_forward_pre_hook(lambda _m, args,
+                                               kwargs: inputs.append(args[0] if args else kwargs["hidden_states"]),
                                                with_kwargs=True) for layer in layers]
     try:
         model.logits(pixels)

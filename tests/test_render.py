@@ -67,7 +67,8 @@ def test_upsample_equals_torch_bilinear_interpolation():
     import torch
 
     maps = np.random.default_rng(0).random((2, 3, 5, 7)).astype(np.float32)
-    expected = torch.nn.functional.interpolate(torch.from_numpy(maps.reshape(6, 1, 5, 7)), size=(40, 33), mode="bilinear", align_corners=False)
+    expected = torch.nn.functional.interpolate(torch.from_numpy(maps.reshape(6, 1, 5, 7)), size=(40, 33), mode="bilinear",
+                                               align_corners=False)
     np.testing.assert_allclose(upsample(maps, (40, 33)), expected.reshape(2, 3, 40, 33).numpy(), atol=1e-5)
 
 

@@ -125,7 +125,8 @@ def test_a_similarity_report_shows_scores_never_probabilities(tmp_path):
     assert "<h2>Target score</h2>" in text and "patch (row 1, col 2): its own output token: <b>" in text
     assert "100.0%" not in text and "probability" not in text.split("<h2>Head ablation")[1]
     ablation = json.loads((out / "ablation.json").read_text())
-    assert re.search(r"lowers it most, by -?\d+\.\d{3} \(-?\d+\.\d{3} → -?\d+\.\d{3}\)", text), text.split("<h2>Head ablation")[1][-400:]
+    assert re.search(r"lowers it most, by -?\d+\.\d{3} \(-?\d+\.\d{3} → -?\d+\.\d{3}\)",
+                     text), text.split("<h2>Head ablation")[1][-400:]
     assert ablation["target"] == 0
 
 

@@ -88,7 +88,8 @@ def test_road_curves_are_called_morf_and_lerf_wherever_they_are_shown(tmp_path):
 
     analysis = analyze(model, Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))
     evidence = class_evidence(model, analysis, None, ("attnlrp", "legrad"))
-    curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()), evidence.target,
+    curves = deletion_insertion(model, analysis.image, class_map(analysis, "relevance", evidence, RolloutOptions()),
+                                evidence.target,
                                 steps=4, random_orders=1, protocol=ROAD)
     names = set(plots.faithfulness_table(curves)["curve"])
     assert {name.split(" (")[0] for name in names} == {"MoRF", "random MoRF", "LeRF", "random LeRF"}

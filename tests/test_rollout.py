@@ -82,7 +82,8 @@ def test_attention_row_of_one_head_and_mean_of_heads():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"head_fusion": "median"}, "head_fusion"), ({"discard_ratio": 1.0}, "discard_ratio"), ({"start_layer": 4}, "start_layer"), ({"residual_weight": 2.0}, "residual_weight")],
+    [({"head_fusion": "median"}, "head_fusion"), ({"discard_ratio": 1.0}, "discard_ratio"), ({"start_layer": 4}, "start_layer"),
+     ({"residual_weight": 2.0}, "residual_weight")],
 )
 def test_bad_options_are_user_errors(kwargs, message):
     with pytest.raises(VitExplorerError, match=message):

@@ -86,11 +86,13 @@ def test_a_run_answers_exactly_what_was_asked(tmp_path):
     assert plain.overview is None
     with pytest.raises(VitExplorerError, match="did not compute the cls map"):  # drawing never computes a map
         pictures.run_map_picture(plain, "cls")
-    named = run(model, image, Request(method="legrad", target=Target("thing 2"), score=True, protocol=ROAD, steps=2, random_orders=1))
+    named = run(model, image,
+                Request(method="legrad", target=Target("thing 2"), score=True, protocol=ROAD, steps=2, random_orders=1))
     assert named.evidence.target == 2 and named.target_label == "thing 2" and set(named.evidence.method_maps) == {"legrad"}
     assert named.curves.protocol == ROAD and named.curves.curve_names == ("MoRF", "LeRF") and named.curves.target == 2
     steps = []
-    run(model, image, Request(method="relevance", ablation="zero"), progress=lambda text, total, unit: steps.append((text, total, unit)) or
+    run(model, image, Request(method="relevance", ablation="zero"), progress=lambda text, total,
+        unit: steps.append((text, total, unit)) or
         (lambda: None))
     assert steps[0] == ("analysing the image", 0, "")  # a line, before the pass
     assert [(total, unit) for _, total, unit in steps[1:]] == [(3, "layer")] and steps[1][0].startswith("head ablation (zero)")

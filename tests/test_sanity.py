@@ -90,7 +90,8 @@ def test_randomise_keeps_each_tensors_mean_and_spread_and_is_seeded():
             assert torch.equal(parameter, original), name
             continue
         assert not torch.equal(parameter, original), name
-        assert parameter.mean().item() == pytest.approx(original.mean().item(), abs=4 * original.std().item() / original.numel() ** 0.5)
+        assert parameter.mean().item() == pytest.approx(original.mean().item(),
+                                                        abs=4 * original.std().item() / original.numel() ** 0.5)
         assert parameter.std().item() == pytest.approx(original.std().item(), rel=0.15), name
     again = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128))
     again.register_parameter("scalar", torch.nn.Parameter(torch.tensor([2.5])))

@@ -24,9 +24,11 @@ def tiny(tmp_path_factory):
 def test_entries_equal_each_maps_own_score_and_are_ranked(tiny, protocol):
     model, analysis = tiny
     calls = []
-    board = scoreboard(model, analysis, 1, protocol=protocol, steps=4, random_orders=3, seed=5, batch_size=16, step=lambda: calls.append(1))
+    board = scoreboard(model, analysis, 1, protocol=protocol, steps=4, random_orders=3, seed=5, batch_size=16,
+                       step=lambda: calls.append(1))
     assert len(calls) == batches(len(CLASS_METHODS), 4, 3, protocol, 16) + analysis.map_shape[0]
-    assert [entry.method for entry in board.entries] == sorted(CLASS_METHODS, key=lambda m: -next(e.score for e in board.entries if e.method == m))
+    score_of = {entry.method: entry.score for entry in board.entries}
+    assert [entry.method for entry in board.entries] == sorted(CLASS_METHODS, key=lambda m: -score_of[m])
     evidence = class_evidence(model, analysis, 1)
     for entry in board.entries:
         curves = deletion_insertion(model, analysis.image, class_map(analysis, entry.method, evidence, RolloutOptions()), 1,
@@ -40,7 +42,8 @@ def test_entries_equal_each_maps_own_score_and_are_ranked(tiny, protocol):
         step = np.diff(curves.fractions.numpy())
         curves_area = {name: float((step * (getattr(curves, name).numpy()[1:] + getattr(curves, name).numpy()[:-1]) / 2).sum())
                        for name in ("deletion", "insertion")}
-        expected = {"blur": curves_area["insertion"] - curves_area["deletion"], "road": (curves_area["insertion"] - curves_area["deletion"]) / 2}
+        expected = {"blur": curves_area["insertion"] - curves_area["deletion"],
+                    "road": (curves_area["insertion"] - curves_area["deletion"]) / 2}
         assert entry.score == pytest.approx(expected[protocol.name], abs=2 * tolerance)
     if protocol == BLUR:  # chance: the mean of the random orders' insertion − deletion
         assert board.chance_mean == pytest.approx(aucs["random_insertion"] - aucs["random_deletion"], abs=1e-5)

@@ -97,7 +97,8 @@ def test_rendered_views_and_uploads_are_deleted_after_their_time_to_live(tmp_pat
     photo((256, 256)).save(image)
     checkpoint = write_checkpoint(tmp_path / "served.safetensors", CLI_MODEL)
     controls = ("inferno", True, "per tile", "none", "mean", 0.0, 0, 0.5, "relevance")
-    with running_server(str(checkpoint), tmp_path / "server.log", "--cache-ttl-s", "4", env={"GRADIO_TEMP_DIR": str(cache)}) as (url, _):
+    with running_server(str(checkpoint), tmp_path / "server.log", "--cache-ttl-s", "4",
+                        env={"GRADIO_TEMP_DIR": str(cache)}) as (url, _):
         client = gradio_client.Client(url, verbose=False, download_files=str(tmp_path / "downloads"))
         for _ in range(3):
             client.predict(gradio_client.handle_file(str(image)), *controls, api_name="/analyze")

@@ -84,7 +84,8 @@ def test_rings_have_a_hole_and_circles_do_not():
 def test_circles_are_one_colour_to_their_edge():
     """A circle with a border of another colour is a ring round a disc, so circles are only filled: the
     middle of each circle is the colour of its edge, not of its surround."""
-    circles = [s for s in generate_set(17, 200) if s.class_name == "circle" and ndimage.binary_erosion(s.mask, iterations=4).sum() > 20]
+    circles = [s for s in generate_set(17, 200) if s.class_name == "circle"
+               and ndimage.binary_erosion(s.mask, iterations=4).sum() > 20]
     assert len(circles) > 15
     for sample in circles:
         band, edge = band_and_edge(sample.mask)
@@ -136,5 +137,6 @@ def test_a_two_object_set_is_written_with_one_mask_per_shape(tmp_path):
     for path in images:
         first, second = path.parent.name.split("+")
         assert first != second and {first, second} <= set(CLASSES)
-        masks = [np.asarray(Image.open(tmp_path / "masks" / path.parent.name / path.stem / f"{name}.png")) > 127 for name in (first, second)]
+        masks = [np.asarray(Image.open(tmp_path / "masks" / path.parent.name / path.stem / f"{name}.png")) > 127
+                 for name in (first, second)]
         assert masks[0].any() and masks[1].any() and not (masks[0] & masks[1]).any()

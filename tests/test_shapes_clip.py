@@ -37,7 +37,8 @@ def test_the_shipped_shapes_clip_reads_text_offline(shapes_clip):
 
 
 def zero_shot_hits(prompted, count: int) -> list[float]:
-    return [float(analyze(prompted, Image.fromarray(drawn.image), explain=False).logits.argmax() == drawn.label) for drawn in independent_set(count)]
+    return [float(analyze(prompted, Image.fromarray(drawn.image), explain=False).logits.argmax() == drawn.label)
+            for drawn in independent_set(count)]
 
 
 @pytest.mark.slow
@@ -59,7 +60,8 @@ def test_each_shape_prompt_points_at_its_own_shape_on_independent_pairs(shapes_c
         analysis = analyze(prompted, Image.fromarray(pair.image), explain=False)
         maps_by_shape = [maps.class_map(analysis, "attnlrp", class_evidence(prompted, analysis, label, ("attnlrp",)), OPTIONS)
                          for label in pair.labels]
-        hits.append(float(class_sensitive_hit(maps_by_shape, list(zip(pair.labels, pair.masks, strict=True)), prompted.layout.grid_hw)))
+        hits.append(float(class_sensitive_hit(maps_by_shape, list(zip(pair.labels, pair.masks, strict=True)),
+                                              prompted.layout.grid_hw)))
     low, high = bootstrap_interval(hits)
     print(f"text-sensitive pointing {np.mean(hits):.3f} [{low:.3f}, {high:.3f}] on {PAIRS} independent pairs")
     assert np.mean(hits) >= 0.8

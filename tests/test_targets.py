@@ -43,7 +43,8 @@ def test_the_own_embedding_score_is_the_embeddings_length_and_a_patch_score_its_
     with torch.no_grad():
         other_tokens = tokens_apart(backbone, other)
     assert float(own.logits(other)[0, 0]) == pytest.approx(float(other_tokens[0] @ tokens[0] / tokens[0].norm()), rel=1e-5)
-    assert float(patch.logits(other)[0, 0]) == pytest.approx(float(other_tokens[index] @ token / token.norm()), rel=1e-5, abs=1e-6)
+    assert float(patch.logits(other)[0, 0]) == pytest.approx(float(other_tokens[index] @ token / token.norm()), rel=1e-5,
+                                                             abs=1e-6)
     with pytest.raises(VitExplorerError, match="outside the 4×4 patch grid"):
         similarity_model(backbone, pixels, (4, 0))
 
@@ -54,7 +55,8 @@ def test_every_class_specific_method_explains_a_backbone(backbone):
         for target in (None, (1, 2)):
             explanation = explain(image, backbone, method, target)
             assert explanation.map.shape == (4, 4) and explanation.map.isfinite().all() and explanation.map.abs().sum() > 0
-            assert explanation.probability is None and explanation.target.startswith("similarity to" if target is None else "patch (row 1")
+            assert explanation.probability is None
+            assert explanation.target.startswith("similarity to" if target is None else "patch (row 1")
     html = explain(image, backbone, "attnlrp")._repr_html_()
     assert "not a probability" in html and "100.0%" not in html
     with pytest.raises(VitExplorerError, match="no class 'cat'"):
@@ -68,7 +70,8 @@ def test_attnlrp_conserves_the_similarity_score(backbone):
                 parameter.zero_()
     pixels = pixels_of(backbone, analyze(backbone, photo((64, 64), seed=5)))
     scored = similarity_model(backbone, pixels, (3, 3))
-    assert float(input_relevance(scored, pixels, 0).sum()) == pytest.approx(float(scored.logits(pixels)[0, 0]), rel=1e-4, abs=1e-5)
+    assert float(input_relevance(scored, pixels, 0).sum()) == pytest.approx(float(scored.logits(pixels)[0, 0]), rel=1e-4,
+                                                                            abs=1e-5)
 
 
 def test_a_classifier_takes_classes_not_patches(tmp_path):

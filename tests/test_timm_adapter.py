@@ -24,8 +24,10 @@ CASES = {
     "dinov2-reg4-98px": (lambda: build("vit_small_patch14_reg4_dinov2", depth=2, img_size=98, num_classes=3),
                          ("cls", "reg1", "reg2", "reg3", "reg4"), (7, 7), (98, 98)),
     "no-class-token": (lambda: timm.models.VisionTransformer(img_size=64, patch_size=16, embed_dim=64, depth=2, num_heads=4,
-                                                            class_token=False, global_pool="avg", num_classes=4).eval(), (), (4, 4), (64, 64)),
-    "dynamic-96x64": (lambda: build("vit_tiny_patch16_224", depth=2, img_size=64, dynamic_img_size=True), ("cls",), (6, 4), (96, 64)),
+                                                            class_token=False, global_pool="avg", num_classes=4).eval(), (),
+                       (4, 4), (64, 64)),
+    "dynamic-96x64": (lambda: build("vit_tiny_patch16_224", depth=2, img_size=64, dynamic_img_size=True), ("cls",), (6, 4),
+                      (96, 64)),
 }
 
 
@@ -185,9 +187,11 @@ def test_weights_run_at_the_position_grid_they_hold_unless_asked_and_resampling_
 
 # every family the issue trackers ask for that is not a plain ViT, and those that crashed the loader with an AttributeError
 # (XCiT's, LeViT's and Hiera's patch embedding; Twins', CrossViT's and TNT's blocks without ``attn``)
-UNREADABLE = {"swin_tiny_patch4_window7_224": "SwinTransformer", "cait_xxs24_224": "Cait", "pit_ti_224": "PoolingVisionTransformer",
+UNREADABLE = {"swin_tiny_patch4_window7_224": "SwinTransformer", "cait_xxs24_224": "Cait",
+              "pit_ti_224": "PoolingVisionTransformer",
               "xcit_tiny_12_p16_224": "Xcit", "levit_128s": "LevitDistilled", "hiera_tiny_224": "Hiera",
-              "twins_svt_small": "Twins", "crossvit_tiny_240": "CrossVit", "tnt_s_patch16_224": "TNT", "mvitv2_tiny": "MultiScaleVit",
+              "twins_svt_small": "Twins", "crossvit_tiny_240": "CrossVit", "tnt_s_patch16_224": "TNT",
+              "mvitv2_tiny": "MultiScaleVit",
               "pvt_v2_b0": "PyramidVisionTransformerV2", "vitamin_small_224": "VisionTransformer", "resnet18": "ResNet"}
 
 
@@ -216,7 +220,8 @@ def test_without_network_a_hub_name_says_how_to_load_a_local_file(tmp_path):
     photo((64, 64)).save(image)
     # a fresh process: huggingface_hub reads its offline switch and cache folder once, at import
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")}
-    result = subprocess.run([sys.executable, "-m", "vit_explorer.cli", "analyze", str(image), "--model", "timm:vit_tiny_patch16_224",
+    result = subprocess.run([sys.executable, "-m", "vit_explorer.cli", "analyze", str(image), "--model",
+                             "timm:vit_tiny_patch16_224",
                              "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=300)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
@@ -236,14 +241,16 @@ def test_timm_weights_without_their_head_load_as_a_backbone_and_others_are_refus
     save_file(headless, str(tmp_path / "backbone.safetensors"))
     loaded = load_model(f"timm:vit_tiny_patch16_224@{tmp_path / 'backbone.safetensors'}", device="cpu")
     assert loaded.module.num_classes == 0 and loaded.labels is None
-    assert loaded.notes and loaded.notes[0].startswith("backbone: the weights have no classifier head ('head.weight', 'head.bias')")
+    assert loaded.notes
+    assert loaded.notes[0].startswith("backbone: the weights have no classifier head ('head.weight', 'head.bias')")
     assert loaded.logits(torch.randn(1, 3, 224, 224)).shape == (1, 0)
     for name, tensor in headless.items():
         torch.testing.assert_close(loaded.module.state_dict()[name], tensor, msg=name)
     # without the head the load is still strict: a missing block parameter is named, not initialised
     del headless["blocks.7.mlp.fc2.bias"]
     save_file(headless, str(tmp_path / "broken.safetensors"))
-    with pytest.raises(VitExplorerError, match=r"lack 'blocks\.7\.mlp\.fc2\.bias', which would be initialised at random \(the classifier"):
+    with pytest.raises(VitExplorerError,
+                       match=r"lack 'blocks\.7\.mlp\.fc2\.bias', which would be initialised at random \(the classifier"):
         load_model(f"timm:vit_tiny_patch16_224@{tmp_path / 'broken.safetensors'}", device="cpu")
     del state["blocks.7.mlp.fc2.bias"]
     save_file(state, str(tmp_path / "broken-with-head.safetensors"))

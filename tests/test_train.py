@@ -20,13 +20,15 @@ def test_augmented_window_is_the_window_of_the_augmented_whole_image_at_its_new_
     offsets = torch.tensor([[0, 0], [8, 8], [3, 5], [8, 0], [0, 7], [2, 2]])
     windows = torch.stack([whole[i, :, r * PATCH : (r + WINDOW_ROWS) * PATCH, c * PATCH : (c + WINDOW_ROWS) * PATCH]
                            for i, (r, c) in enumerate(offsets.tolist())])
-    window_classes = torch.stack([whole_classes[i, r : r + WINDOW_ROWS, c : c + WINDOW_ROWS] for i, (r, c) in enumerate(offsets.tolist())])
+    window_classes = torch.stack([whole_classes[i, r : r + WINDOW_ROWS, c : c + WINDOW_ROWS] for i,
+                                  (r, c) in enumerate(offsets.tolist())])
     for seed in range(12):  # every turn, with and without the flip
         whole_out, whole_classes_out, _ = augment(whole, whole_classes, torch.zeros_like(offsets), np.random.default_rng(seed))
         window_out, window_classes_out, moved = augment(windows, window_classes, offsets, np.random.default_rng(seed))
         for i, (r, c) in enumerate(moved.tolist()):
             assert 0 <= r <= GRID - WINDOW_ROWS and 0 <= c <= GRID - WINDOW_ROWS
-            assert torch.equal(window_out[i], whole_out[i, :, r * PATCH : (r + WINDOW_ROWS) * PATCH, c * PATCH : (c + WINDOW_ROWS) * PATCH])
+            assert torch.equal(window_out[i],
+                               whole_out[i, :, r * PATCH : (r + WINDOW_ROWS) * PATCH, c * PATCH : (c + WINDOW_ROWS) * PATCH])
             assert torch.equal(window_classes_out[i], whole_classes_out[i, r : r + WINDOW_ROWS, c : c + WINDOW_ROWS])
 
 

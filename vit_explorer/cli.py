@@ -1,4 +1,5 @@
-"""``vit-explorer``: analyze an image to files, serve the app, reduce head statistics over a dataset, or train the embedded model."""
+"""``vit-explorer``: analyze an image to files, serve the app, reduce head statistics over a dataset, or train the embedded
+model."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def run_analyze(args: argparse.Namespace) -> None:
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
     request = Request(method=args.method, target=Target.parse(args.target), every_map=args.html, score=not args.no_faithfulness,
-                      protocol=Protocol(args.baseline), steps=args.steps, random_orders=args.random_orders, scoreboard=args.scoreboard,
+                      protocol=Protocol(args.baseline), steps=args.steps, random_orders=args.random_orders,
+                      scoreboard=args.scoreboard,
                       sanity=args.sanity, ablation=args.ablation_mode if args.ablation else None, norms=args.norms,
                       decompose=args.decompose, options=rollout_options(args), overview=True, full_maps=args.full_maps,
                       memory_budget=memory_budget(args), fit=args.fit)
@@ -118,7 +120,8 @@ def run_train_default(args: argparse.Namespace) -> None:
     shipped = ASSETS / ("shapes-clip.safetensors" if args.clip else "shapes.safetensors")
     out = shipped if args.replace_shipped else Path(args.out or shipped.name).expanduser()
     if out.resolve() == shipped.resolve() and not args.replace_shipped:
-        raise VitExplorerError(f"--out {out} is the shipped model; add --replace-shipped to write over it, or choose another path")
+        raise VitExplorerError(f"--out {out} is the shipped model; add --replace-shipped to write over it, or choose another "
+                               "path")
     if args.clip:
         figures = train_clip(out, seed=args.seed, scale=args.scale, resume=args.resume)
         progress(f"wrote {out}: held-out zero-shot accuracy {figures['heldout_zero_shot_accuracy']:.1%}")
@@ -136,7 +139,8 @@ def run_stats(args: argparse.Namespace) -> None:
         images = list_images(args.source)
         model = load_model(args.model, input_hw=args.input_size, device=device)
         if rank == 0:
-            progress(f"{len(images.paths)} images from {args.source} through {model.name}" + (f" in {world} processes" if world > 1 else ""))
+            processes = f" in {world} processes" if world > 1 else ""
+            progress(f"{len(images.paths)} images from {args.source} through {model.name}{processes}")
         out = Path(args.out)
         totals, run = collect(model, images, out / ".shards", batch_size=args.batch_size, workers=args.workers, fit=args.fit,
                               shard_size=args.shard_size, resume=args.resume, show_progress=sys.stderr.isatty())
@@ -177,13 +181,15 @@ def run_evaluate(args: argparse.Namespace) -> None:
             images = ImageList(images.paths[: args.limit], images.labels[: args.limit] if images.labels else None, images.classes)
         model = load_model(args.model, input_hw=args.input_size, device=device)
         root = Path(args.source) if Path(args.source).is_dir() else None
-        masks = Path(args.masks) if args.masks else (root.parent / "masks" if root is not None and (root.parent / "masks").is_dir() else None)
+        masks = Path(args.masks) if args.masks else (root.parent / "masks" if root is not None
+                                                     and (root.parent / "masks").is_dir() else None)
         if rank == 0:
             progress(f"scoring {', '.join(methods)} on {len(images.paths)} images from {args.source} through {model.name}"
                      + (f" in {world} processes" if world > 1 else "")
                      + (f", with masks from {masks}" if masks else ", no masks (no pointing game or energy)"))
         share = contiguous_share(len(images.paths))
-        mine = ImageList(images.paths[share.start : share.stop], images.labels[share.start : share.stop] if images.labels else None,
+        mine = ImageList(images.paths[share.start : share.stop],
+                         images.labels[share.start : share.stop] if images.labels else None,
                          images.classes)
         skipped: list[dict[str, str]] = []
         views = labelled_views(mine, model, skipped, root=root, masks=masks, fit=args.fit)
@@ -199,7 +205,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
         rows = score_table(scores, methods)
         out = Path(args.out)
         weights = "random" if model.random_weights else "trained"
-        report = {"model": model.name, "weights": weights, "source": str(args.source), "images": len(scores["correct"]), "processes": world, "skipped": skipped,
+        report = {"model": model.name, "weights": weights, "source": str(args.source), "images": len(scores["correct"]),
+                  "processes": world, "skipped": skipped,
                   "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
                   "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline,
                   "curves": dict(zip(("deletion", "insertion"), protocol.curve_names, strict=True)),
@@ -210,15 +217,17 @@ def run_evaluate(args: argparse.Namespace) -> None:
         print("method | " + " | ".join(SCORES))
         print(" | ".join(["---"] * (len(SCORES) + 1)))
         for row in rows:
-            cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, {row[score]['ci95'][1]:.3f}]"
+            cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, "
+                                                    f"{row[score]['ci95'][1]:.3f}]"
                      for score in SCORES]
             print(f"{row['method']} | " + " | ".join(cells))
         if protocol.imputes:
             progress("with --baseline road, the deletion columns are ROAD's MoRF curve (most relevant patches imputed first) "
-                     "and the insertion columns its LeRF curve (least relevant first); ROAD's combined score is (LeRF − MoRF) / 2")
-        progress(f"deletion and perturbation: lower is better; insertion, pointing, energy, class_pointing: higher is better; *_relative: "
-                 f"the AUC over the unperturbed image's probability of the target (1: as sure as on the whole image). "
-                 f"wrote {out / 'evaluation.json'}" + (f"; skipped {len(skipped)} unreadable files" if skipped else ""))
+                     "and the insertion columns its LeRF curve (least relevant first); ROAD's combined score is "
+                     "(LeRF − MoRF) / 2")
+        progress("deletion and perturbation: lower is better; insertion, pointing, energy, class_pointing: higher is better; "
+                 "*_relative: the AUC over the unperturbed image's probability of the target (1: as sure as on the whole "
+                 f"image). wrote {out / 'evaluation.json'}" + (f"; skipped {len(skipped)} unreadable files" if skipped else ""))
 
 
 def run_make_shapes(args: argparse.Namespace) -> None:
@@ -226,14 +235,15 @@ def run_make_shapes(args: argparse.Namespace) -> None:
 
     write_set(Path(args.folder), args.count, args.seed, objects=args.objects)
     kind = " of two different shapes each" if args.objects == 2 else ""
-    progress(f"wrote {args.count} images{kind} to {Path(args.folder) / 'images'} and their masks to {Path(args.folder) / 'masks'}")
+    folder = Path(args.folder)
+    progress(f"wrote {args.count} images{kind} to {folder / 'images'} and their masks to {folder / 'masks'}")
 
 
 def add_input_options(command: argparse.ArgumentParser) -> None:
     """The options of the dataset commands (``stats``, ``evaluate``) that say how images meet the model."""
     command.add_argument("--input-size", type=input_size, default=None, help="model input, 518 or HxW (default: the model's own)")
-    command.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one; under torchrun: "
-                                                        "each process's local GPU)")
+    command.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one; under "
+                                                        "torchrun: each process's local GPU)")
     command.add_argument("--fit", default="stretch", choices=FITS, help="how an image of other proportions meets the input")
 
 
@@ -291,7 +301,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         # ``is``: 0 and 0.0 equal False, yet they are defaults a user needs to see
-        if action.default is None or action.default is False or action.default is argparse.SUPPRESS or "(default" in (action.help or ""):
+        stated = "(default" in (action.help or "")
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS or stated:
             return action.help or ""
         return super()._get_help_string(action)
 
@@ -317,36 +328,42 @@ def parser() -> argparse.ArgumentParser:
 
     analyze = commands.add_parser(
         "analyze", formatter_class=HelpFormatter,
-        help="write rollout.png, heads.png, attention.npz (compact maps), the --method map and its faithfulness.json for one image",
-        description="Runs IMAGE through the model once and writes to --out: the class token's rollout (rollout.png), every layer's "
-                    "and head's attention (heads.png), the maps themselves (attention.npz), the --method map with its faithfulness "
-                    "score, and whatever --scoreboard, --sanity, --norms, --ablation and --html add. Example: vit-explorer analyze "
-                    "cat.png --model timm:vit_small_patch16_224 --method attnlrp --html --out cat-maps")
+        help="write rollout.png, heads.png, attention.npz (compact maps), the --method map and its faithfulness.json for one "
+             "image",
+        description="Runs IMAGE through the model once and writes to --out: the class token's rollout (rollout.png), every "
+                    "layer's and head's attention (heads.png), the maps themselves (attention.npz), the --method map with its "
+                    "faithfulness score, and whatever --scoreboard, --sanity, --norms, --ablation and --html add. Example: "
+                    "vit-explorer analyze cat.png --model timm:vit_small_patch16_224 --method attnlrp --html --out cat-maps")
     analyze.add_argument("image", help="image file")
     analyze.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
     analyze.add_argument("--out", required=True, type=output_folder, help="output folder (required; made if it does not exist)")
     analyze.add_argument("--method", default="rollout", choices=list(CLASS_METHODS),
-                         help="the map to write as METHOD.png and score: " + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
+                         help="the map to write as METHOD.png and score: "
+                              + "; ".join(f"{key}: {name}" for key, name in CLASS_METHODS.items()))
     analyze.add_argument("--target", default=None, help="class to explain, by index or name (default: the top prediction); for a "
-                         "backbone, patch:ROW,COL: what that patch's own output token is made of, or image:PATH: why the image's embedding "
-                         "matches that second image's (default: the image's own embedding); for a CLIP or SigLIP model, text:PROMPT or "
-                         "text:PROMPT|PROMPT|…: the prompts' zero-shot prediction, the best match explained (or the one marked '*', "
-                         "text:a dog|*a cat)")
+                         "backbone, patch:ROW,COL: what that patch's own output token is made of, or image:PATH: why the image's "
+                         "embedding matches that second image's (default: the image's own embedding); for a CLIP or SigLIP "
+                         "model, text:PROMPT or text:PROMPT|PROMPT|…: the prompts' zero-shot prediction, the best match "
+                         "explained (or the one marked '*', text:a dog|*a cat)")
     analyze.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="deletion / insertion steps")
-    analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS, help="random patch orders for the chance baseline")
+    analyze.add_argument("--random-orders", type=int, default=DEFAULT_RANDOM_ORDERS,
+                         help="random patch orders for the chance baseline")
     analyze.add_argument("--baseline", default="blur", choices=list(PROTOCOLS),
                          help="what deleted patches show: blurred, the mean colour, or ROAD's noisy linear imputation (then the "
                               "curves are ROAD's MoRF and LeRF)")
     analyze.add_argument("--no-faithfulness", action="store_true", help="skip the deletion / insertion score")
     analyze.add_argument("--scoreboard", action="store_true",
-                         help="write scoreboard.json: every map method for the target, ranked by --baseline's protocol, each with its "
-                              "distance from chance and its rank correlation with the fully randomised model's map")
-    analyze.add_argument("--sanity", action="store_true", help="write sanity.json and sanity.png: how each map's correlation with the "
+                         help="write scoreboard.json: every map method for the target, ranked by --baseline's protocol, each "
+                              "with its distance from chance and its rank correlation with the fully randomised model's map")
+    analyze.add_argument("--sanity", action="store_true", help="write sanity.json and sanity.png: how each map's correlation "
+                                                               "with the "
                          "trained model's falls as layers are randomised from the top (one pass per layer)")
-    analyze.add_argument("--norms", action="store_true", help="write norms.json, norms.png, norms_chart.png and norm_outliers.png: "
+    analyze.add_argument("--norms", action="store_true", help="write norms.json, norms.png, norms_chart.png and "
+                                                              "norm_outliers.png: "
                          "each token's norm after each layer, the high-norm outlier patches and the attention they draw "
                          "(Darcet et al. 2023; no extra pass)")
-    analyze.add_argument("--ablation", action="store_true", help="write ablation.json and ablation.png: the change in the target's "
+    analyze.add_argument("--ablation", action="store_true", help="write ablation.json and ablation.png: the change in the "
+                                                                 "target's "
                          "logit and probability when each head is removed (one pass per layer)")
     analyze.add_argument("--decompose", action="store_true", help="write decomposition.json, contributions.png, "
                          "contributions_chart.png and lens.png: the target's score split exactly over each head, MLP, the "
@@ -354,21 +371,27 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--ablation-mode", default="zero", choices=list(ABLATION_MODES),
                          help="zero: the head's output set to 0; mean: its map replaced by uniform attention")
     rollout = RolloutOptions()  # the defaults, stated once there
-    analyze.add_argument("--head-fusion", default=rollout.head_fusion, choices=list(HEAD_FUSIONS), help="how rollout combines the heads of a layer")
-    analyze.add_argument("--discard-ratio", type=float, default=rollout.discard_ratio, help="share of the weakest attention links rollout drops per layer")
+    analyze.add_argument("--head-fusion", default=rollout.head_fusion, choices=list(HEAD_FUSIONS),
+                         help="how rollout combines the heads of a layer")
+    analyze.add_argument("--discard-ratio", type=float, default=rollout.discard_ratio,
+                         help="share of the weakest attention links rollout drops per layer")
     analyze.add_argument("--start-layer", type=int, default=rollout.start_layer, help="first layer rollout multiplies in")
     analyze.add_argument("--residual-weight", type=float, default=rollout.residual_weight,
                          help="weight of the identity (the skip connection) in rollout")
     analyze.add_argument("--cmap", default="inferno", choices=list(COLORMAPS), help="colour map of the pictures")
     analyze.add_argument("--scale", default="linear", choices=list(COLOUR_SCALES),
-                         help="what the colour map's ends stand for: " + "; ".join(f"{key}: {name}" for key, name in COLOUR_SCALES.items())
+                         help="what the colour map's ends stand for: "
+                              + "; ".join(f"{key}: {name}" for key, name in COLOUR_SCALES.items())
                          + " (for heavy-tailed maps such as relevance; values beyond are clipped)")
-    analyze.add_argument("--input-size", type=input_size, default=None, help="e.g. 518 or 448x640, for timm/hf models that allow it "
+    analyze.add_argument("--input-size", type=input_size, default=None, help="e.g. 518 or 448x640, for timm/hf models that allow "
+                                                                             "it "
                          "(default: the model's own size)")
     analyze.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one)")
     analyze.add_argument("--fit", default="stretch", choices=FITS,
-                         help="for images of other proportions: stretch to the model's input, or pad to its proportions (letterbox)")
-    analyze.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB, help="above this, maps are kept in float16 or compactly")
+                         help="for images of other proportions: stretch to the model's input, or pad to its proportions "
+                              "(letterbox)")
+    analyze.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB,
+                         help="above this, maps are kept in float16 or compactly")
     analyze.add_argument("--html", action="store_true", help="also write report.html: one self-contained page (pictures "
                          "embedded, opens offline) of everything written, with the model and its provenance at the top")
     analyze.add_argument("--full-maps", action="store_true", help="also write every head's full [layers, heads, n, n] map to "
@@ -376,14 +399,15 @@ def parser() -> argparse.ArgumentParser:
     analyze.set_defaults(run=run_analyze)
 
     serve = commands.add_parser("serve", formatter_class=HelpFormatter, help="start the web app on this machine",
-                                description="Starts the app on http://HOST:PORT (this machine only, by default) and opens it in a "
-                                            "browser tab: upload an image and click through layers, heads and patches.")
+                                description="Starts the app on http://HOST:PORT (this machine only, by default) and opens it in "
+                                            "a browser tab: upload an image and click through layers, heads and patches.")
     serve.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; 127.0.0.1 is this machine only")
     serve.add_argument("--port", type=port, default=7860, help="port to listen on, 1…65535")
     serve.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
     serve.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
-    serve.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB, help="above this, maps are kept in float16 or compactly")
+    serve.add_argument("--memory-budget-mb", type=float, default=MEMORY_BUDGET_MB,
+                       help="above this, maps are kept in float16 or compactly")
     serve.add_argument("--cache-ttl-s", type=int, default=3600, help="seconds rendered views, uploads and exports stay on disk")
     serve.add_argument("--input-size", type=input_size, default=None,
                        help="every model's input, 518 or HxW, for timm/hf models that allow it (default: each model's own)")
@@ -394,8 +418,8 @@ def parser() -> argparse.ArgumentParser:
                                 description="Trains the shapes ViT on images the generator draws and writes it with its "
                                             "out-of-distribution calibration; the shipped copy stays unless --replace-shipped.")
     train.add_argument("--clip", action="store_true",
-                       help="train the shapes-CLIP instead (builtin:shapes-clip): the shipped ViT as image tower and a word-level "
-                            "text tower, on captioned images of one and two shapes (about an hour)")
+                       help="train the shapes-CLIP instead (builtin:shapes-clip): the shipped ViT as image tower and a "
+                            "word-level text tower, on captioned images of one and two shapes (about an hour)")
     train.add_argument("--out", help="where to write the weights (default: shapes.safetensors, or shapes-clip.safetensors with "
                                      "--clip); the shipped model is never overwritten unless --replace-shipped is given")
     train.add_argument("--replace-shipped", action="store_true",
@@ -422,7 +446,8 @@ def parser() -> argparse.ArgumentParser:
     stats.set_defaults(run=run_stats)
 
     evaluate = commands.add_parser(
-        "evaluate", formatter_class=HelpFormatter, help="how faithful each map method is over a folder of images, with 95%% intervals",
+        "evaluate", formatter_class=HelpFormatter, help="how faithful each map method is over a folder of images, with 95%% "
+                                                        "intervals",
         description="Deletion and insertion AUC of each method's map for each image's class (its folder, when the folders name "
                     "the model's classes, else its top prediction) against random orders; the positive-perturbation accuracy AUC "
                     "of Chefer et al.; and, where a masks folder holds a mask of the same name, the pointing game and energy.")
@@ -441,7 +466,8 @@ def parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(run=run_evaluate)
 
     make_shapes = commands.add_parser("make-shapes", formatter_class=HelpFormatter,
-                                      help="write generated shapes with their masks: DIR/images/CLASS/*.png, DIR/masks/CLASS/*.png",
+                                      help="write generated shapes with their masks: DIR/images/CLASS/*.png, "
+                                           "DIR/masks/CLASS/*.png",
                                       description="Draws a labelled set of shapes with a mask per image, for `evaluate`.")
     make_shapes.add_argument("folder", help="where to write")
     make_shapes.add_argument("--count", type=int, default=600, help="how many images")

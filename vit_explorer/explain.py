@@ -49,11 +49,12 @@ class Explanation:
         # one line: the map's shape and range, not its values (the dataclass default printed ~20 KB of tensors)
         low, high = float(self.map.min()), float(self.map.max())
         probability = "" if self.probability is None else f", probability={self.probability:.3f}"
-        return (f"Explanation(method={self.method!r}, target={self.target!r}{probability}, map=[{self.map.shape[0]}×{self.map.shape[1]}] "
-                f"in [{low:.3g}, {high:.3g}], model={self.analysis.model_name!r})")
+        return (f"Explanation(method={self.method!r}, target={self.target!r}{probability}, "
+                f"map=[{self.map.shape[0]}×{self.map.shape[1]}] in [{low:.3g}, {high:.3g}], model={self.analysis.model_name!r})")
 
     def _repr_html_(self) -> str:
-        return report.explanation_html(self.analysis, self.map, self.method, self.target, self.probability, strength=self.strength,
+        return report.explanation_html(self.analysis, self.map, self.method, self.target, self.probability,
+                                       strength=self.strength,
                                        conserved=self.conserved)
 
     def save_html(self, path: str | Path) -> Path:

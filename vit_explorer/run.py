@@ -78,7 +78,8 @@ def score(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, metho
     total = faithfulness.batches(steps, random_orders, protocol=protocol)
     step = progress(f"scoring the {method} map: {protocol.description}, "
                     f"{faithfulness.forward_passes(steps, random_orders, protocol)} forward passes", total, "batch")
-    return faithfulness.deletion_insertion(model, analysis.image, maps.class_map(analysis, method, evidence, options), evidence.target,
+    return faithfulness.deletion_insertion(model, analysis.image, maps.class_map(analysis, method, evidence, options),
+                                           evidence.target,
                                            steps=steps, random_orders=random_orders, protocol=protocol, step=step)
 
 
@@ -99,7 +100,8 @@ def check(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence | None
     return sanity_check(model, analysis, None if evidence is None else evidence.target, options=options, step=step)
 
 
-def ablate(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, mode: str, *, progress: Progress = silent) -> HeadAblation:
+def ablate(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, mode: str, *,
+           progress: Progress = silent) -> HeadAblation:
     """Each head removed in turn (``ablation.ablation_of``), kept on the analysis."""
     step = progress(f"head ablation ({mode}): each head removed in turn, {cost_text(*analysis.map_shape)}", analysis.map_shape[0],
                     "layer")

@@ -274,7 +274,8 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
     missing = [method for method in methods if method in MODEL_MAPS and method not in evidence.method_maps]
     if missing:
         evidence.method_maps.update(method_maps(model, pixels_of(model, analysis), index, missing))
-        evidence.variants.update({method: MODEL_MAP_VARIANTS[method](model) for method in missing if method in MODEL_MAP_VARIANTS})
+        evidence.variants.update({method: MODEL_MAP_VARIANTS[method](model) for method in missing
+                                  if method in MODEL_MAP_VARIANTS})
     return evidence
 
 

@@ -165,7 +165,8 @@ class StatisticsSink(LayerSink):
     and the layout giving ``{name: [b, heads]}``) and drops it: a batch of a dataset never holds more than
     one layer's maps."""
 
-    def __init__(self, layout: TokenLayout, statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> None:
+    def __init__(self, layout: TokenLayout,
+                 statistics: Callable[[torch.Tensor, TokenLayout], Mapping[str, torch.Tensor]]) -> None:
         super().__init__()
         self.layout = layout
         self.statistics = statistics
@@ -305,7 +306,8 @@ def capture(
                 if reduce_gradients is None:
                     gradients = torch.stack(layer_gradients, dim=1)
                 else:
-                    gradients = [reduce_gradients(attention.detach(), gradient) for attention, gradient in zip(maps, layer_gradients, strict=True)]
+                    gradients = [reduce_gradients(attention.detach(), gradient) for attention,
+                                 gradient in zip(maps, layer_gradients, strict=True)]
             del maps, graph
     output_tokens = token_norms = layer_tokens = None
     if norms:
@@ -315,7 +317,8 @@ def capture(
             output_tokens = adapter.final_tokens(module, last).float().cpu()
         token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu()
         layer_tokens = torch.stack([by_layer[layer] for layer in range(len(by_layer))], dim=1).cpu()
-    return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets, gradients=gradients,
+    return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets,
+                    gradients=gradients,
                     token_norms=token_norms, output_tokens=output_tokens, layer_tokens=layer_tokens, reading=reading)
 
 

@@ -97,7 +97,8 @@ class Decomposition:
                 "heads": self.heads.tolist(), "mlps": self.mlps.tolist(), "attention_biases": self.attention_biases.tolist(),
                 "rest": self.rest, "top_parts": [{"part": name, "contribution": value} for name, value in self.top_parts()],
                 "lens": self.lens.tolist(),
-                "lens_top": [[{"class": named(int(index)), "score": float(score)} for index, score in zip(indices, scores, strict=True)]
+                "lens_top": [[{"class": named(int(index)), "score": float(score)} for index,
+                              score in zip(indices, scores, strict=True)]
                              for indices, scores in zip(self.lens_top.tolist(), self.lens_top_scores.tolist(), strict=True)],
                 "note": "direct contributions with the final norm's standard deviation held at the image's own; what a head "
                         "writes that later layers transform is counted in those layers' parts (head ablation measures it)"}
@@ -214,7 +215,8 @@ def read_graph(module: nn.Module, adapter: CaptureAdapter, layout: TokenLayout, 
         mlps=torch.stack(mlps).float(), attention_biases=biases.float(), embeddings=embeddings, readout_bias=readout_bias,
         head_sources=torch.stack(sources).float(), lens=lens_logits[:, target].float(), lens_top=top.indices,
         lens_top_scores=top.values.float(), layout=layout)
-    parts = torch.cat([heads_t.flatten(), torch.stack(mlps), biases, torch.tensor([embeddings, readout_bias], dtype=torch.float64)])
+    parts = torch.cat([heads_t.flatten(), torch.stack(mlps), biases,
+                       torch.tensor([embeddings, readout_bias], dtype=torch.float64)])
     return (refusal(writes_t - heads_t.sum(dim=1) - biases, writes_t, "its attention is not affine in the attention map (a norm "
                     "inside it?), so a head's write is not its share of the layer's")
             or refusal(torch.tensor([decomposition.total - decomposition.score]), parts, "its read-out is not affine in the "
@@ -242,7 +244,8 @@ def zero_map_writes(module: nn.Module, adapter: CaptureAdapter, pixels: torch.Te
         writes[layer] = first(output)[0].detach()
 
     num_layers = adapter.map_shape(module)[0]
-    handles = [writer.register_forward_hook(partial(keep, layer)) for layer, writer in enumerate(adapter.attention_writes(module))]
+    handles = [writer.register_forward_hook(partial(keep, layer)) for layer,
+               writer in enumerate(adapter.attention_writes(module))]
     try:
         with torch.no_grad(), adapter.edited(module, dict.fromkeys(range(num_layers), torch.zeros_like)) as forward:
             forward(pixels.detach())

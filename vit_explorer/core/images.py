@@ -99,7 +99,8 @@ def model_view(image: Image.Image, preprocess: Preprocess, fit: str = "stretch")
     try:
         resample = INTERPOLATIONS[preprocess.interpolation]
     except KeyError:
-        raise VitExplorerError(f"unknown interpolation {preprocess.interpolation!r}; use one of {sorted(INTERPOLATIONS)}") from None
+        raise VitExplorerError(f"unknown interpolation {preprocess.interpolation!r}; use one of "
+                               f"{sorted(INTERPOLATIONS)}") from None
     if fit == "stretch":
         return np.asarray(image.resize((width, height), resample), dtype=np.uint8)
     if fit != "pad":

@@ -29,7 +29,8 @@ def compact_layer(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any]:
         "head_mean": maps.mean(dim=0).half(),  # [n, n]
         "prefix_rows": maps[:, :prefix, :].half(),  # [heads, prefix, n]
         "patch_mean_rows": maps[:, prefix:, :].mean(dim=1).half(),  # [heads, n]
-        "statistics": {name: values[0] for name, values in statistics.head_statistics(maps[None], layout).items()},  # {name: [heads]}
+        # {name: [heads]}
+        "statistics": {name: values[0] for name, values in statistics.head_statistics(maps[None], layout).items()},
     }
 
 
@@ -54,7 +55,8 @@ class MapStore:
         assert kept_tokens == layout.num_tokens, (f"captured {kept_tokens} tokens but the layout has {layout.num_tokens} "
                                                   f"({layout.prefix_names}, grid {layout.grid_hw})")
         self.layout = layout
-        self.shape: tuple[int, int] = tuple((full if full is not None else compact["patch_mean_rows"]).shape[:2])  # (layers, heads)
+        # (layers, heads)
+        self.shape: tuple[int, int] = tuple((full if full is not None else compact["patch_mean_rows"]).shape[:2])
         self.full = full
         self.compact = compact
         self.patch_rows: dict[int, torch.Tensor] = {}  # recomputed patch queries' rows ``[layers, heads, n]``, compact only

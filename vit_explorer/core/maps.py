@@ -86,7 +86,8 @@ def ranking_values(analysis: Analysis, name: str, evidence: ClassEvidence | None
     for ``evidence``'s target class."""
     if name == GRADIENT_IMPORTANCE:
         if evidence is None:
-            raise VitExplorerError("ranking heads by gradient importance needs a target class, and this model has no classifier head")
+            raise VitExplorerError("ranking heads by gradient importance needs a target class, and this model has no "
+                                   "classifier head")
         return evidence.importance
     return head_statistic(analysis, name)
 

@@ -59,7 +59,9 @@ class Protocol:
     @property
     def description(self) -> str:
         """The protocol in a few words, for progress lines and captions."""
-        return "ROAD (MoRF and LeRF; removed patches imputed from their neighbours)" if self.imputes else f"{self.name} deletion and insertion"
+        if self.imputes:
+            return "ROAD (MoRF and LeRF; removed patches imputed from their neighbours)"
+        return f"{self.name} deletion and insertion"
 
     @property
     def score_formula(self) -> str:
@@ -196,7 +198,8 @@ class FaithfulnessCurves:
     @property
     def warning(self) -> str:
         """Why these curves cannot be judged (``reference_warning``), or ""."""
-        return reference_warning(self.measure, torch.stack([self.deletion, self.insertion, self.random_deletion, self.random_insertion]))
+        return reference_warning(self.measure,
+                                 torch.stack([self.deletion, self.insertion, self.random_deletion, self.random_insertion]))
 
     @property
     def verdict(self) -> str:
@@ -207,9 +210,12 @@ class FaithfulnessCurves:
 
     def as_dict(self) -> dict:
         first, second = self.curve_names
-        return {"target": self.target, "baseline": self.protocol.name, "measure": self.measure, "curves": {"deletion": first, "insertion": second},
-                **({"road_combined": self.road_combined} if self.protocol.imputes else {}), "auc": self.aucs, "auc_relative_to_unperturbed": self.relative_aucs,
-                "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins, "beats_chance": self.beats_chance(),
+        return {"target": self.target, "baseline": self.protocol.name, "measure": self.measure,
+                "curves": {"deletion": first, "insertion": second},
+                **({"road_combined": self.road_combined} if self.protocol.imputes else {}), "auc": self.aucs,
+                "auc_relative_to_unperturbed": self.relative_aucs,
+                "unperturbed_probability": self.unperturbed, "margin_over_random": self.margins,
+                "beats_chance": self.beats_chance(),
                 "warning": self.warning or None,
                 **{name: getattr(self, name).round(decimals=6).tolist()
                    for name in ("fractions", "deletion", "insertion", "random_deletion", "random_insertion")}}
@@ -277,7 +283,8 @@ class SanityCurves:
         The end point alone hides a map that stays close to the trained one until the last few (lowest)
         layers go: such a map mostly shows the input and the first layers, not what the model learned."""
         layers = self.randomised_layers[-1]
-        parts = [f"{method} {'never' if fallen is None else f'{fallen} of {layers}'} (ρ {self.final[method]:.2f} with all {layers})"
+        parts = [f"{method} {'never' if fallen is None else f'{fallen} of {layers}'} "
+                 f"(ρ {self.final[method]:.2f} with all {layers})"
                  for method, fallen in self.layers_to_fall().items()]
         return (f"sanity check: layers randomised from the top until the map's Spearman ρ with the trained model's fell below "
                 f"{FALLEN}: {'; '.join(parts)}. Few layers: the map depends on what the model learned; most or all, or never: "
@@ -339,7 +346,8 @@ class HeadAblation:
     def as_dict(self, importance: torch.Tensor | None = None) -> dict:
         """Plain values; with the gradient ``importance`` ``[layers, heads]`` of the same target, also its
         Spearman correlation with |Δ probability| (None where either is constant)."""
-        record = {"mode": self.mode, "mode_means": ABLATION_MODES[self.mode], "target": self.target, "original_logit": self.original_logit,
+        record = {"mode": self.mode, "mode_means": ABLATION_MODES[self.mode], "target": self.target,
+                  "original_logit": self.original_logit,
                   "original_probability": self.original_probability, "forward_passes": self.forward_passes,
                   "forward_equivalents": forward_equivalents(*self.delta_logit.shape),
                   "delta_logit": self.delta_logit.round(decimals=7).tolist(),
@@ -443,9 +451,9 @@ class TokenNorms:
                     f"{share_ratio.min():.1f}–{share_ratio.max():.1f}× a typical patch's attention share")
         artefacts = self.artefacts
         if not artefacts.any():
-            return (f"patch tokens above the outlier rule (k = {self.k:g}) in layers {layers}, {int(self.flagged.any(dim=0).sum())} "
-                    f"distinct, at {measured}: not artefacts in Darcet et al.'s sense (those lie ≥ {ARTEFACT_NORM:g}× the median "
-                    f"and draw ≥ {ARTEFACT_SHARE:g}× a patch's share)")
+            return (f"patch tokens above the outlier rule (k = {self.k:g}) in layers {layers}, "
+                    f"{int(self.flagged.any(dim=0).sum())} distinct, at {measured}: not artefacts in Darcet et al.'s sense "
+                    f"(those lie ≥ {ARTEFACT_NORM:g}× the median and draw ≥ {ARTEFACT_SHARE:g}× a patch's share)")
         peak = int(torch.where(artefacts, self.received, 0.0).sum(dim=1).argmax())
         artefact_layers = ", ".join(str(layer) for layer in artefacts.any(dim=1).nonzero().flatten().tolist())
         return (f"high-norm artefact tokens (Darcet et al. 2023) in layers {artefact_layers}: {int(artefacts.any(dim=0).sum())} "
@@ -461,7 +469,8 @@ class TokenNorms:
             for token in self.flagged_tokens(layer).tolist():
                 row, col = self.layout.token_patch(token)
                 flagged.append({"token": token, "row": row, "col": col, "norm": float(self.norms[layer, token]),
-                                "norm_over_median": float(relative[layer, token]), "attention_share": float(self.received[layer, token]),
+                                "norm_over_median": float(relative[layer, token]),
+                                "attention_share": float(self.received[layer, token]),
                                 "share_over_median": float(self.share_ratio[layer, token])})
             layers.append({
                 "layer": layer,
@@ -475,8 +484,10 @@ class TokenNorms:
             })
         return {
             "rule": RULE, "k": self.k, "attention_share": SHARE,
-            "artefact_rule": f"flagged, norm ≥ {ARTEFACT_NORM:g}× the median and attention share ≥ {ARTEFACT_SHARE:g}× the median patch's",
-            "grid": list(self.layout.grid_hw), "prefix_names": list(self.layout.prefix_names), "num_tokens": self.layout.num_tokens,
+            "artefact_rule": f"flagged, norm ≥ {ARTEFACT_NORM:g}× the median and attention share ≥ {ARTEFACT_SHARE:g}× "
+                             "the median patch's",
+            "grid": list(self.layout.grid_hw), "prefix_names": list(self.layout.prefix_names),
+                "num_tokens": self.layout.num_tokens,
             "summary": self.summary(),
             "layers": layers,
             "prefix": {name: {key: values.tolist() for key, values in token.items()} for name, token in self.prefix.items()},
@@ -550,7 +561,8 @@ class Scoreboard:
                 "score": self.protocol.score_formula,
                 "chance": {"mean": self.chance_mean, "sd": self.chance_sd}, "sanity_threshold": FALLEN,
                 "ranked": not self.unranked, "unranked_because": self.unranked or None, "notes": list(self.notes),
-                "ranking": [{"method": entry.method, "deletion": entry.deletion, "insertion": entry.insertion, "score": entry.score,
+                "ranking": [{"method": entry.method, "deletion": entry.deletion, "insertion": entry.insertion,
+                             "score": entry.score,
                              "over_chance_sd": entry.over_chance, "randomised_rho": entry.randomised_rho,
                              "depends_on_weights": entry.depends_on_weights} for entry in self.entries]}
 
@@ -584,7 +596,8 @@ class DatasetStatistics:
         beyond = torch.maximum(low - values, values - high) / (high - low).clamp_min(1e-12)  # [layers, heads], > 0 outside
         heads = [(layer, head) for layer, head in (beyond > 0).nonzero().tolist()]
         heads.sort(key=lambda pair: -float(beyond[pair]))
-        return [(layer, head, float(values[layer, head]), float(low[layer, head]), float(high[layer, head])) for layer, head in heads]
+        return [(layer, head, float(values[layer, head]), float(low[layer, head]), float(high[layer, head])) for layer,
+                head in heads]
 
 
 ABLATION_MODES = {

@@ -76,7 +76,8 @@ def head_statistics(attentions: torch.Tensor, layout: TokenLayout) -> dict[str, 
     """Every statistic of ``HEAD_STATISTICS`` ``{name: [..., heads]}``, from one read of each group of maps
     (what capture's statistics sinks use: a dataset batch's maps come from memory once, not once per statistic)."""
     distances, prefix = patch_distances(layout, attentions.device), layout.num_prefix_tokens
-    values = _per_map(attentions, lambda maps: torch.stack([_entropy(maps), _distance(maps, distances, prefix), _prefix_share(maps, prefix)]))
+    values = _per_map(attentions,
+                      lambda maps: torch.stack([_entropy(maps), _distance(maps, distances, prefix), _prefix_share(maps, prefix)]))
     return dict(zip(HEAD_STATISTICS, values, strict=True))
 
 

@@ -307,12 +307,14 @@ class ReadoutAdapter(CaptureAdapter):
         return self.score_of(module, lambda images: self.base.logits(module, images))(pixels)
 
     @contextmanager
-    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def attached(self, module: nn.Module,
+                 sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         with self.base.attached(module, sink) as forward:
             yield self.score_of(module, forward)
 
     @contextmanager
-    def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def edited(self, module: nn.Module,
+               edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         with self.base.edited(module, edits) as forward:
             yield self.score_of(module, forward)
 

@@ -80,7 +80,8 @@ def dataset_statistic_chart(mean: np.ndarray, std: np.ndarray, name: str, unit: 
         axes.errorbar(np.arange(layers) + offsets[head], mean[:, head], yerr=std[:, head], fmt="o", markersize=3.5,
                       elinewidth=0.8, capsize=0, alpha=0.8, color=colour, label=f"h{head}")
     if heads <= 16:  # a legend of more would cover the chart; the axis label still says the order
-        axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="head", title_fontsize=CHART_TEXT_PT)
+        axes.legend(fontsize=CHART_TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="head",
+                    title_fontsize=CHART_TEXT_PT)
     axes.set_xlabel(f"layer (heads h0…h{heads - 1} left to right)")
     axes.set_ylabel(f"{name} ({unit})")
     axes.set_xticks(np.arange(layers))
@@ -100,7 +101,8 @@ def against_dataset_chart(values: dict[str, torch.Tensor], dataset: DatasetStati
         layers, heads = values[name].shape
         offsets = (np.arange(heads) - (heads - 1) / 2) * min(0.7 / max(heads, 1), 0.1)
         x = np.arange(layers)[:, None] + offsets[None, :]  # [layers, heads]
-        low, high, mean, value = (to_numpy(array) for array in (dataset.low[name], dataset.high[name], dataset.mean[name], values[name]))
+        low, high, mean, value = (to_numpy(array)
+                                  for array in (dataset.low[name], dataset.high[name], dataset.mean[name], values[name]))
         axes.vlines(x.ravel(), low.ravel(), high.ravel(), color="#b0b0b0", linewidth=3, label="dataset 5–95%")
         axes.plot(x.ravel(), mean.ravel(), "_", color="#606060", markersize=7, label="dataset mean")
         outside = (value < low) | (value > high)
@@ -235,7 +237,8 @@ def lens_chart(decomposition: Decomposition, labels: list[str] | None) -> np.nda
             if int(top) != decomposition.target:
                 name = labels[int(top)] if labels and int(top) < len(labels) else str(int(top))
                 # as large as the axis labels, level, on a white box: read at a glance over the grid and the line
-                axes.annotate(textwrap.shorten(name, 14, placeholder="…"), (layer, float(decomposition.lens_top_scores[layer, 0])),
+                axes.annotate(textwrap.shorten(name, 14, placeholder="…"),
+                              (layer, float(decomposition.lens_top_scores[layer, 0])),
                               fontsize=LENS_LABEL_PT, xytext=(0, 6), textcoords="offset points", ha="center", color="#b35900",
                               fontweight="bold", bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none",
                                                        "alpha": 0.8})

@@ -264,7 +264,8 @@ def write_dataset_outputs(out: Path, rows: list[dict], summary: dict) -> list[Pa
         for name, file_name in zip(HEAD_STATISTICS, names[2:], strict=True):
             mean = np.asarray(summary["statistics"][name]["mean"])
             std = [row["std"] for row in rows if row["group"] == "all" and row["statistic"] == name]
-            chart = charts.dataset_statistic_chart(mean, np.asarray(std).reshape(mean.shape), name, STATISTIC_UNITS[name], summary["analysed"])
+            chart = charts.dataset_statistic_chart(mean, np.asarray(std).reshape(mean.shape), name, STATISTIC_UNITS[name],
+                                                   summary["analysed"])
             save_png(chart, str(staging / file_name))
     return sorted(out / name for name in names)
 

@@ -29,7 +29,8 @@ ATTENTION = "attention weight"
 ROLLOUT = "rollout weight"
 # what the colour of each class-maps method measures, for its colour bar
 # each names its method: the caption beside a picture can arrive before the picture does
-UNITS = {"relevance": "relevance (Chefer et al.)", "attnlrp": "AttnLRP relevance (in units of the target score)", "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
+UNITS = {"relevance": "relevance (Chefer et al.)", "attnlrp": "AttnLRP relevance (in units of the target score)",
+         "legrad": "LeGrad weight", "grad-rollout": "gradient-weighted rollout weight", "rollout": ROLLOUT, "cls": ATTENTION}
 
 
 def patch_box(analysis: Analysis, token: int | None, picture_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
@@ -152,7 +153,8 @@ def trust_note(strength: float | None, conserved: float | None = None) -> str:
         notes.append(f"negligible: the map carries {strength:.1e} of the score, pattern is noise")
     if conserved is not None:
         far = abs(conserved - 1) > CONSERVATION_TOLERANCE
-        notes.append(f"relevance sums to {conserved:.2f}× the score" + (" (not conserved: red and blue do not add up to it)" if far else ""))
+        notes.append(f"relevance sums to {conserved:.2f}× the score" + (" (not conserved: red and blue do not add up to it)"
+                                                                        if far else ""))
     return " · ".join(notes)
 
 
@@ -297,13 +299,15 @@ def patched_heads_picture(patching: Patching, tile_px: int | None = None) -> np.
     """Each head's output at each layer taken from B: how A's target score moves (``methods.patching``), layers × heads,
     red where B's output raises A's score."""
     bound = float(patching.heads.abs().max())
-    return signed_grid_picture(patching.heads, f"{PATCH_UNIT} with that head's output from B", 3 if bound < 1 else 2, DIFFERENCE_CMAP,
+    return signed_grid_picture(patching.heads, f"{PATCH_UNIT} with that head's output from B", 3 if bound < 1 else 2,
+                               DIFFERENCE_CMAP,
                                tile_px=tile_px)[0]
 
 
 def patched_tokens_picture(patching: Patching, tile_px: int | None = None) -> np.ndarray | None:
     """The residual stream after each layer at each patch taken from B: how A's target score moves, one small map per
-    layer (in a near-square grid, each named by its layer in its corner), on one scale symmetric about 0; None where tokens were not patched."""
+    layer (in a near-square grid, each named by its layer in its corner), on one scale symmetric about 0; None where tokens
+    were not patched."""
     patches = patching.token_patches  # [layers, grid_h, grid_w]
     if patches is None:
         return None
@@ -332,7 +336,8 @@ def head_split_picture(analysis: Analysis, decomposition: Decomposition, layer: 
     split = decomposition.head_patches[layer, head]  # [grid_h, grid_w]
     bound = max(float(split.abs().max()), 1e-12)
     prefix = decomposition.head_sources[layer, head, : decomposition.layout.num_prefix_tokens]
-    from_prefix = ", ".join(f"{name} {signed(float(value), 3)}" for name, value in zip(decomposition.layout.prefix_names, prefix, strict=True))
+    from_prefix = ", ".join(f"{name} {signed(float(value), 3)}" for name,
+                            value in zip(decomposition.layout.prefix_names, prefix, strict=True))
     unit = f"L{layer} h{head}'s direct contribution from each patch" + (f" (from {from_prefix})" if from_prefix else "")
     return map_picture(analysis, split, cmap=DIFFERENCE_CMAP, overlay=True, query=None, bounds=(-bound, bound),
                        unit=f"{unit}: red adds to the score, blue takes from it", muted=True)

@@ -76,7 +76,8 @@ def faithfulness_table(curves: FaithfulnessCurves) -> pd.DataFrame:
     frames = []
     for curve in CURVE_COLOURS:
         key = curve.replace(" ", "_")
-        frames.append(pd.DataFrame({"share": curves.fractions.double().numpy(), "probability": getattr(curves, key).double().numpy(),
+        frames.append(pd.DataFrame({"share": curves.fractions.double().numpy(),
+                                    "probability": getattr(curves, key).double().numpy(),
                                     "curve": curve_name(shown_curve(curves, curve), aucs[key])}))
     return pd.concat(frames, ignore_index=True)
 
@@ -84,4 +85,5 @@ def faithfulness_table(curves: FaithfulnessCurves) -> pd.DataFrame:
 def curve_colours(curves: FaithfulnessCurves) -> dict[str, str]:
     """Each curve's legend entry → its colour, for the plot's colour map."""
     aucs = curves.aucs
-    return {curve_name(shown_curve(curves, curve), aucs[curve.replace(" ", "_")]): colour for curve, colour in CURVE_COLOURS.items()}
+    return {curve_name(shown_curve(curves, curve), aucs[curve.replace(" ", "_")]): colour for curve,
+            colour in CURVE_COLOURS.items()}

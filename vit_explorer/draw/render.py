@@ -142,7 +142,8 @@ def resize_image(image: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
 
 
 def heat(maps: torch.Tensor | np.ndarray, out_hw: tuple[int, int], cmap: str = "inferno", image: np.ndarray | None = None,
-         alpha: float = 0.6, shared: bool = False, scale: str = "linear", bounds: tuple[float, float] | None = None) -> np.ndarray:
+         alpha: float = 0.6, shared: bool = False, scale: str = "linear",
+         bounds: tuple[float, float] | None = None) -> np.ndarray:
     """Maps ``[..., h, w]`` → coloured pictures ``[..., H, W, 3]`` on the colour ``scale`` (or on ``bounds``), blended
     over ``image`` when given."""
     coloured = colorize(upsample(normalize(maps, shared, scale, bounds), out_hw), cmap).astype(np.float32)
@@ -159,7 +160,8 @@ def greyed(image: np.ndarray) -> np.ndarray:
     return np.repeat(luma.round().astype(np.uint8)[..., None], 3, axis=-1)
 
 
-def outline(picture: np.ndarray, box: tuple[int, int, int, int], colour: tuple[int, int, int] = HIGHLIGHT, width: int = 2) -> np.ndarray:
+def outline(picture: np.ndarray, box: tuple[int, int, int, int], colour: tuple[int, int, int] = HIGHLIGHT,
+            width: int = 2) -> np.ndarray:
     """A copy of ``picture`` with the rectangle (x0, y0, x1, y1) outlined."""
     drawn = Image.fromarray(picture)
     ImageDraw.Draw(drawn).rectangle(box, outline=colour, width=width)
@@ -227,7 +229,8 @@ def tick_labels(ticks: list[float]) -> list[str]:
     # the decimals that make neighbouring labels differ (a step of 0.0004 needs 4), then those that write them exactly
     needed = max(0, -int(np.floor(np.log10(min(gaps))))) if gaps else 0
     tolerance = 1e-6 * (magnitude or 1.0)
-    exact = next((d for d in range(needed, needed + 2) if all(abs(round(value, d) - value) < tolerance for value in ticks)), needed + 1)
+    exact = next((d for d in range(needed, needed + 2) if all(abs(round(value, d) - value) < tolerance for value in ticks)),
+                 needed + 1)
     return ["0" if value == 0 else f"{value:.{exact}f}" for value in ticks]  # "0", not "0.00000"
 
 
@@ -280,7 +283,8 @@ def axis_title(axis_names: tuple[str, str]) -> str:
 
 
 @lru_cache(maxsize=8)
-def _grid_frame(geometry: GridGeometry, row_labels: tuple[str, ...], col_labels: tuple[str, ...], axis_names: tuple[str, str]) -> np.ndarray:
+def _grid_frame(geometry: GridGeometry, row_labels: tuple[str, ...], col_labels: tuple[str, ...],
+                axis_names: tuple[str, str]) -> np.ndarray:
     """The empty labelled canvas of a grid; cached because only the tiles change between renders."""
     height, width = geometry.size_hw
     image = Image.new("RGB", (width, height), BACKGROUND)
@@ -329,7 +333,8 @@ def tile_grid(
         row, col = highlight
         y, x = geometry.tile_origin(row, 0 if col is None else col)
         right = x + tile if col is not None else geometry.tile_origin(row, cols - 1)[1] + tile
-        draw.rectangle((x - GRID_GAP, y - GRID_GAP, right + GRID_GAP - 1, y + tile + GRID_GAP - 1), outline=HIGHLIGHT, width=GRID_GAP)
+        draw.rectangle((x - GRID_GAP, y - GRID_GAP, right + GRID_GAP - 1, y + tile + GRID_GAP - 1), outline=HIGHLIGHT,
+                       width=GRID_GAP)
     return np.asarray(image), geometry
 
 
@@ -400,7 +405,8 @@ def label_tiles(picture: np.ndarray, geometry: GridGeometry, texts: list[list[st
     image = Image.fromarray(picture)
     draw = ImageDraw.Draw(image)
     widest = max((text for row in texts for text in row), key=len, default="")
-    label_font = next((font(size) for size in (LABEL_PX, NOTE_PX) if draw.textlength(widest, font=font(size)) <= geometry.tile - 4), None)
+    label_font = next((font(size) for size in (LABEL_PX, NOTE_PX)
+                       if draw.textlength(widest, font=font(size)) <= geometry.tile - 4), None)
     if label_font is None:
         return picture
     luminance = np.asarray(colours, dtype=np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)  # [rows, cols]

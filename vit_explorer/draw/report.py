@@ -21,7 +21,8 @@ from vit_explorer.core.results import Scoreboard
 from vit_explorer.draw import charts, pictures
 from vit_explorer.errors import VitExplorerError
 
-STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;padding:0 16px}
+STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;
+padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .meta{color:#555;font-size:14px;margin:2px 0}.row{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
 figure{margin:0}figcaption{font-size:14px;color:#444;max-width:520px;margin-top:4px}img{max-width:100%;height:auto}
@@ -37,7 +38,8 @@ def png_data_uri(picture: np.ndarray) -> str:
 
 
 def figure(picture: np.ndarray, caption: str) -> str:
-    return f'<figure><img src="{png_data_uri(picture)}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+    caption = html.escape(caption)
+    return f'<figure><img src="{png_data_uri(picture)}" alt="{caption}"><figcaption>{caption}</figcaption></figure>'
 
 
 def tool_version() -> str:
@@ -118,7 +120,8 @@ def report_html(run: Run, cmap: str = "inferno") -> str:
         sections.append(f"<h2>{heading}</h2>{top_five(analysis)}")
     sections.append(f"<h2>Overview</h2>{overview_html(analysis, overview, cmap)}")
     grid, _ = pictures.grid_picture(analysis, overview.heads, cmap=cmap)
-    sections.append(f"<h2>Layers × heads</h2>{figure(grid, 'where the class token looks in every layer (rows) and head (columns), each tile on its own scale')}")
+    grid_words = "where the class token looks in every layer (rows) and head (columns), each tile on its own scale"
+    sections.append(f"<h2>Layers × heads</h2>{figure(grid, grid_words)}")
     target = "" if evidence is None else f" for {analysis.label(evidence.target)}"
     maps = "".join(figure(pictures.run_map_picture(run, method, cmap), CLASS_METHODS[method]) for method in run.maps)
     sections.append(f"<h2>Class maps{html.escape(target)}</h2><div class=\"row\">{maps}</div>")
@@ -127,18 +130,21 @@ def report_html(run: Run, cmap: str = "inferno") -> str:
         aucs, (first, second) = curves.aucs, curves.curve_names
         for_target = f" for {analysis.label(curves.target)}"  # the curves' own target, whatever the maps above explain
         words = (f"{CLASS_METHODS[scored_method]}{for_target} {curves.verdict}: {first} AUC {aucs['deletion']:.3f} against "
-                 f"{aucs['random_deletion']:.3f} for random orders (lower is better), {second} AUC {aucs['insertion']:.3f} against "
-                 f"{aucs['random_insertion']:.3f} (higher is better)" + (f". Warning: {curves.warning}" if curves.warning else ""))
+                 f"{aucs['random_deletion']:.3f} for random orders (lower is better), {second} AUC {aucs['insertion']:.3f} "
+                 f"against {aucs['random_insertion']:.3f} (higher is better)" + (f". Warning: {curves.warning}" if curves.warning
+                                                                         else ""))
         chart = charts.faithfulness_chart(curves, f"{CLASS_METHODS[scored_method]}{for_target}")
         sections.append(f"<h2>Faithfulness{html.escape(for_target)}</h2>{figure(chart, words)}")
     if run.scoreboard is not None:
         sections.append(scoreboard_section(run.scoreboard))
     if run.sanity is not None:
         checked = "" if run.sanity.target_label is None else f" for {run.sanity.target_label}"
-        sections.append(f"<h2>Sanity check{html.escape(checked)}</h2>{figure(charts.sanity_chart(run.sanity), run.sanity.summary())}")
+        chart = figure(charts.sanity_chart(run.sanity), run.sanity.summary())
+        sections.append(f"<h2>Sanity check{html.escape(checked)}</h2>{chart}")
     if run.norms is not None:
-        sections.append(f"<h2>Token norms</h2><div class=\"row\">{figure(pictures.norm_map_picture(run.norms, cmap), run.norms.summary())}"
-                        f"{figure(charts.token_norm_chart(run.norms), 'norms and the attention they draw, per layer')}</div>")
+        norm_map = figure(pictures.norm_map_picture(run.norms, cmap), run.norms.summary())
+        norm_chart = figure(charts.token_norm_chart(run.norms), "norms and the attention they draw, per layer")
+        sections.append(f'<h2>Token norms</h2><div class="row">{norm_map}{norm_chart}</div>')
     if run.ablation is not None:
         ablation = run.ablation
         layer, head, drop = ablation.ranked(1)[0]
@@ -146,7 +152,8 @@ def report_html(run: Run, cmap: str = "inferno") -> str:
         if ablation.single_score:  # a similarity score: its own units, never a probability
             effect = f"by {drop:.3f} ({ablation.original_logit:.3f} → {ablation.original_logit - drop:.3f})"
         else:
-            effect = f"by {100 * drop:.1f} percentage points ({ablation.original_probability:.1%} → {ablation.original_probability - drop:.1%})"
+            before = ablation.original_probability
+            effect = f"by {100 * drop:.1f} percentage points ({before:.1%} → {before - drop:.1%})"
         words = (f"change of the {ablation.measure} of {label} when each head alone is removed ({ablation.mode}); removing "
                  f"L{layer} h{head} lowers it most, {effect}")
         sections.append(f"<h2>Head ablation for {html.escape(label)}</h2>{figure(pictures.ablation_picture(ablation)[0], words)}")
@@ -159,14 +166,16 @@ def decomposition_section(decomposition: Decomposition, labels: list[str] | None
     """The score split over every head (the layers × heads picture), each layer's MLP and the rest (the chart), the largest
     parts in a table, and the logit lens."""
     parts = "".join(f"<tr><td>{html.escape(name)}</td><td>{value:+.4g}</td></tr>" for name, value in decomposition.top_parts(8))
-    words = (f"the score of {decomposition.label} ({decomposition.score:.4g}, before any softmax) split into the direct contribution of every head "
-             f"(red adds to it, blue takes from it), every MLP, the embeddings and the biases; the parts add up to "
-             f"{decomposition.total:.6g}")
+    words = (f"the score of {decomposition.label} ({decomposition.score:.4g}, before any softmax) split into the direct "
+             "contribution of every head (red adds to it, blue takes from it), every MLP, the embeddings and the biases; the "
+             f"parts add up to {decomposition.total:.6g}")
     return (f"<h2>Decomposition of {html.escape(decomposition.label)}</h2><div class=\"row\">"
             f"{figure(pictures.contribution_picture(decomposition)[0], words)}"
-            f"{figure(charts.contributions_chart(decomposition), 'the largest heads and MLPs, then the embeddings, the biases and every other part together')}"
-            f"<div><table><tr><th>largest parts</th><th>contribution</th></tr>{parts}</table></div>"
-            f"{figure(charts.lens_chart(decomposition, labels), 'logit lens: the score read from the stream after every layer')}</div>")
+            + figure(charts.contributions_chart(decomposition),
+                     "the largest heads and MLPs, then the embeddings, the biases and every other part together")
+            + f"<div><table><tr><th>largest parts</th><th>contribution</th></tr>{parts}</table></div>"
+            + figure(charts.lens_chart(decomposition, labels), "logit lens: the score read from the stream after every layer")
+            + "</div>")
 
 
 def scoreboard_section(board: Scoreboard) -> str:
@@ -174,7 +183,8 @@ def scoreboard_section(board: Scoreboard) -> str:
     AUCs in the protocol's words, the randomised model's ρ; then chance and every note."""
     first, second = board.curve_names
     rows = "".join(
-        f"<tr><td>{'—' if board.unranked else rank}</td><td>{html.escape(CLASS_METHODS[entry.method])}</td><td>{entry.score:.3f}</td>"
+        f"<tr><td>{'—' if board.unranked else rank}</td><td>{html.escape(CLASS_METHODS[entry.method])}</td>"
+        f"<td>{entry.score:.3f}</td>"
         f"<td>{'—' if math.isnan(entry.over_chance) else f'{entry.over_chance:+.1f} sd'}</td><td>{entry.deletion:.3f}</td>"
         f"<td>{entry.insertion:.3f}</td><td>{entry.randomised_rho:.2f}{'' if entry.depends_on_weights else ' ⚠'}</td></tr>"
         for rank, entry in enumerate(board.entries, start=1))
@@ -182,8 +192,8 @@ def scoreboard_section(board: Scoreboard) -> str:
     notes = [f"Not ranked: {board.unranked}."] if board.unranked else []
     notes += [f"{note}." for note in board.notes]
     notes.append(f"Curves of the {board.measure} over {board.steps} steps (coarser than one map's score, so its AUCs differ a "
-                 f"little); chance (random orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}. ⚠: the map barely changes "
-                 "when the whole model is randomised (ρ ≥ 0.5).")
+                 f"little); chance (random orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}. ⚠: the map barely "
+                 f"changes when the whole model is randomised (ρ ≥ 0.5).")
     return (f"<h2>Scoreboard for {html.escape(board.target_label)}</h2>"
             f"<table><tr><th>rank</th><th>method</th><th>score ({html.escape(score)})</th><th>vs chance</th><th>{first} AUC</th>"
             f"<th>{second} AUC</th><th>randomised ρ</th></tr>{rows}</table>"

@@ -36,7 +36,8 @@ def analysis_notes(analysis: Analysis) -> list[str]:
     if analysis.ood is not None and analysis.ood.flagged:
         lines.append(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
     if analysis.similarity:
-        lines.append(f"{analysis.label(0)}: {float(analysis.logits[0]):.3f} (a projection on a unit direction, not a probability)")
+        score = float(analysis.logits[0])
+        lines.append(f"{analysis.label(0)}: {score:.3f} (a projection on a unit direction, not a probability)")
     elif analysis.num_classes:
         top = analysis.top_k(1)[0]
         if analysis.prompted:
@@ -59,9 +60,9 @@ def result_lines(run: Run) -> list[str]:
         measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
         # a class-agnostic map (rollout, cls) is the same for every target: only its score is measured against one
         named = ("map for" if run.request.method in CLASS_SPECIFIC else "map (the same for every target) scored for")
-        lines.append(f"{run.request.method} {named} {analysis.label(curves.target)!r}{measure}: {first} AUC {aucs['deletion']:.3f} "
-                     f"(random {aucs['random_deletion']:.3f}, lower is better), {second} AUC {aucs['insertion']:.3f} "
-                     f"(random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}")
+        lines.append(f"{run.request.method} {named} {analysis.label(curves.target)!r}{measure}: {first} AUC "
+                     f"{aucs['deletion']:.3f} (random {aucs['random_deletion']:.3f}, lower is better), {second} AUC "
+                     f"{aucs['insertion']:.3f} (random {aucs['random_insertion']:.3f}, higher is better): {curves.verdict}")
     if run.scoreboard is not None:
         lines += scoreboard_lines(run.scoreboard)
     if run.sanity is not None:
@@ -95,8 +96,8 @@ def scoreboard_lines(board: Scoreboard) -> list[str]:
     for rank, entry in enumerate(board.entries, start=1):
         badge = "" if entry.depends_on_weights else "  [does not depend on the weights]"
         chance = "" if math.isnan(entry.over_chance) else f" ({entry.over_chance:+.1f} sd from chance)"
-        lines.append(f"{'·' if board.unranked else f'{rank}.'} {entry.method}: score {entry.score:.3f}{chance}, {first} {entry.deletion:.3f}, "
-                     f"{second} {entry.insertion:.3f}, randomised ρ {entry.randomised_rho:.2f}{badge}")
+        lines.append(f"{'·' if board.unranked else f'{rank}.'} {entry.method}: score {entry.score:.3f}{chance}, {first} "
+                     f"{entry.deletion:.3f}, {second} {entry.insertion:.3f}, randomised ρ {entry.randomised_rho:.2f}{badge}")
     lines.append(f"chance (random orders): score {board.chance_mean:.3f} ± {board.chance_sd:.3f}")
     lines += [f"note: {note}" for note in board.notes]
     return lines

@@ -80,7 +80,8 @@ def list_images(source: str | Path) -> ImageList:
             images = ImageList(_images_under(path))
     elif path.is_file():
         lines = [line.strip() for line in path.read_text().splitlines()]
-        images = ImageList([(path.parent / line) if not Path(line).is_absolute() else Path(line) for line in lines if line and not line.startswith("#")])
+        images = ImageList([(path.parent / line) if not Path(line).is_absolute() else Path(line) for line in lines if line
+                            and not line.startswith("#")])
     else:
         images = ImageList(sorted(Path(match) for match in glob.glob(str(source), recursive=True) if Path(match).is_file()))
     if not images.paths:
@@ -127,7 +128,8 @@ def labelled_views(images: ImageList, model: LoadedModel, skipped: list[dict[str
             if masks is not None and root is not None:
                 relative = path.relative_to(root)
                 if parts:  # a folder A+B: one mask per object, masks/A+B/NAME/A.png
-                    objects = tuple((model.labels.index(name), mask_at(masks / relative.with_suffix("") / f"{name}.png")) for name in parts)
+                    objects = tuple((model.labels.index(name), mask_at(masks / relative.with_suffix("") / f"{name}.png"))
+                                    for name in parts)
                     mask = np.logical_or.reduce([object_mask for _, object_mask in objects])
                 else:
                     mask = mask_at(masks / relative)
@@ -194,7 +196,8 @@ class HeadTotals:
             self.tensors[f"sums/{name}"] += batch.sum(0)
             self.tensors[f"squares/{name}"] += (batch**2).sum(0)
             low, high = ranges[name]
-            bins = ((batch - low) / (high - low) * HISTOGRAM_BINS).floor().clamp(0, HISTOGRAM_BINS - 1).long()  # [b, layers, heads]
+            # [b, layers, heads]
+            bins = ((batch - low) / (high - low) * HISTOGRAM_BINS).floor().clamp(0, HISTOGRAM_BINS - 1).long()
             self.tensors[f"histograms/{name}"] += torch.nn.functional.one_hot(bins, HISTOGRAM_BINS).sum(0).double()
             if classes and labelled.any():
                 index = labels[labelled]
@@ -217,7 +220,8 @@ class HeadTotals:
         return cls(saved["tensors"], saved["skipped"])
 
 
-def histogram_quantiles(histogram: torch.Tensor, low: float, high: float, quantiles: tuple[float, ...] = QUANTILES) -> torch.Tensor:
+def histogram_quantiles(histogram: torch.Tensor, low: float, high: float,
+                        quantiles: tuple[float, ...] = QUANTILES) -> torch.Tensor:
     """Quantiles ``[..., len(quantiles)]`` float64 of values counted in ``histogram`` ``[..., bins]`` of equal bins
     over [low, high], interpolated linearly within the bin where each falls."""
     counts = histogram.double()
@@ -285,7 +289,8 @@ def contiguous_share(count: int) -> range:
 
 
 def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_size: int = 32, workers: int = 0,
-            fit: str = "stretch", shard_size: int = SHARD_SIZE, resume: bool = False, show_progress: bool = True) -> tuple[HeadTotals, dict]:
+            fit: str = "stretch", shard_size: int = SHARD_SIZE, resume: bool = False,
+            show_progress: bool = True) -> tuple[HeadTotals, dict]:
     """Run ``model`` over ``images`` and return the totals of every process (the same on each) and what
     the run did (``{"shards", "resumed_shards", "seconds", "images_per_s"}``).
 
@@ -305,7 +310,8 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
         folder_of_class = torch.tensor([images.classes.index(name) if name in images.classes else -1 for name in model.labels])
     shard_folder.mkdir(parents=True, exist_ok=True)
     count = len(images.paths)
-    manifest = {"model": model.name, "images": count, "shard_size": shard_size, "first": str(images.paths[0]), "last": str(images.paths[-1])}
+    manifest = {"model": model.name, "images": count, "shard_size": shard_size, "first": str(images.paths[0]),
+                "last": str(images.paths[-1])}
     manifest_path = shard_folder / "manifest.json"
     if resume and manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
         raise VitExplorerError(f"the shards in {shard_folder} were made by another run ({manifest_path.read_text()}); "
@@ -323,7 +329,8 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
             todo.append(shard)
     resumed = len(mine) - len(todo)
     todo_images = sum(min(count, (shard + 1) * shard_size) - shard * shard_size for shard in todo)
-    loader = DataLoader(ImageDataset(images, model.preprocess, fit), batch_sampler=list(_shard_batches(count, todo, shard_size, batch_size)),
+    loader = DataLoader(ImageDataset(images, model.preprocess, fit),
+                        batch_sampler=list(_shard_batches(count, todo, shard_size, batch_size)),
                         num_workers=workers)
     started = time.perf_counter()
     bar = tqdm(total=todo_images, unit="img", disable=not show_progress or rank != 0, dynamic_ncols=True)
@@ -333,7 +340,8 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
         if shard_totals is None:
             shard_totals = HeadTotals.zeros(layers, heads, classes)
         good = torch.tensor([error == "" for error in errors])
-        shard_totals.skipped += [{"path": str(images.paths[int(index)]), "reason": error} for index, error in zip(indices, errors, strict=True) if error]
+        shard_totals.skipped += [{"path": str(images.paths[int(index)]), "reason": error} for index,
+                                 error in zip(indices, errors, strict=True) if error]
         if good.any():
             captured = capture(model, pixels[good].to(model.device), StatisticsSink(model.layout, head_statistics))
             predictions = None if folder_of_class is None else folder_of_class[captured.logits.argmax(-1).cpu()]
@@ -351,8 +359,10 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
             torch.distributed.all_reduce(tensor)
         totals.skipped = sorted(gather_in_rank_order(totals.skipped), key=lambda entry: entry["path"])
     run = {"shards": math.ceil(count / shard_size), "resumed_shards": resumed, "processes": world, "seconds": seconds,
-           "images_per_s": todo_images / seconds if seconds > 0 else None, "accuracy_reason": None if folder_of_class is not None else
-           ("the source has no class folders" if not images.classes else "the class folders do not all name classes of the model")}
+           "images_per_s": todo_images / seconds if seconds > 0 else None,
+           "accuracy_reason": None if folder_of_class is not None else
+           ("the source has no class folders" if not images.classes
+            else "the class folders do not all name classes of the model")}
     return totals, run
 
 
@@ -376,14 +386,17 @@ def head_table(totals: HeadTotals, ranges: dict[str, tuple[float, float]], class
     count = float(totals.tensors["count"])
     for name in HEAD_STATISTICS:
         mean, std = mean_and_std(totals.tensors[f"sums/{name}"], totals.tensors[f"squares/{name}"], count)  # [layers, heads]
-        quantiles = histogram_quantiles(totals.tensors[f"histograms/{name}"], *ranges[name]).tolist()  # [layers][heads][quantiles]
+        # [layers][heads][quantiles]
+        quantiles = histogram_quantiles(totals.tensors[f"histograms/{name}"], *ranges[name]).tolist()
         for (layer, head), value, spread in cells(mean, std):
-            row = {"group": "all", "statistic": name, "layer": layer, "head": head, "count": int(count), "mean": value, "std": spread}
+            row = {"group": "all", "statistic": name, "layer": layer, "head": head, "count": int(count), "mean": value,
+                   "std": spread}
             row.update({f"q{round(q * 100):02d}": quantiles[layer][head][i] for i, q in enumerate(QUANTILES)})
             rows.append(row)
         for index, class_name in enumerate(classes or []):
             class_count = float(totals.tensors["class_count"][index])
-            class_mean, class_std = mean_and_std(totals.tensors[f"class_sums/{name}"][index], totals.tensors[f"class_squares/{name}"][index],
+            class_mean, class_std = mean_and_std(totals.tensors[f"class_sums/{name}"][index],
+                                                 totals.tensors[f"class_squares/{name}"][index],
                                                  class_count)
             for (layer, head), value, spread in cells(class_mean, class_std):
                 rows.append({"group": class_name, "statistic": name, "layer": layer, "head": head, "count": int(class_count),
@@ -402,7 +415,8 @@ def dataset_tables(totals: HeadTotals, run: dict, model: LoadedModel, source: st
         "model": model.name, "source": source, "images": len(images.paths), "analysed": int(count), "skipped": totals.skipped,
         "accuracy": float(totals.tensors["correct"]) / labelled if labelled else None, "accuracy_reason": run["accuracy_reason"],
         "classes": images.classes, "layers_heads": list(model.map_shape),
-        "statistics": {name: {"unit": STATISTIC_UNITS[name], "range": list(ranges[name]), "mean": means[name]} for name in HEAD_STATISTICS},
+        "statistics": {name: {"unit": STATISTIC_UNITS[name], "range": list(ranges[name]), "mean": means[name]}
+                       for name in HEAD_STATISTICS},
         "quantiles": f"from {HISTOGRAM_BINS}-bin histograms over each statistic's range, linear within a bin",
         "run": run,
     }
@@ -443,6 +457,8 @@ def read_statistics(folder: str | Path) -> DatasetStatistics:
         raise VitExplorerError(f"{folder} is not a folder written by `vit-explorer stats` (it needs summary.json and heads.csv): "
                                f"{type(error).__name__}") from None
     if any(values.isnan().any() for values in mean.values()):
-        raise VitExplorerError(f"{folder}/heads.csv lacks some heads of the {layers}×{heads} the summary names; run `vit-explorer stats` again")
-    return DatasetStatistics(str(folder), str(summary.get("model", "?")), str(summary.get("source", "?")), int(summary.get("analysed", 0)),
+        raise VitExplorerError(f"{folder}/heads.csv lacks some heads of the {layers}×{heads} the summary names; run "
+                               "`vit-explorer stats` again")
+    return DatasetStatistics(str(folder), str(summary.get("model", "?")), str(summary.get("source", "?")),
+                             int(summary.get("analysed", 0)),
                              mean, low, high)

@@ -99,22 +99,25 @@ def sample_analyses(model: LoadedModel, samples: Sequence[Labelled], batch_size:
         captured = capture(model, pixels, StackingSink(model.map_shape[0]), target=TOP if (labels < 0).all() else labels,
                            reduce_gradients=relevance.layer_evidence)
         targets = captured.targets
-        for index, (sample, sample_logits, maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu(), strict=True)):
+        for index, (sample, sample_logits,
+                    maps) in enumerate(zip(batch, captured.logits.float().cpu(), captured.kept.float().cpu(), strict=True)):
             analysis = Analysis(image=sample.image, attentions=maps, logits=sample_logits, layout=model.layout,
                                 labels=model.labels, model_name=model.name)
             if targets is None:
                 yield sample, analysis, None
                 continue
             target = int(targets[index])
-            yield sample, analysis, ClassEvidence.from_layers(
-                target, captured.gradients, image=index, method_maps=method_maps(model, pixels[index : index + 1], target, methods))
+            own_maps = method_maps(model, pixels[index : index + 1], target, methods)
+            yield sample, analysis, ClassEvidence.from_layers(target, captured.gradients, image=index, method_maps=own_maps)
 
 
-def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50, seed: int = 0) -> GroundTruthFigures:
+def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_size: int = 50,
+                       seed: int = 0) -> GroundTruthFigures:
     """Accuracy, and pointing game and energy of every map method (default rollout options) and of a
     uniform random map, against each object's mask dilated by one patch."""
     rng = np.random.default_rng(seed)  # numpy's generator: a seed gives the random maps of the published figures
-    correct, hits, energies, shares = 0, {name: 0 for name in (*CLASS_METHODS, "random")}, {name: [] for name in CLASS_METHODS}, []
+    correct, shares = 0, []
+    hits, energies = {name: 0 for name in (*CLASS_METHODS, "random")}, {name: [] for name in CLASS_METHODS}
     for sample, analysis, evidence in sample_analyses(model, samples, batch_size, methods=tuple(CLASS_METHODS)):
         correct += int(analysis.logits.argmax() == sample.label)
         target = patch_mask(sample.mask, model.layout.grid_hw)
@@ -135,28 +138,34 @@ def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_si
 
 
 def faithfulness_on_shapes(
-    model: LoadedModel, samples: Sequence[Labelled], methods: tuple[str, ...] = tuple(CLASS_METHODS), steps: int = 10, random_orders: int = 1
+    model: LoadedModel, samples: Sequence[Labelled], methods: tuple[str, ...] = tuple(CLASS_METHODS), steps: int = 10,
+                           random_orders: int = 1
 ) -> FaithfulnessFigures:
     """Mean deletion / insertion AUCs of each method's map for each image's true class, and of random orders."""
     aucs: dict[str, list] = {name: [] for name in (*methods, "random")}
     for index, (sample, analysis, evidence) in enumerate(sample_analyses(model, samples, methods=methods)):
         for method in methods:
-            curves = deletion_insertion(model, analysis.image, class_map(analysis, method, evidence, RolloutOptions()), sample.label,
+            curves = deletion_insertion(model, analysis.image, class_map(analysis, method, evidence, RolloutOptions()),
+                                        sample.label,
                                         steps=steps, random_orders=random_orders, seed=index)
             aucs[method].append([curves.aucs["deletion"], curves.aucs["insertion"]])
         aucs["random"].append([curves.aucs["random_deletion"], curves.aucs["random_insertion"]])
     return FaithfulnessFigures(images=len(samples), steps=steps,
-                               auc={name: {"deletion": fmean(pair[0] for pair in values), "insertion": fmean(pair[1] for pair in values)}
+                               auc={name: {"deletion": fmean(pair[0] for pair in values),
+                                           "insertion": fmean(pair[1] for pair in values)}
                                     for name, values in aucs.items()})
 
 
-SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "perturbation", "pointing", "energy", "class_pointing")
+SCORES = ("deletion", "insertion", "deletion_relative", "insertion_relative", "perturbation", "pointing", "energy",
+          "class_pointing")
 
 
-def class_sensitive_hit(maps_by_class: Sequence[torch.Tensor], objects: Sequence[tuple[int, np.ndarray]], grid_hw: tuple[int, int]) -> bool:
+def class_sensitive_hit(maps_by_class: Sequence[torch.Tensor], objects: Sequence[tuple[int, np.ndarray]],
+                        grid_hw: tuple[int, int]) -> bool:
     """Whether the map of each object's class ``[grid_h, grid_w]`` peaks on a patch of that object (not grown: the two
     objects of a generated pair lie two patches apart, so the patches they touch are their own)."""
-    return all(pointing_hit(grid_map, patch_mask(mask, grid_hw, dilate=0)) for grid_map, (_, mask) in zip(maps_by_class, objects, strict=True))
+    return all(pointing_hit(grid_map, patch_mask(mask, grid_hw, dilate=0)) for grid_map,
+               (_, mask) in zip(maps_by_class, objects, strict=True))
 
 
 def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[str, ...], *, steps: int = 10,
@@ -165,13 +174,15 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
     """Per-image figures, each a list in the order of ``items``: ``METHOD/deletion`` and ``METHOD/insertion``
     (AUC of the target probability), ``METHOD/deletion_relative`` and ``METHOD/insertion_relative`` (the same
     over the unperturbed image's probability of the target, so that 1 is "as sure as on the whole image" on any
-    model, also on a random one whose probabilities are all near 1/classes), ``METHOD/perturbation`` (area under the deletion curve of "the target is
+    model, also on a random one whose probabilities are all near 1/classes), ``METHOD/perturbation`` (area under the deletion
+    curve of "the target is
     still the top class": averaged over a labelled set, the positive-perturbation accuracy AUC of Chefer et
     al. 2021, lower is better), ``METHOD/pointing`` and ``METHOD/energy`` against the mask dilated by one patch
     (NaN without a mask), ``METHOD/class_pointing`` on an image of several labelled objects (else NaN): 1 when the
     map for each object's class peaks on that object (``class_sensitive_hit``; a class-agnostic map, the same for
     every class, can hardly score); the same for ``random`` orders (and a random map's pointing, a map drawn
-    per class for class pointing), and ``correct`` (NaN where the label is unknown). The random orders and map of the i-th item are seeded ``seed + i``, so scoring
+    per class for class pointing), and ``correct`` (NaN where the label is unknown). The random orders and map of the i-th
+    item are seeded ``seed + i``, so scoring
     a list in blocks, each with ``seed`` at its block's start, gives the figures of one run. ``step`` is called after
     each image (a progress bar's advance)."""
     scores: dict[str, list[float]] = {f"{method}/{score}": [] for method in (*methods, "random") for score in SCORES}
@@ -186,7 +197,8 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
             target = None if sample.mask is None else patch_mask(sample.mask, model.layout.grid_hw)
             for method in methods:
                 grid_map = class_map(analysis, method, evidence, RolloutOptions())
-                curves = deletion_insertion(model, analysis.image, grid_map, evidence.target, steps=steps, random_orders=random_orders,
+                curves = deletion_insertion(model, analysis.image, grid_map, evidence.target, steps=steps,
+                                            random_orders=random_orders,
                                             protocol=protocol, seed=seed + index)
                 aucs = curves.aucs
                 relative = curves.relative_aucs
@@ -198,8 +210,10 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
                 scores[f"{method}/pointing"].append(math.nan if target is None else float(pointing_hit(grid_map, target)))
                 scores[f"{method}/energy"].append(math.nan if target is None else energy(grid_map, target))
                 if len(sample.objects) > 1:
-                    by_class = [class_map(analysis, method, class_evidence(model, analysis, label, (method,)), RolloutOptions()) for label, _ in sample.objects]
-                    scores[f"{method}/class_pointing"].append(float(class_sensitive_hit(by_class, sample.objects, model.layout.grid_hw)))
+                    by_class = [class_map(analysis, method, class_evidence(model, analysis, label, (method,)), RolloutOptions())
+                                for label, _ in sample.objects]
+                    hit = class_sensitive_hit(by_class, sample.objects, model.layout.grid_hw)
+                    scores[f"{method}/class_pointing"].append(float(hit))
                 else:
                     scores[f"{method}/class_pointing"].append(math.nan)
             scores["random/deletion"].append(aucs["random_deletion"])
@@ -210,7 +224,8 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
             random_map = torch.from_numpy(np.random.default_rng(seed + index).random(model.layout.grid_hw))
             scores["random/pointing"].append(math.nan if target is None else float(pointing_hit(random_map, target)))
             scores["random/energy"].append(math.nan if target is None else energy(random_map, target))
-            random_maps = [torch.from_numpy(np.random.default_rng((seed + index, order)).random(model.layout.grid_hw)) for order in range(len(sample.objects))]
+            random_maps = [torch.from_numpy(np.random.default_rng((seed + index, order)).random(model.layout.grid_hw))
+                           for order in range(len(sample.objects))]
             scores["random/class_pointing"].append(float(class_sensitive_hit(random_maps, sample.objects, model.layout.grid_hw))
                                                    if len(sample.objects) > 1 else math.nan)
             index += 1
@@ -245,6 +260,7 @@ def score_table(scores: dict[str, list[float]], methods: tuple[str, ...]) -> lis
         row: dict = {"method": method}
         for score in SCORES:
             present = [value for value in scores[f"{method}/{score}"] if not math.isnan(value)]
-            row[score] = None if not present else {"mean": fmean(present), "ci95": bootstrap_interval(present), "images": len(present)}
+            row[score] = None if not present else {"mean": fmean(present), "ci95": bootstrap_interval(present),
+                                                   "images": len(present)}
         rows.append(row)
     return rows

@@ -103,7 +103,8 @@ def measure_of(model: LoadedModel) -> str:
     return SHARE_OF_SCORE if model.num_classes == 1 else PROBABILITY
 
 
-def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int, measure: str) -> tuple[torch.Tensor, torch.Tensor]:
+def target_probabilities(model: LoadedModel, pixels: torch.Tensor, target: int, measure: str) -> tuple[torch.Tensor,
+                                                                                                       torch.Tensor]:
     """Softmax probability of ``target`` for every image of ``pixels`` ``[b, 3, H, W]`` → ``[b]`` (``measure``
     ``SHARE_OF_SCORE``: the score as it is, scaled later), and whether ``target`` is the top class ``[b]``."""
     logits = model.logits(pixels).float()
@@ -195,17 +196,20 @@ def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run
     if measure == SHARE_OF_SCORE:  # the first image is the unchanged one: the shared image, or ROAD's first run at step 0
         whole = abs(float(probs[0]))
         if whole == 0:
-            raise VitExplorerError("the unchanged image's score is 0, so a map's effect on it has no scale; choose another target")
+            raise VitExplorerError("the unchanged image's score is 0, so a map's effect on it has no scale; choose another "
+                                   "target")
         probs = probs / whole
     if protocol.imputes:
         return probs.reshape(len(runs), steps + 1), tops.reshape(len(runs), steps + 1)
     # each curve: its start, its steps between, its end; deletion starts on the image (shared[0]), insertion on the baseline
     starts = inserting.long()
-    return tuple(torch.cat([values[starts][:, None], values[2:].reshape(len(runs), steps - 1), values[1 - starts][:, None]], dim=1)
+    return tuple(torch.cat([values[starts][:, None], values[2:].reshape(len(runs), steps - 1), values[1 - starts][:, None]],
+                           dim=1)
                  for values in (probs, tops))
 
 
-def curves_of(target: int, steps: int, protocol: Protocol, map_probs: torch.Tensor, map_tops: torch.Tensor, random_probs: torch.Tensor,
+def curves_of(target: int, steps: int, protocol: Protocol, map_probs: torch.Tensor, map_tops: torch.Tensor,
+              random_probs: torch.Tensor,
               random_tops: torch.Tensor, measure: str = PROBABILITY) -> FaithfulnessCurves:
     """One map's curves from its two runs ``[2, steps + 1]`` and chance's runs (``Protocol.random_runs``)."""
     if protocol.imputes:

@@ -100,7 +100,8 @@ def token_norms(norms: torch.Tensor, received: torch.Tensor, layout: TokenLayout
         layout=layout, norms=norms, flagged=flagged, k=float(k), threshold=threshold, patch_median=middle, received=received,
         flagged_attention_share=torch.where(flagged, received, 0.0).sum(dim=1),
         patch_median_share=median(received[:, prefix:], dim=1),
-        prefix={name: {"norm": norms[:, token], "attention_share": received[:, token]} for token, name in enumerate(layout.prefix_names)},
+        prefix={name: {"norm": norms[:, token], "attention_share": received[:, token]} for token,
+                name in enumerate(layout.prefix_names)},
     )
 
 

@@ -82,7 +82,8 @@ def changing_input(hooked: nn.Module, change: Callable[[torch.Tensor], torch.Ten
 
 
 @contextmanager
-def changing_residual(model: LoadedModel, layer: int, change: Callable[[torch.Tensor], torch.Tensor], seen: list) -> Iterator[None]:
+def changing_residual(model: LoadedModel, layer: int, change: Callable[[torch.Tensor], torch.Tensor],
+                      seen: list) -> Iterator[None]:
     """While active, the residual stream after ``layer`` goes through ``change`` (``CaptureAdapter.with_residual``)."""
     adapter = model.adapter
 
@@ -167,8 +168,8 @@ def patch(model: LoadedModel, pixels_a: torch.Tensor, pixels_b: torch.Tensor, ta
         if pixels.ndim != 4 or pixels.shape[0] != 1:
             raise VitExplorerError(f"patching takes one image on each side, pixels [1, 3, H, W], not {list(pixels.shape)}")
     if pixels_a.shape != pixels_b.shape:
-        raise VitExplorerError(f"A and B must reach the model at one size to patch one into the other: {list(pixels_a.shape)} and "
-                               f"{list(pixels_b.shape)}")
+        raise VitExplorerError(f"A and B must reach the model at one size to patch one into the other: {list(pixels_a.shape)} "
+                               f"and {list(pixels_b.shape)}")
     layers, heads = model.map_shape
     if not 0 <= target < model.num_classes:
         raise VitExplorerError(f"class {target} is outside this model's {model.num_classes} classes")
@@ -188,6 +189,7 @@ def patch(model: LoadedModel, pixels_a: torch.Tensor, pixels_b: torch.Tensor, ta
                                          for masks in one_hot_chunks(count)]) - score_a)
             if step is not None:
                 step()
-    return Patching(target=target, label=label or str(target), score_a=score_a, score_b=score_b, heads=torch.stack(head_rows).float(),
+    return Patching(target=target, label=label or str(target), score_a=score_a, score_b=score_b,
+                    heads=torch.stack(head_rows).float(),
                     tokens=None if token_rows is None else torch.stack(token_rows).float(), forward_passes=cost(model, tokens),
                     layout=model.layout)

@@ -36,7 +36,8 @@ def neighbour_sum(values: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def impute(images: torch.Tensor, removed: torch.Tensor, noise: float = NOISE, generator: torch.Generator | None = None) -> torch.Tensor:
+def impute(images: torch.Tensor, removed: torch.Tensor, noise: float = NOISE,
+           generator: torch.Generator | None = None) -> torch.Tensor:
     """``images`` ``[b, c, H, W]`` with the pixels where ``removed`` ``[b, 1, H, W]`` (bool) is set replaced by ROAD's
     noisy linear imputation; the kept pixels are unchanged."""
     kept = images.float() * ~removed
@@ -67,7 +68,8 @@ def solve(kept: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
 COARSEST = 8  # the pyramid stops above this many pixels on a side
 
 
-def conjugate_gradients(kept: torch.Tensor, removed: torch.Tensor, guess: torch.Tensor, max_iterations: int = 10_000) -> torch.Tensor:
+def conjugate_gradients(kept: torch.Tensor, removed: torch.Tensor, guess: torch.Tensor,
+                        max_iterations: int = 10_000) -> torch.Tensor:
     """Jacobi-preconditioned conjugate gradients on ROAD's system (module doc), from ``guess`` (zero where kept)."""
     unknown = removed.expand_as(kept).float()  # [b, c, H, W]: 1 where a value is solved for
     # per removed pixel i: s_i·x_i − Σ_{removed j} w_ij·x_j = Σ_{kept j} w_ij·v_j, s_i the weight of i's neighbours in the image

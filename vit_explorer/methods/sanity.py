@@ -53,7 +53,8 @@ def default_methods(analysis: Analysis) -> tuple[str, ...]:
     return tuple(method for method in CLASS_METHODS if analysis.num_classes or method not in CLASS_SPECIFIC)
 
 
-def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | None = None, *, methods: tuple[str, ...] | None = None,
+def sanity_check(model: LoadedModel, analysis: Analysis, target: int | str | None = None, *,
+                 methods: tuple[str, ...] | None = None,
                  extra: Mapping[str, MapFunction] | None = None, options: RolloutOptions = RolloutOptions(),
                  seed: int = 0, cascade: bool = True, step: Callable[[], None] | None = None) -> SanityCurves:
     """Cascading randomisation of ``model``'s layers for the image of ``analysis``.

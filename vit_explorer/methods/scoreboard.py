@@ -4,7 +4,8 @@ One run scores each method's map by the chosen protocol (blur or mean deletion/i
 ``faithfulness``) and ranks them by one number, higher is better: insertion AUC − deletion AUC (ROAD: its combined
 score, half that). Chance is the same number for random patch orders, drawn once and shared by every method, whose
 spread says how far from chance a method must be to count. Each method also gets the Spearman ρ of its map with the
-same map from the fully randomised model (``sanity``, its end point only): above ``results.FALLEN`` the map barely depends on what the
+same map from the fully randomised model (``sanity``, its end point only): above ``results.FALLEN`` the map barely depends on what
+the
 model learned. All perturbed images of all methods go through the model in shared batches.
 """
 
@@ -63,14 +64,16 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     randoms = faithfulness.random_patch_orders(model.layout, random_orders, seed)
     runs = [run for method in methods for run in protocol.map_runs(importance_order(maps[method]))]
     runs += protocol.random_runs(randoms)
-    probs, _ = faithfulness.perturbed_probabilities(model, analysis.image, runs, evidence.target, steps, protocol, seed, batch_size, step)
+    probs, _ = faithfulness.perturbed_probabilities(model, analysis.image, runs, evidence.target, steps, protocol, seed,
+                                                    batch_size, step)
     fractions = fractions_of(steps)
     aucs = torch.tensor([area_under(fractions, curve) for curve in probs], dtype=torch.float64)  # [runs]
     chance = aucs[2 * len(methods) :]
     if protocol.imputes:
         # ROAD's random orders stand for both curves: chance's score pairs one order's LeRF with another's MoRF
         pairs = [(a, b) for a in range(random_orders) for b in range(random_orders) if a != b] or [(0, 0)]
-        chance_scores = torch.tensor([protocol.combined(float(chance[a]), float(chance[b])) for a, b in pairs], dtype=torch.float64)
+        chance_scores = torch.tensor([protocol.combined(float(chance[a]), float(chance[b])) for a, b in pairs],
+                                     dtype=torch.float64)
     else:  # each order's insertion − its deletion
         chance_scores = protocol.combined(chance[:random_orders], chance[random_orders:])
     chance_mean = float(chance_scores.mean())
@@ -86,8 +89,8 @@ def scoreboard(model: LoadedModel, analysis: Analysis, target: int | str | None 
     scores = [entry.score for entry in entries]
     unranked = reference_warning(measure, probs)
     if not unranked and max(scores) - min(scores) < CHANCE_SPREAD_FLOOR:
-        unranked = (f"every method scores the same ({min(scores):.3f} to {max(scores):.3f}): the target barely moves when patches "
-                    "are removed, so there is nothing to rank")
+        unranked = (f"every method scores the same ({min(scores):.3f} to {max(scores):.3f}): the target barely moves when "
+                    f"patches are removed, so there is nothing to rank")
     notes = () if chance_sd >= CHANCE_SPREAD_FLOOR else (
         f"chance's scores do not spread (sd {chance_sd:.1e}, below {CHANCE_SPREAD_FLOOR:g}): no distance from chance is given",)
     if unranked:  # nothing is compared: no distance from chance either

@@ -39,7 +39,8 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = None, device: str | torch.device | None = None) -> LoadedModel:
+def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = None,
+               device: str | torch.device | None = None) -> LoadedModel:
     """Load a model by spec onto ``device`` (default: ``default_device()``); ``input_hw`` asks for
     another input size where the family allows it."""
     from vit_explorer.models.builtin import load_builtin
@@ -79,7 +80,8 @@ def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = Non
 def fixed_size(loaded: LoadedModel, input_hw: tuple[int, int] | None) -> LoadedModel:
     """``loaded``, if ``input_hw`` is its own size: this project's ViT cannot resize its position embeddings."""
     if input_hw is not None and tuple(input_hw) != loaded.preprocess.input_hw:
-        raise VitExplorerError(f"{loaded.name} has learned position embeddings for {loaded.preprocess.input_hw}; it cannot take {input_hw}")
+        raise VitExplorerError(f"{loaded.name} has learned position embeddings for {loaded.preprocess.input_hw}; it cannot "
+                               f"take {input_hw}")
     return loaded
 
 

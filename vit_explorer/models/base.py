@@ -64,7 +64,8 @@ class CaptureAdapter(ABC):
 
     @abstractmethod
     @contextmanager
-    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def attached(self, module: nn.Module,
+                 sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """While active, the yielded function maps pixels ``[b, 3, H, W]`` to logits ``[b, classes]``
         and stores each layer's attention ``[b, heads, n, n]`` in ``sink[layer]``.
 
@@ -173,7 +174,8 @@ class CaptureAdapter(ABC):
 
     @abstractmethod
     @contextmanager
-    def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def edited(self, module: nn.Module,
+               edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """While active, the yielded function maps pixels ``[b, 3, H, W]`` to logits ``[b, classes]``, each
         layer ``l`` in ``edits`` multiplying the values by ``edits[l](A)`` instead of its post-softmax map
         ``A`` ``[b, heads, n, n]`` (the map ``attached`` captures). Every layer runs the explicit path that
@@ -234,7 +236,8 @@ class HookAdapter(CaptureAdapter):
         yield
 
     @contextmanager
-    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def attached(self, module: nn.Module,
+                 sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         def store(layer: int, attention: torch.Tensor) -> torch.Tensor:
             sink[layer] = attention
             return attention
@@ -244,7 +247,8 @@ class HookAdapter(CaptureAdapter):
             yield forward
 
     @contextmanager
-    def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def edited(self, module: nn.Module,
+               edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         hook_modules = self.softmax_modules(module)
         if not hook_modules:
             raise VitExplorerError(f"{type(module).__name__} has no attention layers that vit_explorer can capture")

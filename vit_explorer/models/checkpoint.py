@@ -67,7 +67,8 @@ def read_config(path: Path, embedded: dict[str, Any] | None) -> dict[str, Any]:
                 raise VitExplorerError(f"{candidate}: not valid JSON ({error})") from None
     raise VitExplorerError(
         f"{path}: no config found: put the ViT arguments in {path.with_suffix('.json').name} beside it, "
-        f'e.g. {{"vit": {{"image_size": 224, "patch_size": 16, "num_classes": 10, "dim": 192, "depth": 6, "heads": 3, "mlp_dim": 768}}}}'
+        'e.g. {"vit": {"image_size": 224, "patch_size": 16, "num_classes": 10, "dim": 192, "depth": 6, "heads": 3, "mlp_dim": '
+        '768}}'
     )
 
 

@@ -97,8 +97,8 @@ class HFAdapter(CaptureAdapter):
         """One module per layer: the one that calls the attention function (it alone holds ``is_causal``)."""
         found = [[part for part in block.modules() if hasattr(part, "is_causal")] for block in self.blocks(module)]
         if any(len(parts) != 1 for parts in found):
-            raise VitExplorerError(f"this transformers version's {type(module).__name__} has no single attention module per layer "
-                                   "that vit_explorer can edit")
+            raise VitExplorerError(f"this transformers version's {type(module).__name__} has no single attention module per "
+                                   f"layer that vit_explorer can edit")
         return [parts[0] for parts in found]
 
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
@@ -109,7 +109,8 @@ class HFAdapter(CaptureAdapter):
         names += [f"reg{i + 1}" for i in range(getattr(config, "num_register_tokens", 0) or 0)]
         patch = config.patch_size
         check_input_hw(input_hw, (patch, patch))
-        return TokenLayout(prefix_names=tuple(names), grid_hw=(input_hw[0] // patch, input_hw[1] // patch), patch_hw=(patch, patch))
+        return TokenLayout(prefix_names=tuple(names), grid_hw=(input_hw[0] // patch, input_hw[1] // patch),
+                           patch_hw=(patch, patch))
 
     @contextmanager
     def implementation(self, module: nn.Module, name: str) -> Iterator[None]:
@@ -139,7 +140,8 @@ class HFAdapter(CaptureAdapter):
         return self.logits_of(self.run(module, pixels), pixels)
 
     @contextmanager
-    def attached(self, module: nn.Module, sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def attached(self, module: nn.Module,
+                 sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         attentions = self.attention_modules(module)
         require_transformers().AttentionInterface.register(CAPTURED, captured_attention)
         try:
@@ -152,7 +154,8 @@ class HFAdapter(CaptureAdapter):
                 _captures.pop(attention, None)
 
     @contextmanager
-    def edited(self, module: nn.Module, edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    def edited(self, module: nn.Module,
+               edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         # the edits reach the attention function through a table by attention module: not every family passes its
         # forward's keywords down to the attention function (SigLIP does not)
         attentions = self.attention_modules(module)
@@ -172,7 +175,8 @@ EDITED = "vit_explorer_edited"  # the attention function ``HFAdapter.edited`` re
 _edits: weakref.WeakKeyDictionary[nn.Module, Callable[[torch.Tensor], torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
-def edited_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+def edited_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None,
                      scaling: float | None = None, dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' eager attention (``eager_attention_forward`` of ViT, DeiT and DINOv2), the map after dropout
     passed through the edit ``HFAdapter.edited`` holds for ``module``, if any. ``query``, ``key``, ``value``
@@ -240,12 +244,14 @@ def from_hf_module(module: nn.Module, name: str, source: str | None = None, inpu
     ``config.id2label``."""
     adapter = adapter or HFAdapter()
     if not adapter.matches(module):
-        raise VitExplorerError(unreadable(name, type(module).__name__, f"the Hugging Face ViTs of types {', '.join(sorted(MODEL_TYPES))}, "
+        raise VitExplorerError(unreadable(name, type(module).__name__, "the Hugging Face ViTs of types "
+                                                                       f"{', '.join(sorted(MODEL_TYPES))}, "
                                           "CLIP and SigLIP (timm:NAME@FILE reads more families)"))
     module.eval()
     preprocess = preprocess_from(module, source)
     if input_hw is not None:
-        preprocess = Preprocess(input_hw=input_hw, mean=preprocess.mean, std=preprocess.std, interpolation=preprocess.interpolation)
+        preprocess = Preprocess(input_hw=input_hw, mean=preprocess.mean, std=preprocess.std,
+                                interpolation=preprocess.interpolation)
     num_labels = adapter.num_classes(module)
     id2label = module.config.id2label or {}
     labels = [id2label.get(i, f"class {i}") for i in range(num_labels)] if num_labels else None
@@ -254,4 +260,5 @@ def from_hf_module(module: nn.Module, name: str, source: str | None = None, inpu
     resampled = (f"position embedding resampled by transformers from its {trained[1]}×{trained[0]} grid to {layout.grid_hw[1]}×"
                  f"{layout.grid_hw[0]} on every pass (interpolate_pos_encoding): the maps are not the model's at its own grid")
     notes = [] if trained == layout.grid_hw else [resampled]
-    return LoadedModel(module=module, name=name, preprocess=preprocess, layout=layout, adapter=adapter, labels=labels, notes=notes)
+    return LoadedModel(module=module, name=name, preprocess=preprocess, layout=layout, adapter=adapter, labels=labels,
+                       notes=notes)

@@ -110,7 +110,8 @@ def text_tower(full: nn.Module, tokenizer, random_weights: bool) -> TextTower:
         read = byte_reading(length, start, end)
         notes = (RANDOM_TOKENIZER,)
     else:
-        read = tokenizer_reading(tokenizer, 64 if siglip else min(tokenizer.model_max_length, text_config.max_position_embeddings))
+        read = tokenizer_reading(tokenizer,
+                                 64 if siglip else min(tokenizer.model_max_length, text_config.max_position_embeddings))
 
         def tokenize(prompts: list[str]) -> dict[str, torch.Tensor]:
             # SigLIP was trained on text padded to its full length; CLIP pools its end token

@@ -75,8 +75,9 @@ def load_pretrained(auto, where: str, name: str) -> tuple[nn.Module, list[str]]:
         lacking = sorted(set(fresh) - head) or fresh
         also = f" ({HEAD_TOO})" if head and head <= set(fresh) else ""
         raise VitExplorerError(
-            f"{name}: the weights lack {len(lacking)} parameter(s) of {type(module).__name__}, which would be initialised at random: "
-            f"{listed(lacking)}{also}. Load weights saved from this architecture, or {name}{RANDOM_SUFFIX} for an explicitly random model"
+            f"{name}: the weights lack {len(lacking)} parameter(s) of {type(module).__name__}, which would be initialised at "
+            f"random: {listed(lacking)}{also}. Load weights saved from this architecture, or {name}{RANDOM_SUFFIX} for an "
+            f"explicitly random model"
         )
     return module, notes
 

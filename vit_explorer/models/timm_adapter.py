@@ -167,7 +167,8 @@ class TimmAdapter(HookAdapter):
             expected = tuple(g * p for g, p in zip(grid, patch_embed.patch_size, strict=True))
             check_input_hw(input_hw, tuple(patch_embed.patch_size))
             if tuple(input_hw) != expected:
-                raise VitExplorerError(f"this timm model takes {expected[0]}×{expected[1]} inputs, not {input_hw[0]}×{input_hw[1]}")
+                raise VitExplorerError(f"this timm model takes {expected[0]}×{expected[1]} inputs, not "
+                                       f"{input_hw[0]}×{input_hw[1]}")
         return TokenLayout(prefix_names=tuple(names), grid_hw=grid, patch_hw=tuple(patch_embed.patch_size))
 
 
@@ -302,8 +303,8 @@ def cfg_input_hw(name: str) -> tuple[int, int] | None:
 
 
 def resampled_note(stored: tuple[int, int], input_hw: tuple[int, int]) -> str:
-    return (f"position embedding resampled by timm from the weights' {stored[1]}×{stored[0]} input to {input_hw[1]}×{input_hw[0]}: "
-            "the maps are not the model's at its own grid")
+    return (f"position embedding resampled by timm from the weights' {stored[1]}×{stored[0]} input to "
+            f"{input_hw[1]}×{input_hw[0]}: the maps are not the model's at its own grid")
 
 
 def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
@@ -360,7 +361,8 @@ def load_timm(spec: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
         else:
             module = load_cached_or_fetch(
                 lambda: timm.create_model(name, pretrained=True, **kwargs), f"timm:{name}",
-                f"Load local weights with timm:{name}@/path/to/model.safetensors, or try the architecture with timm:{name}@{RANDOM}.")
+                f"Load local weights with timm:{name}@/path/to/model.safetensors, or try the architecture with "
+                f"timm:{name}@{RANDOM}.")
     except RuntimeError as error:
         message = str(error)
         if "Unknown model" in message.splitlines()[0]:

@@ -94,7 +94,8 @@ class ViT(nn.Module):
         image_height, image_width = pair(image_size)
         self.patch_size = patch_height, patch_width = pair(patch_size)
         if image_height % patch_height or image_width % patch_width:
-            raise ValueError(f"image size {image_height}×{image_width} is not divisible by patch size {patch_height}×{patch_width}")
+            raise ValueError(f"image size {image_height}×{image_width} is not divisible by patch size "
+                             f"{patch_height}×{patch_width}")
         if pool not in {"cls", "mean"}:
             raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}")
         self.image_size = (image_height, image_width)

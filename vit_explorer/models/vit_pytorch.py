@@ -12,7 +12,8 @@ from vit_explorer.models.base import HookAdapter
 from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.vit import ViT
 
-VIT_ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim", "pool", "channels", "dim_head", "dropout", "emb_dropout"}
+VIT_ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim", "pool", "channels", "dim_head",
+                 "dropout", "emb_dropout"}
 REQUIRED_ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim"}
 
 
@@ -102,4 +103,5 @@ class VitPytorchAdapter(HookAdapter):
         if input_hw[0] % patch_h or input_hw[1] % patch_w:
             raise VitExplorerError(f"input {input_hw[0]}×{input_hw[1]} is not a multiple of the {patch_h}×{patch_w} patch")
         prefix = ("cls",) * module.cls_token.shape[0]
-        return TokenLayout(prefix_names=prefix, grid_hw=(input_hw[0] // patch_h, input_hw[1] // patch_w), patch_hw=(patch_h, patch_w))
+        return TokenLayout(prefix_names=prefix, grid_hw=(input_hw[0] // patch_h, input_hw[1] // patch_w),
+                           patch_hw=(patch_h, patch_w))

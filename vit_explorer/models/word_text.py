@@ -90,7 +90,8 @@ def text_tower(config: dict[str, Any], encoder: WordTextEncoder) -> TextTower:
         return encoder(tokenize(prompts, vocabulary, config["length"]).to(device))
 
     known = [word for word in vocabulary if not word.startswith("[")]
-    return TextTower(encode=encode, read=reading(vocabulary, config["length"]), logit_scale=float(encoder.logit_scale.detach().exp()),
+    return TextTower(encode=encode, read=reading(vocabulary, config["length"]),
+                     logit_scale=float(encoder.logit_scale.detach().exp()),
                      logit_bias=float(encoder.logit_bias.detach()),
                      notes=(f"its text tower knows {len(known)} words ({', '.join(known)}); any other word is unknown to it",),
                      module=encoder)

@@ -143,7 +143,8 @@ def _background(rng: np.random.Generator, size: int, kind: str) -> np.ndarray:
     elif kind == "smooth":
         cells = int(rng.integers(3, 12))
         coarse = rng.normal(0, 1, (cells, cells, 3))
-        texture = np.asarray(Image.fromarray(((coarse + 3) * 40).clip(0, 255).astype(np.uint8)).resize((size, size), Image.Resampling.BICUBIC),
+        texture = np.asarray(Image.fromarray(((coarse + 3) * 40).clip(0, 255).astype(np.uint8)).resize((size, size),
+                                                                                                       Image.Resampling.BICUBIC),
                              dtype=np.float32)
         image = first + (texture - texture.mean()) * np.float32(rng.uniform(0.3, 1.0))
     else:  # blotches and clutter are drawn shapes on a flat or graded ground
@@ -186,7 +187,8 @@ def _distractors(rng: np.random.Generator, canvas: Image.Image) -> None:
             draw.line(points, fill=colour, width=int(rng.integers(1, 5)))
         elif kind == 1:
             r, start = rng.uniform(10, 50), rng.uniform(0, 360)
-            draw.arc((x - r, y - r, x + r, y + r), start, start + rng.uniform(40, 200), fill=colour, width=int(rng.integers(1, 5)))
+            draw.arc((x - r, y - r, x + r, y + r), start, start + rng.uniform(40, 200), fill=colour,
+                     width=int(rng.integers(1, 5)))
         elif kind in (2, 3):  # a bar or an ellipse at least 3.5 times as long as it is wide
             length = rng.uniform(20, 70)
             width = length / rng.uniform(3.5, 8)
@@ -347,7 +349,8 @@ PAIR_GAP = 2 * PATCH  # two patches between the two shapes' boxes, so that masks
 PAIR_MAX_SIZE = 96  # two shapes must fit apart on the canvas
 
 
-def generate_pair(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float = MIN_SIZE, max_size: float = PAIR_MAX_SIZE) -> PairSample:
+def generate_pair(rng: np.random.Generator, size: int = IMAGE_SIZE, min_size: float = MIN_SIZE,
+                  max_size: float = PAIR_MAX_SIZE) -> PairSample:
     """Two different shapes on one background, apart, each visible against its surround."""
     while True:
         labels = tuple(int(label) for label in rng.choice(len(CLASSES), size=2, replace=False))

@@ -142,7 +142,8 @@ def draw_pool(seed: int, count: int, window: int, processes: int = 2, easy: bool
     jobs = [(seed * 1_000_000 + start // CHUNK, min(CHUNK, count - start), window, easy) for start in range(0, count, CHUNK)]
     with multiprocessing.get_context("spawn").Pool(processes) as workers:
         parts = workers.map(_draw_chunk, jobs)
-    return Pool(*(np.concatenate([getattr(part, name) for part in parts]) for name in ("images", "labels", "patch_classes", "offsets")))
+    return Pool(*(np.concatenate([getattr(part, name) for part in parts])
+                  for name in ("images", "labels", "patch_classes", "offsets")))
 
 
 def augment(images: torch.Tensor, patch_classes: torch.Tensor, offsets: torch.Tensor,
@@ -278,18 +279,21 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
                         total=stage.last_step)
         running_loss, running_acc = None, None
         for step in progress:
-            hard = stage.batch_size if easy is None else min(stage.batch_size, round(stage.batch_size * step / (stage.easy_until * stage.steps)))
+            hard = stage.batch_size if easy is None else min(stage.batch_size,
+                                                             round(stage.batch_size * step / (stage.easy_until * stage.steps)))
             picks = [(pool, rng.integers(0, len(pool.labels), hard))]
             if hard < stage.batch_size:
                 picks.append((easy, rng.integers(0, len(easy.labels), stage.batch_size - hard)))
             images = np.concatenate([source.images[chosen] for source, chosen in picks])
-            patch_classes, offsets, target = (torch.from_numpy(np.concatenate([getattr(source, name)[chosen] for source, chosen in picks]))
+            patch_classes, offsets, target = (torch.from_numpy(np.concatenate([getattr(source, name)[chosen] for source,
+                                                                               chosen in picks]))
                                               for name in ("patch_classes", "offsets", "labels"))
             batch, patch_target, offsets = augment(to_batch(images), patch_classes, offsets, rng)
             tokens, logits = tokens_and_logits(model, batch, offsets)
             loss = torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1)
             # dense supervision: each final patch token names the class of the object it covers (or none)
-            loss = loss + PATCH_LOSS_WEIGHT * torch.nn.functional.cross_entropy(patch_head(tokens).flatten(0, 1), patch_target.flatten(),
+            loss = loss + PATCH_LOSS_WEIGHT * torch.nn.functional.cross_entropy(patch_head(tokens).flatten(0, 1),
+                                                                                patch_target.flatten(),
                                                                                 weight=PATCH_CLASS_WEIGHTS)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -332,8 +336,10 @@ def classifier(model: ViT) -> Callable[[np.ndarray], str]:
 def _save_state(path: Path, model: ViT, patch_head: torch.nn.Module, optimizer, schedule, stage: int, step: int,
                 rng: np.random.Generator, elapsed_s: float) -> None:
     partial = path.with_suffix(".partial")
-    torch.save({"model": model.state_dict(), "patch_head": patch_head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "stage": stage,
-                "step": step, "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s}, partial)
+    torch.save({"model": model.state_dict(), "patch_head": patch_head.state_dict(), "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(), "stage": stage,
+                "step": step, "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s},
+               partial)
     partial.replace(path)
 
 

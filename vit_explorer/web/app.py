@@ -71,14 +71,16 @@ NORMALISATIONS = ("per tile", "shared")
 def model_panel(model_spec: str, reads_text: bool, upload: gr.Image) -> dict:
     """Above the tabs: the model and its fit, folded once chosen (``wire``), and the summary under it; beside them the
     target, in sight from every tab, and the text prompts of a model with a text tower (``reads_text``), folded once
-    submitted; under both the examples and the view controls side by side (an example goes to ``upload``). At 1280 × 800 a tab's content then starts in the
+    submitted; under both the examples and the view controls side by side (an example goes to ``upload``). At 1280 × 800 a
+    tab's content then starts in the
     upper half of the screen."""
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=300):
             with gr.Accordion("Model and fit", open=True, elem_id="model-panel") as model_panel, gr.Row():
                 model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
                                     info="built-in, timm:NAME, hf:REPO or a checkpoint file", scale=3)
-                fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch", label="Fit to the model's input",
+                fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch",
+                               label="Fit to the model's input",
                                info="for images of other proportions", scale=2, min_width=220)
             summary = gr.Markdown("Upload an image to begin.", elem_id="summary")
         with gr.Column(scale=2, min_width=200):
@@ -143,7 +145,8 @@ def query_panel() -> dict:
     caption = gr.Markdown("", elem_id="query-caption")
     # not shown: names the session to the page's script that answers a patch click or an upload at once (``quick_answer``)
     session_key = gr.HTML("", elem_id=SESSION_KEY_ID, padding=False)
-    query = gr.Dropdown([], label="Query token", info="a prefix token, the mean of patch queries, or the clicked patch", elem_id="query")
+    query = gr.Dropdown([], label="Query token", info="a prefix token, the mean of patch queries, or the clicked patch",
+                        elem_id="query")
     reset = gr.Button("Back to class token", size="sm")
     top5 = gr.Label(num_top_classes=5, label="Top-5 predictions", elem_id="top5")
     return {"query_image": query_image, "caption": caption, "query": query, "reset": reset, "top5": top5,
@@ -156,7 +159,8 @@ def view_controls() -> dict:
     with gr.Accordion("View: colours, overlay, grid, head order", open=False,
                       elem_id="view-controls"), gr.Row():
         cmap = gr.Dropdown(list(render.COLORMAPS), value="inferno", label="Colormap", min_width=110)
-        colour_scale = gr.Dropdown([(name, key) for key, name in render.COLOUR_SCALES.items()], value="linear", label="Colour scale",
+        colour_scale = gr.Dropdown([(name, key) for key, name in render.COLOUR_SCALES.items()], value="linear",
+                                   label="Colour scale",
                                    min_width=170)
         overlay = gr.Checkbox(True, label="Overlay on image", min_width=110)
         normalisation = gr.Dropdown(list(NORMALISATIONS), value="per tile", label="Normalisation", min_width=130)
@@ -291,9 +295,11 @@ def wire(app: Wiring, containers: dict) -> None:
         if name not in INPUT_NAMES and not isinstance(component, gr.State):
             # a text box answers once its text is submitted, not at every key
             event = component.submit if isinstance(component, gr.Textbox) else component.input
-            event(controls_stages, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"set_{component.label.lower().replace(' ', '_')}")
+            event(controls_stages, [state, visible, *controls], app.all(TAB_OUTPUTS),
+                  api_name=f"set_{component.label.lower().replace(' ', '_')}")
     for tab in TABS:
-        containers[tab.title].select(opening_stages(tab), [state, *controls], [visible, *app.all(tab.outputs)], api_name=f"open_{tab.slug}")
+        containers[tab.title].select(opening_stages(tab), [state, *controls], [visible, *app.all(tab.outputs)],
+                                     api_name=f"open_{tab.slug}")
         if tab.wire is not None:
             tab.wire(app)
 
@@ -307,8 +313,10 @@ SHARE_WARNING = ("vit-explorer: warning: --share opens a public Gradio link: any
                  "this machine and run the model here")
 
 
-def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False, open_browser: bool = True,
-          memory_budget: int = DEFAULT_MEMORY_BUDGET, cache_ttl_s: int = CACHE_TTL_S, input_hw: tuple[int, int] | None = None) -> None:
+def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
+          open_browser: bool = True,
+          memory_budget: int = DEFAULT_MEMORY_BUDGET, cache_ttl_s: int = CACHE_TTL_S,
+          input_hw: tuple[int, int] | None = None) -> None:
     """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app; ``input_hw``
     sets every model's input size where the model allows it."""
     check_port(host, port)

@@ -32,15 +32,16 @@ from vit_explorer.methods.patching import cost as patch_cost
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.web.session import Controls, Session
 
-RANDOM_WEIGHTS_NOTE = "Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned attention."
+RANDOM_WEIGHTS_NOTE = ("Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned "
+                       "attention.")
 BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions; attention, rollout and head statistics work, and the target "
                  "menu offers similarities for the class maps, their faithfulness score and the head ablation to explain.")
 TEXT_NOTE = ("This model reads text, and the **Text prompts** box above is empty, so there is nothing to predict: type prompts, "
              "one per line, and press Explain to explain a sentence.")
 NO_CLASSIFIER = ("This model has no classifier head, so it has no class to explain: the class-specific maps (relevance, AttnLRP, "
-                 "LeGrad, gradient-weighted rollout) wait for a target. Choose one in the target menu above: the similarity of the "
-                 "image's embedding to its own, or to the query patch's. Rollout and last-layer class attention show meanwhile; "
-                 "scoring waits for the target too.")
+                 "LeGrad, gradient-weighted rollout) wait for a target. Choose one in the target menu above: the similarity of "
+                 "the image's embedding to its own, or to the query patch's. Rollout and last-layer class attention show "
+                 "meanwhile; scoring waits for the target too.")
 
 # a dear classifier's upload shows the maps of its forward pass before its top class's evidence (``shared.analysis_stages``)
 EVIDENCE_PENDING = ("The top class's gradients are being taken (one forward and backward pass): the class-specific maps, "
@@ -154,7 +155,8 @@ def selection_name(session: Session) -> str:
 def grid_caption(session: Session, controls: Controls) -> str:
     """What the grid shows, for which query, on which scale, and which tile (or row) is selected."""
     scale = "one scale for all tiles" if controls.normalisation == "shared" else "each tile on its own scale"
-    order = "" if controls.order_by == "none" else f", heads of each layer ordered by {controls.order_by} ({maps.RANKINGS[controls.order_by]})"
+    ranking = controls.order_by
+    order = "" if ranking == "none" else f", heads of each layer ordered by {ranking} ({maps.RANKINGS[ranking]})"
     outlined = "its row is outlined" if session.head is None else "its tile is outlined"
     return (f"Where **{query_label(session)}** looks in every layer (rows) and head (columns), {scale}{order}. "
             f"Selected: **{selection_name(session)}** — {outlined} and shown large on the right. Click a tile to select it.")
@@ -167,7 +169,8 @@ def statistic_title(session: Session, name: str) -> str:
     if name == "distance":
         return "How far each head looks: mean attention distance in pixels (ViT paper, Fig. 7)"
     if name == "entropy":
-        return f"Attention entropy in nats; uniform over all {layout.num_tokens} tokens: log n = {math.log(layout.num_tokens):.2f}"
+        uniform = math.log(layout.num_tokens)
+        return f"Attention entropy in nats; uniform over all {layout.num_tokens} tokens: log n = {uniform:.2f}"
     if name == "prefix share":
         if layout.num_prefix_tokens == 0:
             return "Attention sent to prefix tokens: this model has none"
@@ -227,13 +230,16 @@ def score_text(analysis: Analysis, method: str, curves: FaithfulnessCurves) -> s
     """A faithfulness score in words: the verdict, and each AUC against random orders with its margin."""
     aucs, margins = curves.aucs, curves.margins
     first, second = curves.curve_names
-    road = f" ROAD's combined score {curves.protocol.score_formula}: **{curves.road_combined:.3f}**." if curves.protocol.imputes else ""
+    road = (f" ROAD's combined score {curves.protocol.score_formula}: **{curves.road_combined:.3f}**."
+            if curves.protocol.imputes else "")
     measure = "" if curves.measure == PROBABILITY else f" (curves of the {curves.measure})"
     if curves.warning:
-        return f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}**{measure} ⚠️ {curves.verdict}: {curves.warning}."
+        return (f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}**{measure} ⚠️ {curves.verdict}: "
+                f"{curves.warning}.")
     return (f"**{maps.CLASS_METHODS[method]}** for **{analysis.label(curves.target)}**{measure} {curves.verdict}: "
-            f"{first} AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin {margins['deletion']:+.3f}), "
-            f"{second} AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} (higher is better, margin {margins['insertion']:+.3f})."
+            f"{first} AUC **{aucs['deletion']:.3f}** against {aucs['random_deletion']:.3f} (lower is better, margin "
+            f"{margins['deletion']:+.3f}), {second} AUC **{aucs['insertion']:.3f}** against {aucs['random_insertion']:.3f} "
+            f"(higher is better, margin {margins['insertion']:+.3f})."
             + road)
 
 
@@ -247,11 +253,12 @@ def board_text(analysis: Analysis, board: Scoreboard) -> str:
     measure = "" if board.measure == PROBABILITY else f" (curves of the {board.measure})"
     order = f"⚠️ **not ranked**: {board.unranked}." if board.unranked else "best first."
     notes = "".join(f" ⚠️ {note}." for note in board.notes)
-    return (f"**Scoreboard** for **{analysis.label(board.target)}**{measure}, by {protocol}, {order} Score = {second} AUC − {first} AUC"
-            f"{' halved' if board.protocol.imputes else ''} (*del.* and *ins.* are the {first} and {second} AUCs, over "
-            f"{board.steps} steps: coarser than *Score faithfulness*'s {DEFAULT_STEPS}, so its AUCs differ a little); chance (random "
-            f"orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}, and *vs chance* counts its standard deviations; "
-            f"*random-model ρ* is the map's rank correlation with the same map from the fully randomised model.{notes}{badge}")
+    return (f"**Scoreboard** for **{analysis.label(board.target)}**{measure}, by {protocol}, {order} Score = {second} AUC − "
+            f"{first} AUC{' halved' if board.protocol.imputes else ''} (*del.* and *ins.* are the {first} and {second} AUCs, "
+            f"over {board.steps} steps: coarser than *Score faithfulness*'s {DEFAULT_STEPS}, so its AUCs differ a little); "
+            f"chance (random orders) scores {board.chance_mean:.3f} ± {board.chance_sd:.3f}, and *vs chance* counts its standard "
+            "deviations; *random-model ρ* is the map's rank correlation with the same map from the fully randomised "
+            f"model.{notes}{badge}")
 
 
 def over_chance_text(entry) -> str:
@@ -265,14 +272,17 @@ SHORT_NAMES = {"relevance": "relevance", "attnlrp": "AttnLRP", "legrad": "LeGrad
 
 def board_rows(board: Scoreboard) -> list[list]:
     """The scoreboard as table rows: rank, method, score, vs chance, the two AUCs, randomised ρ, badge."""
-    return [["—" if board.unranked else rank, SHORT_NAMES.get(entry.method, entry.method), round(entry.score, 3), over_chance_text(entry),
-             round(entry.deletion, 3), round(entry.insertion, 3), round(entry.randomised_rho, 2), "yes" if entry.depends_on_weights else "no ⚠️"]
+    return [["—" if board.unranked else rank, SHORT_NAMES.get(entry.method, entry.method), round(entry.score, 3),
+             over_chance_text(entry),
+             round(entry.deletion, 3), round(entry.insertion, 3), round(entry.randomised_rho, 2),
+             "yes" if entry.depends_on_weights else "no ⚠️"]
             for rank, entry in enumerate(board.entries, start=1)]
 
 
 def dataset_note(session: Session, dataset: DatasetStatistics) -> str:
     """What the dataset overlay shows, and this image's heads outside the dataset's 5–95% range per statistic."""
-    lines = [f"Below: each head against its range and mean over the {dataset.images} images of `{dataset.source}` ({dataset.model}, from `{dataset.folder}`)."]
+    lines = [f"Below: each head against its range and mean over the {dataset.images} images of `{dataset.source}` "
+             f"({dataset.model}, from `{dataset.folder}`)."]
     if dataset.model != session.analysis.model_name:
         lines.append(f"⚠️ Those statistics are of `{dataset.model}`; this is `{session.analysis.model_name}` (same shape).")
     for name in dataset.mean:
@@ -280,7 +290,8 @@ def dataset_note(session: Session, dataset: DatasetStatistics) -> str:
         if not outside:
             lines.append(f"- {name}: every head within the dataset's 5–95% range")
             continue
-        shown = ", ".join(f"L{layer} h{head} {value:.3g} (dataset {low:.3g}–{high:.3g})" for layer, head, value, low, high in outside[:4])
+        shown = ", ".join(f"L{layer} h{head} {value:.3g} (dataset {low:.3g}–{high:.3g})" for layer, head, value, low,
+                          high in outside[:4])
         more = f" and {len(outside) - 4} more" if len(outside) > 4 else ""
         heads = "1 head" if len(outside) == 1 else f"{len(outside)} heads"
         lines.append(f"- {name}: {heads} outside the dataset's 5–95% range: {shown}{more}")
@@ -311,12 +322,12 @@ def ablation_note(session: Session, mode: str) -> str:
         return without_target(session, NO_CLASS_SCORE)
     measure = "score" if session.analysis.similarity else "probability"
     return (f"Which heads does the {measure} of **{session.analysis.label(session.target)}** need? *Run ablation* removes each "
-            f"head alone (**{ABLATION_NAMES[mode]}**: {ABLATION_MEANS[mode]}) and runs the model again: {ablation_passes(session)}. "
-            "Unlike attention weights and gradients, this is causal.")
+            f"head alone (**{ABLATION_NAMES[mode]}**: {ABLATION_MEANS[mode]}) and runs the model again: "
+            f"{ablation_passes(session)}. Unlike attention weights and gradients, this is causal.")
 
 
-NO_TARGET_TO_DECOMPOSE = ("This model has no classifier head: choose a similarity target (the image's own embedding or a patch) to "
-                          "split its score over the heads.")
+NO_TARGET_TO_DECOMPOSE = ("This model has no classifier head: choose a similarity target (the image's own embedding or a patch) "
+                          "to split its score over the heads.")
 
 
 def contributions_text(decomposition: Decomposition, ablation: HeadAblation | None, similarity: bool = False) -> str:
@@ -334,8 +345,8 @@ def contributions_text(decomposition: Decomposition, ablation: HeadAblation | No
     score = ("its similarity score" if similarity
              else "its **logit**, the score before the softmax that gives the probability beside it")
     return (f"Score of **{decomposition.label}** ({score}): {decomposition.score:.4g}, split exactly into what each part writes "
-            f"into the stream it is read from (the parts add up to {decomposition.total:.4g}). Largest: {largest}. MLPs by layer: "
-            f"{mlps}; the rest: {rest}. "
+            f"into the stream it is read from (the parts add up to {decomposition.total:.4g}). Largest: {largest}. MLPs by "
+            f"layer: {mlps}; the rest: {rest}. "
             "A **direct** contribution is what a head writes that the read-out sees unchanged, with the final norm's scale "
             "held at this image's (Gandelsman et al. 2024); what later layers make of a head's write is counted in theirs. "
             f"{beside}")
@@ -453,8 +464,8 @@ def depth_note(a: Side, b: Side, what: str) -> str:
     layers_a, layers_b = a.analysis.map_shape[0], b.analysis.map_shape[0]
     if layers_a == layers_b:
         return f"Both have {layers_a} layers: the same {what} on each side."
-    return (f"Layers aligned by relative depth: A has {layers_a}, B {layers_b}, so A's layer l ↔ B's layer round(l · {layers_b - 1}/"
-            f"{layers_a - 1}): the {what} is A's L{a.layer if what == 'layer' else a.start_layer} ↔ B's "
+    return (f"Layers aligned by relative depth: A has {layers_a}, B {layers_b}, so A's layer l ↔ B's layer round(l · "
+            f"{layers_b - 1}/{layers_a - 1}): the {what} is A's L{a.layer if what == 'layer' else a.start_layer} ↔ B's "
             f"L{b.layer if what == 'layer' else b.start_layer}.")
 
 
@@ -466,8 +477,8 @@ def comparison_caption(session: Session, a: Side, b: Side, view: str, method: st
     line up, and the class each side's map is for."""
     lines = []
     if outdated is not None:
-        lines.append(f"⚠️ Since B was analysed, {OUTDATED[outdated]}: B still shows the earlier one. Press **Compare** to analyse B "
-                     "again.")
+        lines.append(f"⚠️ Since B was analysed, {OUTDATED[outdated]}: B still shows the earlier one. Press **Compare** to "
+                     f"analyse B again.")
     if a.query != session.query:
         lines.append(f"The main query ({query_label(session)}) has no counterpart in B, so each side shows its default query.")
     if view == "layer and head":
@@ -483,8 +494,9 @@ def comparison_caption(session: Session, a: Side, b: Side, view: str, method: st
         if b.target is not None and b.evidence is None:
             lines.append(f"B's evidence for {b.analysis.label(b.target)} is not computed yet: press **Compare** to compute it.")
         elif a.analysis.similarity and b.analysis.similarity:
-            lines.append(f"Why they match: A's map explains **{a.analysis.label(a.target)}**, B's **{b.analysis.label(b.target)}** "
-                         "(each embedding projected on the other's direction, the score a retrieval ranks by).")
+            lines.append(f"Why they match: A's map explains **{a.analysis.label(a.target)}**, B's "
+                         f"**{b.analysis.label(b.target)}** (each embedding projected on the other's direction, the score a "
+                         "retrieval ranks by).")
         elif a.target is not None and b.target is not None:
             lines.append(f"Both maps are for **{a.analysis.label(a.target)}**." if same_classes(a.analysis, b.analysis) else
                          f"The models' classes differ: B's map is for its top prediction, **{b.analysis.label(b.target)}**.")
@@ -498,8 +510,8 @@ def difference_note(mismatch: str | None, missing: bool) -> str:
         return f"No difference map: {mismatch}."
     if missing:
         return "No difference map: one side has no such map (see above)."
-    return ("**A − B** of the two maps above, patch by patch, on a scale symmetric about 0: red where A is higher, blue where B is, "
-            "white where they agree.")
+    return ("**A − B** of the two maps above, patch by patch, on a scale symmetric about 0: red where A is higher, blue where B "
+            "is, white where they agree.")
 
 
 # each head ranking (``maps.RANKINGS``) in words, with its unit

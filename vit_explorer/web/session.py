@@ -32,7 +32,8 @@ class ModelCache:
     """The last ``capacity`` loaded models, shared by all sessions (loading is serialised), and the
     memory budget their analyses keep to."""
 
-    def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET, input_hw: tuple[int, int] | None = None) -> None:
+    def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                 input_hw: tuple[int, int] | None = None) -> None:
         self.capacity = capacity
         self.memory_budget = memory_budget  # bytes of maps per analysis, see ``analyze``
         self.input_hw = input_hw  # every model's input (None: each model's own), for models that allow another
@@ -127,7 +128,8 @@ class Controls:
 
     @property
     def rollout(self) -> maps.RolloutOptions:
-        return maps.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer), float(self.residual_weight))
+        return maps.RolloutOptions(self.head_fusion, float(self.discard_ratio), int(self.start_layer),
+                                   float(self.residual_weight))
 
 
 VIEW_NAMES = tuple(field.name for field in fields(Controls) if field.name != "inputs")
@@ -145,7 +147,8 @@ class Screen:
     order: torch.Tensor | None = None  # its head order [layers, heads]
     score: tuple[Hashable, FaithfulnessCurves] | None = None  # the last faithfulness score, and which map it scored
     sanity: tuple[Hashable, SanityCurves] | None = None  # the last sanity check, and the (target, rollout options) it ran for
-    board: tuple[Hashable, Scoreboard] | None = None  # the last scoreboard, and the (target, rollout options, baseline) it ran for
+    # the last scoreboard, and the (target, rollout options, baseline) it ran for
+    board: tuple[Hashable, Scoreboard] | None = None
     ablation_geometry: render.GridGeometry | None = None  # the ablation heat map as drawn, for tile clicks
     # the head clicked in the ablation heat map: (mode, (layer, head), top-5 with that head removed)
     ablated: tuple[str, tuple[int, int], list[Prediction]] | None = None

@@ -22,5 +22,6 @@ from vit_explorer.web.tabs import (
 )
 from vit_explorer.web.tabs.base import Tab
 
-TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB, head_ablation.TAB,
+TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB,
+                         head_ablation.TAB,
                          contributions.TAB, token_norms.TAB, tokens.TAB, compare.TAB, export.TAB)

@@ -182,7 +182,8 @@ BOARD = ("board_text", "board_table")
 
 
 @user_errors
-def on_score(models: ModelCache, session: Session | None, baseline: str, *control_values, progress: Callable | None = None) -> tuple:
+def on_score(models: ModelCache, session: Session | None, baseline: str, *control_values,
+             progress: Callable | None = None) -> tuple:
     """Deletion and insertion curves (ROAD: MoRF and LeRF) of the map on screen against random orders: the plot and the
     AUCs (``SCORED``)."""
     session, controls = require(session), Controls.from_values(control_values)
@@ -207,7 +208,8 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values, prog
 
 
 @user_errors
-def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *control_values, progress: Callable | None = None) -> tuple:
+def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *control_values,
+                  progress: Callable | None = None) -> tuple:
     """Every method scored and ranked for the target (``scoreboard``): the words and the table (``BOARD``)."""
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:

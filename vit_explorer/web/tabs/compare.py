@@ -94,7 +94,8 @@ def layout() -> dict:
             # every setting of the chart is fixed here and updates send data only: Gradio 6 draws a chart whose title, axes,
             # colours or limits an update changes from the data before that update
             plot = gr.ScatterPlot(x="depth", y=plots.VALUE, color="side", x_title="relative depth: layer ÷ (layers − 1)",
-                                  y_title="value", color_title="side", color_map=dict(zip(SIDES, plots.SIDE_COLOURS, strict=True)),
+                                  y_title="value", color_title="side",
+                                  color_map=dict(zip(SIDES, plots.SIDE_COLOURS, strict=True)),
                                   x_lim=[-0.05, 1.05], height=280, label="Head statistics of both", show_label=False,
                                   buttons=["fullscreen", "export"], tooltip="all", elem_id="compare-plot")
     patch_text = gr.Markdown("", elem_id="compare-patch-text")
@@ -230,7 +231,8 @@ COMPARED = ("comparison", *OUTPUTS)
 
 
 @user_errors
-def on_patch(models: ModelCache, session: Session | None, tokens: bool, *control_values, progress: Callable | None = None) -> tuple:
+def on_patch(models: ModelCache, session: Session | None, tokens: bool, *control_values,
+             progress: Callable | None = None) -> tuple:
     """B patched into A for A's target (``methods.patching``): each head's output at each layer, and with ``tokens``
     the stream after each layer at each token, taken from B in turn (``COMPARED``). Needs B to be a second image by the
     main model: the two then reach the model at one size."""

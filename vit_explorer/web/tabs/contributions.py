@@ -22,8 +22,8 @@ from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh
 
 OUTPUTS = ("contributions_text", "contributions_view", "contributions_split", "contributions_chart", "contributions_lens",
            "contributions_ablation_title", "contributions_ablation")
-ABLATION_TITLE = ("#### Head ablation of the same heads\nHow much the target drops when each head alone is removed (zero output): its "
-                  "direct and indirect effects together, on the colours above (red: the head helps the target)")
+ABLATION_TITLE = ("#### Head ablation of the same heads\nHow much the target drops when each head alone is removed (zero "
+                  "output): its direct and indirect effects together, on the colours above (red: the head helps the target)")
 TILE_PX = 56  # as the ablation's heat map: a colour and a number per tile
 ABLATION_MODE = "zero"  # the ablation shown beside: a head's output removed, the total effect of its write
 
@@ -72,7 +72,8 @@ def nothing_shown(session: Session, text: str) -> dict:
     return {"contributions_text": text,
             **{name: gr.update(value=None) for name in ("contributions_view", "contributions_split", "contributions_chart",
                                                         "contributions_lens")},
-            "contributions_ablation_title": gr.update(visible=False), "contributions_ablation": gr.update(value=None, visible=False)}
+            "contributions_ablation_title": gr.update(visible=False),
+            "contributions_ablation": gr.update(value=None, visible=False)}
 
 
 def render(session: Session, controls: Controls) -> dict:
@@ -84,7 +85,8 @@ def render(session: Session, controls: Controls) -> dict:
         return nothing_shown(session, without_target(session, NO_TARGET_TO_DECOMPOSE))
     layer, head = shown_head(session, decomposition)
     tile_px = min(TILE_PX, grid_tile_px(decomposition.heads.shape[1], pictures.GRID_PX))
-    grid, session.screen.contribution_geometry = pictures.contribution_picture(decomposition, selected=(layer, head), tile_px=tile_px)
+    grid, session.screen.contribution_geometry = pictures.contribution_picture(decomposition, selected=(layer, head),
+                                                                               tile_px=tile_px)
     ablation = kept_ablation(session.analysis, session.target, ABLATION_MODE)
     beside = (gr.update(value=None, visible=False) if ablation is None
               else gr.update(value=pictures.ablation_picture(ablation, tile_px=tile_px, as_drop=True)[0], visible=True))
@@ -93,7 +95,8 @@ def render(session: Session, controls: Controls) -> dict:
             "contributions_view": grid,
             "contributions_split": pictures.head_split_picture(session.analysis, decomposition, layer, head),
             "contributions_chart": charts.contributions_chart(decomposition),
-            "contributions_lens": charts.lens_chart(decomposition, session.analysis.labels), "contributions_ablation_title": title,
+            "contributions_lens": charts.lens_chart(decomposition, session.analysis.labels),
+            "contributions_ablation_title": title,
             "contributions_ablation": beside}
 
 

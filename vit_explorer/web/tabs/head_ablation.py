@@ -44,7 +44,8 @@ def layout() -> dict:
         with gr.Column(scale=2, min_width=260):
             original = gr.Label(num_top_classes=5, label="Top-5 with every head", elem_id="ablation-original", visible=False)
             without = gr.Label(num_top_classes=5, label=WITHOUT, elem_id="ablation-without", visible=False)
-    return {"ablation_mode": mode, "run_ablation": run, "ablation_text": text, "ablation_view": view, "ablation_original": original,
+    return {"ablation_mode": mode, "run_ablation": run, "ablation_text": text, "ablation_view": view,
+            "ablation_original": original,
             "ablation_without": without}
 
 
@@ -71,7 +72,8 @@ def render(session: Session, controls: Controls) -> dict:
     if ablation is None:
         session.screen.ablation_geometry = None
         # no empty boxes before a run: the note says what running draws
-        return {"ablation_view": gr.update(value=None, visible=False), "ablation_text": ablation_note(session, controls.ablation_mode),
+        return {"ablation_view": gr.update(value=None, visible=False),
+                "ablation_text": ablation_note(session, controls.ablation_mode),
                 "ablation_original": gr.update(value=None, visible=False),
                 "ablation_without": gr.update(value=None, label=WITHOUT, visible=False)}
     selected = selected_head(session, controls)
@@ -88,7 +90,8 @@ def render(session: Session, controls: Controls) -> dict:
 
 def depends(session: Session, controls: Controls) -> tuple:
     selected = selected_head(session, controls)
-    return (session.target, controls.ablation_mode, shown_ablation(session, controls) is not None, None if selected is None else selected[0])
+    return (session.target, controls.ablation_mode, shown_ablation(session, controls) is not None,
+            None if selected is None else selected[0])
 
 
 def set_ranges(session: Session) -> dict:
@@ -132,8 +135,10 @@ def wire(app: Wiring) -> None:
         return on_tile_click(app.models, evt, session, *values)
 
     app["run_ablation"].click(run, [state, *app.controls], app.all(OUTPUTS), api_name="run_ablation", concurrency_limit=2)
-    app["ablation_view"].select(click, [state, *app.controls], app.all(OUTPUTS), api_name="select_ablated_head", concurrency_limit=2)
+    app["ablation_view"].select(click, [state, *app.controls], app.all(OUTPUTS), api_name="select_ablated_head",
+                                concurrency_limit=2)
 
 
 # its run button follows the target: a backbone can run once a similarity target is chosen
-TAB = Tab("Head ablation", OUTPUTS, layout, render, depends, wire, ranges=("run_ablation",), set_ranges=set_ranges, target_ranges=True)
+TAB = Tab("Head ablation", OUTPUTS, layout, render, depends, wire, ranges=("run_ablation",), set_ranges=set_ranges,
+          target_ranges=True)

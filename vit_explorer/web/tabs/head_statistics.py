@@ -29,19 +29,22 @@ PLOT_HEIGHT = 260
 
 def layout() -> dict:
     components = {
-        "stats_folder": gr.Textbox("", label="Dataset statistics", placeholder="a folder written by vit-explorer stats, then Enter",
-                                   info="shows each head of this image against the dataset's 5–95% range and mean, and names the heads "
-                                        "outside the dataset's 5–95% range", elem_id="stats-folder"),
+        "stats_folder": gr.Textbox("", label="Dataset statistics",
+                                   placeholder="a folder written by vit-explorer stats, then Enter",
+                                   info="shows each head of this image against the dataset's 5–95% range and mean, and names the "
+                                        "heads outside the dataset's 5–95% range", elem_id="stats-folder"),
         "dataset_note": gr.Markdown(elem_id="dataset-note"),
         "dataset_chart": map_image("dataset-chart", "This image against the dataset", visible=False),
     }
     components.update({
         name: gr.ScatterPlot(x="layer", y=plots.VALUE, color="head", x_title="layer", y_title=y_title, color_title="head",
-                             height=PLOT_HEIGHT, label=statistic, show_label=False, buttons=["fullscreen", "export"], elem_id=name.replace("_", "-"))
+                             height=PLOT_HEIGHT, label=statistic, show_label=False, buttons=["fullscreen", "export"],
+                             elem_id=name.replace("_", "-"))
         for name, (statistic, y_title) in PLOTS.items()
     })
-    components["top_heads"] = gr.Dataframe(label="Top heads of this image by each ranking (gradient importance: Σ|∇A ⊙ A| for the target "
-                                           "class; ablation effect: once run in the Head ablation tab); cells: layer, head · value",
+    components["top_heads"] = gr.Dataframe(label="Top heads of this image by each ranking (gradient importance: Σ|∇A ⊙ A| "
+                                                 "for the target class; ablation effect: once run in the Head ablation tab); "
+                                                 "cells: layer, head · value",
                                            interactive=False, wrap=True, elem_id="top-heads")
     return components
 
@@ -51,7 +54,8 @@ def plot(session: Session, statistic: str) -> dict:
     if statistic == maps.GRADIENT_IMPORTANCE and session.evidence is None:
         return gr.update(value=None, visible=False)
     values = maps.ranking_values(session.analysis, statistic, session.evidence)  # [layers, heads]
-    return gr.update(value=plots.head_table(values), title=statistic_title(session, statistic), sort=plots.layer_names(values.shape[0]),
+    return gr.update(value=plots.head_table(values), title=statistic_title(session, statistic),
+                     sort=plots.layer_names(values.shape[0]),
                      y_lim=plots.padded_limits(values), visible=True)
 
 
@@ -64,8 +68,8 @@ def dataset_for(session: Session, folder: str) -> tuple[DatasetStatistics | None
     except VitExplorerError as error:
         return None, f"⚠️ {error}"
     if dataset.shape != session.analysis.map_shape:
-        return None, (f"⚠️ {dataset.folder} holds statistics of {dataset.shape[0]} layers × {dataset.shape[1]} heads ({dataset.model}); "
-                      f"this model has {session.analysis.map_shape[0]} × {session.analysis.map_shape[1]}")
+        return None, (f"⚠️ {dataset.folder} holds statistics of {dataset.shape[0]} layers × {dataset.shape[1]} heads "
+                      f"({dataset.model}); this model has {session.analysis.map_shape[0]} × {session.analysis.map_shape[1]}")
     return dataset, dataset_note(session, dataset)
 
 

@@ -22,7 +22,8 @@ def layout() -> dict:
     gr.Markdown("**Attention rollout of the query** (Abnar & Zuidema 2020): attention multiplied through the "
                 "layers from the start layer on, with the residual weight as the skip connection's share")
     rollout_view = map_image("rollout-view", "Attention rollout of the query")
-    return {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "start_layer": start_layer, "residual_weight": residual_weight,
+    return {"head_fusion": head_fusion, "discard_ratio": discard_ratio, "start_layer": start_layer,
+            "residual_weight": residual_weight,
             "rollout_view": rollout_view}
 
 

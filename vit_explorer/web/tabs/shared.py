@@ -119,7 +119,8 @@ def is_chosen(session: Session, target: int | str | None) -> bool:
     if target in SIMILARITY_TARGETS:
         return (session.analysis.similarity and target == session.similarity_choice
                 and (target == "own" or query_patch(session) == session.similarity_patch))
-    return target is not None and session.evidence is not None and not session.analysis.similarity and session.target == int(target)
+    chosen_class = target is not None and session.evidence is not None and not session.analysis.similarity
+    return chosen_class and session.target == int(target)
 
 
 def query_patch(session: Session) -> tuple[int, int] | None:
@@ -191,7 +192,8 @@ def analysis_stages(models: ModelCache, upload: str | None, spec: str, visible: 
 
 def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *control_values) -> Iterator[tuple]:
     """``analysis_stages`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
-    controls = replace(Controls.from_values(control_values), start_layer=0)  # the start-layer slider goes back to 0 (``rollout.set_ranges``)
+    # the start-layer slider goes back to 0 (``rollout.set_ranges``)
+    controls = replace(Controls.from_values(control_values), start_layer=0)
     ahead = taken_ahead(upload, spec, controls)
     if ahead is not None:
         yield analysed_views(ahead, controls, visible)
@@ -293,7 +295,8 @@ def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
             else gr.update(value=None, visible=False))
     values = {"state": session, "summary": model_summary(analysis), "top5": top5,
               "session_key": session_key_html(session, uploads_ahead(session.model())),
-              "target": target_update(session), **query_views(session), **tab_views(session, controls, visible, clear_hidden=True)}
+              "target": target_update(session), **query_views(session),
+              **tab_views(session, controls, visible, clear_hidden=True)}
     # before a classifier's evidence has come, the controls that follow the target keep the user's choice (a method)
     pending = session.evidence is None and analysis.num_classes > 0
     for tab in TABS:

@@ -24,10 +24,12 @@ def layout() -> dict:
         with gr.Column(scale=3):
             gr.Markdown("**Every token after every layer**: its norm over the layer's median patch norm")
             norm_map = map_image("norm-map", "Token norms, layers × tokens")
-            gr.Markdown("**Per layer**: patch norms against the outlier threshold, and the attention the outliers and prefix tokens draw")
+            gr.Markdown("**Per layer**: patch norms against the outlier threshold, and the attention the outliers and "
+                        "prefix tokens draw")
             chart = map_image("norm-chart", "Token norms and attention share per layer")
         with gr.Column(scale=2, min_width=300):
-            layer = gr.Slider(0, 1, value=0, step=1, label="Layer outlined on the image", info="default: the layer with the most outliers",
+            layer = gr.Slider(0, 1, value=0, step=1, label="Layer outlined on the image",
+                              info="default: the layer with the most outliers",
                               elem_id="norm-layer")
             outliers = map_image("norm-outliers", "High-norm patches of one layer")
             layer_text = gr.Markdown("", elem_id="norm-layer-text")
@@ -75,7 +77,8 @@ def on_layer(session: Session | None, layer: float, *control_values) -> tuple:
 
 
 def wire(app: Wiring) -> None:
-    app["norm_layer"].input(on_layer, [app["state"], app["norm_layer"], *app.controls], app.all(LAYERED), api_name="set_norm_layer")
+    app["norm_layer"].input(on_layer, [app["state"], app["norm_layer"], *app.controls], app.all(LAYERED),
+                            api_name="set_norm_layer")
 
 
 TAB = Tab("Token norms", OUTPUTS, layout, render, depends, wire, ranges=("norm_layer",), set_ranges=set_ranges)
