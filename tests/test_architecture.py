@@ -147,3 +147,15 @@ def test_following_analyze_climbs_back_less_than_on_the_flat_layout():
     assert len(pairs) == climbs
     avoidable = [pair for pair in pairs if pair[0] == "cli.py" or (pair[0].startswith("draw/") and pair[1] == "core/maps.py")]
     assert not avoidable, pairs
+
+
+LONGEST_FUNCTION = 80  # lines: a function that needs more than one screen is two functions (DESIGN.md)
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION:
+                long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long

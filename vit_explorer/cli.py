@@ -310,26 +310,35 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
-    from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions
-    from vit_explorer.core.results import ABLATION_MODES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROTOCOLS
-    from vit_explorer.core.rollout import HEAD_FUSIONS
-    from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
-    from vit_explorer.models.builtin import ASSETS
-
     try:
         installed = version("vit-explorer")
     except PackageNotFoundError:
         installed = "unknown (not installed)"
     main = Parser(prog="vit-explorer", formatter_class=HelpFormatter,
-                                   description="See what a Vision Transformer looks at. Without a command: serve the app.")
+                  description="See what a Vision Transformer looks at. Without a command: serve the app.")
     main.add_argument("--version", action="version", version=f"%(prog)s {installed}")
     commands = main.add_subparsers(dest="command")
     spec_help = f"model spec: {DEFAULT_MODEL}, timm:NAME[@FILE|@random], hf:REPO_OR_FOLDER[@random], or a checkpoint file"
+    add_analyze(commands, spec_help)
+    add_serve(commands, spec_help)
+    add_train(commands)
+    add_stats(commands, spec_help)
+    add_evaluate(commands, spec_help)
+    add_make_shapes(commands)
+    return main
+
+
+def add_analyze(commands: argparse._SubParsersAction, spec_help: str) -> None:
+    """The command analyze IMAGE: the maps of one image, their scores and report, to files."""
+    from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions
+    from vit_explorer.core.results import ABLATION_MODES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROTOCOLS
+    from vit_explorer.core.rollout import HEAD_FUSIONS
+    from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
 
     analyze = commands.add_parser(
         "analyze", formatter_class=HelpFormatter,
-        help="write rollout.png, heads.png, attention.npz (compact maps), the --method map and its faithfulness.json for one "
-             "image",
+        help="write rollout.png, heads.png, attention.npz (compact maps), the --method map and its faithfulness.json for "
+             "one image",
         description="Runs IMAGE through the model once and writes to --out: the class token's rollout (rollout.png), every "
                     "layer's and head's attention (heads.png), the maps themselves (attention.npz), the --method map with its "
                     "faithfulness score, and whatever --scoreboard, --sanity, --norms, --ablation and --html add. Example: "
@@ -355,16 +364,16 @@ def parser() -> argparse.ArgumentParser:
     analyze.add_argument("--scoreboard", action="store_true",
                          help="write scoreboard.json: every map method for the target, ranked by --baseline's protocol, each "
                               "with its distance from chance and its rank correlation with the fully randomised model's map")
-    analyze.add_argument("--sanity", action="store_true", help="write sanity.json and sanity.png: how each map's correlation "
-                                                               "with the "
-                         "trained model's falls as layers are randomised from the top (one pass per layer)")
-    analyze.add_argument("--norms", action="store_true", help="write norms.json, norms.png, norms_chart.png and "
-                                                              "norm_outliers.png: "
-                         "each token's norm after each layer, the high-norm outlier patches and the attention they draw "
-                         "(Darcet et al. 2023; no extra pass)")
-    analyze.add_argument("--ablation", action="store_true", help="write ablation.json and ablation.png: the change in the "
-                                                                 "target's "
-                         "logit and probability when each head is removed (one pass per layer)")
+    analyze.add_argument("--sanity", action="store_true",
+                         help="write sanity.json and sanity.png: how each map's correlation with the trained model's falls "
+                              "as layers are randomised from the top (one pass per layer)")
+    analyze.add_argument("--norms", action="store_true",
+                         help="write norms.json, norms.png, norms_chart.png and norm_outliers.png: each token's norm after "
+                              "each layer, the high-norm outlier patches and the attention they draw (Darcet et al. 2023; no "
+                              "extra pass)")
+    analyze.add_argument("--ablation", action="store_true",
+                         help="write ablation.json and ablation.png: the change in the target's logit and probability when "
+                              "each head is removed (one pass per layer)")
     analyze.add_argument("--decompose", action="store_true", help="write decomposition.json, contributions.png, "
                          "contributions_chart.png and lens.png: the target's score split exactly over each head, MLP, the "
                          "embeddings and biases (direct contributions), and the score read after every layer (logit lens)")
@@ -383,9 +392,8 @@ def parser() -> argparse.ArgumentParser:
                          help="what the colour map's ends stand for: "
                               + "; ".join(f"{key}: {name}" for key, name in COLOUR_SCALES.items())
                          + " (for heavy-tailed maps such as relevance; values beyond are clipped)")
-    analyze.add_argument("--input-size", type=input_size, default=None, help="e.g. 518 or 448x640, for timm/hf models that allow "
-                                                                             "it "
-                         "(default: the model's own size)")
+    analyze.add_argument("--input-size", type=input_size, default=None,
+                         help="e.g. 518 or 448x640, for timm/hf models that allow it (default: the model's own size)")
     analyze.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one)")
     analyze.add_argument("--fit", default="stretch", choices=FITS,
                          help="for images of other proportions: stretch to the model's input, or pad to its proportions "
@@ -398,6 +406,9 @@ def parser() -> argparse.ArgumentParser:
                          "attention.npz (by default it holds the compact form: head means, prefix rows, statistics)")
     analyze.set_defaults(run=run_analyze)
 
+
+def add_serve(commands: argparse._SubParsersAction, spec_help: str) -> None:
+    """The command serve: the app."""
     serve = commands.add_parser("serve", formatter_class=HelpFormatter, help="start the web app on this machine",
                                 description="Starts the app on http://HOST:PORT (this machine only, by default) and opens it in "
                                             "a browser tab: upload an image and click through layers, heads and patches.")
@@ -412,6 +423,11 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--input-size", type=input_size, default=None,
                        help="every model's input, 518 or HxW, for timm/hf models that allow it (default: each model's own)")
     serve.set_defaults(run=run_serve)
+
+
+def add_train(commands: argparse._SubParsersAction) -> None:
+    """The command train-default: retrain a shipped model."""
+    from vit_explorer.models.builtin import ASSETS
 
     train = commands.add_parser("train-default", formatter_class=HelpFormatter,
                                 help="train the embedded shapes model (about an hour on 2 CPU cores)",
@@ -429,6 +445,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from the checkpoint beside --out")
     train.set_defaults(run=run_train_default)
 
+
+def add_stats(commands: argparse._SubParsersAction, spec_help: str) -> None:
+    """The command stats SOURCE: per-head attention statistics over a folder."""
     stats = commands.add_parser(
         "stats", formatter_class=HelpFormatter,
         help="per-head attention statistics over a folder of images (run under torchrun for many processes)",
@@ -445,9 +464,15 @@ def parser() -> argparse.ArgumentParser:
     add_input_options(stats)
     stats.set_defaults(run=run_stats)
 
+
+def add_evaluate(commands: argparse._SubParsersAction, spec_help: str) -> None:
+    """The command evaluate SOURCE: every map method scored over a folder."""
+    from vit_explorer.core.maps import CLASS_METHODS
+    from vit_explorer.core.results import PROTOCOLS
+
     evaluate = commands.add_parser(
-        "evaluate", formatter_class=HelpFormatter, help="how faithful each map method is over a folder of images, with 95%% "
-                                                        "intervals",
+        "evaluate", formatter_class=HelpFormatter,
+        help="how faithful each map method is over a folder of images, with 95%% intervals",
         description="Deletion and insertion AUC of each method's map for each image's class (its folder, when the folders name "
                     "the model's classes, else its top prediction) against random orders; the positive-perturbation accuracy AUC "
                     "of Chefer et al.; and, where a masks folder holds a mask of the same name, the pointing game and energy.")
@@ -465,6 +490,9 @@ def parser() -> argparse.ArgumentParser:
     add_input_options(evaluate)
     evaluate.set_defaults(run=run_evaluate)
 
+
+def add_make_shapes(commands: argparse._SubParsersAction) -> None:
+    """The command make-shapes DIR: a labelled set of generated shapes with masks."""
     make_shapes = commands.add_parser("make-shapes", formatter_class=HelpFormatter,
                                       help="write generated shapes with their masks: DIR/images/CLASS/*.png, "
                                            "DIR/masks/CLASS/*.png",
@@ -476,7 +504,6 @@ def parser() -> argparse.ArgumentParser:
                              help="shapes per image; 2: two different shapes apart, in DIR/images/A+B/, one mask per shape in "
                                   "DIR/masks/A+B/NNNNNN/A.png (evaluate then scores class-sensitive pointing)")
     make_shapes.set_defaults(run=run_make_shapes)
-    return main
 
 
 def with_command(argv: list[str]) -> list[str]:

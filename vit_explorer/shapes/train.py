@@ -236,8 +236,6 @@ def _schedule(stage: Stage) -> Callable[[int], float]:
 def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = False) -> dict:
     """Train the shapes ViT and write ``out`` (safetensors with its config, labels and out-of-distribution
     calibration embedded). Returns the figures written beside the weights."""
-    from vit_explorer.models.ood import calibrate
-
     torch.manual_seed(seed)
     stages = default_stages(scale)
     state_path = out.with_suffix(".training.pt")
@@ -279,15 +277,7 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
                         total=stage.last_step)
         running_loss, running_acc = None, None
         for step in progress:
-            hard = stage.batch_size if easy is None else min(stage.batch_size,
-                                                             round(stage.batch_size * step / (stage.easy_until * stage.steps)))
-            picks = [(pool, rng.integers(0, len(pool.labels), hard))]
-            if hard < stage.batch_size:
-                picks.append((easy, rng.integers(0, len(easy.labels), stage.batch_size - hard)))
-            images = np.concatenate([source.images[chosen] for source, chosen in picks])
-            patch_classes, offsets, target = (torch.from_numpy(np.concatenate([getattr(source, name)[chosen] for source,
-                                                                               chosen in picks]))
-                                              for name in ("patch_classes", "offsets", "labels"))
+            images, patch_classes, offsets, target = draw_batch(stage, pool, easy, step, rng)
             batch, patch_target, offsets = augment(to_batch(images), patch_classes, offsets, rng)
             tokens, logits = tokens_and_logits(model, batch, offsets)
             loss = torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1)
@@ -310,13 +300,38 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
         saved = None
         figures[f"{stage.name}_train_accuracy_last"] = running_acc
         del pool, easy
+    figures["train_minutes"] = round((elapsed_before + time.perf_counter() - started) / 60, 1)
+    write_trained(model, out, figures)
+    return figures
+
+
+def draw_batch(stage: Stage, pool: Pool, easy: Pool | None, step: int,
+               rng: np.random.Generator) -> tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One training batch of ``stage`` at ``step``: images, patch classes, window offsets and labels, drawn from ``pool``
+    and, while the stage eases in, partly from the ``easy`` pool."""
+    hard = stage.batch_size if easy is None else min(stage.batch_size,
+                                                     round(stage.batch_size * step / (stage.easy_until * stage.steps)))
+    picks = [(pool, rng.integers(0, len(pool.labels), hard))]
+    if hard < stage.batch_size:
+        picks.append((easy, rng.integers(0, len(easy.labels), stage.batch_size - hard)))
+    images = np.concatenate([source.images[chosen] for source, chosen in picks])
+    patch_classes, offsets, target = (
+        torch.from_numpy(np.concatenate([getattr(source, name)[chosen] for source, chosen in picks]))
+        for name in ("patch_classes", "offsets", "labels"))
+    return images, patch_classes, offsets, target
+
+
+def write_trained(model: ViT, out: Path, figures: dict) -> None:
+    """The trained model's held-out accuracy and out-of-distribution calibration added to ``figures``, then ``out``
+    written whole (or not at all) with them embedded, and the examples the model gets right beside it."""
+    from vit_explorer.models.ood import calibrate
+
     model.eval()
     print("held-out accuracy and out-of-distribution calibration…", file=sys.stderr)
     heldout = draw_pool(HELDOUT_SEED, 1000, IMAGE_SIZE)
     heldout_logits = logits_of(model, heldout.images)
     figures["heldout_accuracy"] = float((heldout_logits.argmax(-1).numpy() == heldout.labels).mean())
     ood = calibrate(heldout_logits, KNOWN)
-    figures["train_minutes"] = round((elapsed_before + time.perf_counter() - started) / 60, 1)
     print(f"held-out accuracy {figures['heldout_accuracy']:.3f} on 1000 images; {figures['train_minutes']} min", file=sys.stderr)
     config = {"vit": SHAPES_VIT, "labels": list(CLASSES), "mean": list(MEAN), "std": list(STD), "training": figures, "ood": ood}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -325,7 +340,6 @@ def train_default(out: Path, seed: int = 0, scale: float = 1.0, resume: bool = F
     save_file(state, str(partial), metadata={CONFIG_KEY: json.dumps(config)})
     partial.replace(out)
     write_examples(out.parent / "examples", predict=classifier(model))
-    return figures
 
 
 def classifier(model: ViT) -> Callable[[np.ndarray], str]:
