@@ -29,10 +29,10 @@ def test_the_wheel_holds_the_model_and_the_examples(wheel):
     # both shipped models
     assert {"vit_explorer/assets/shapes.safetensors", "vit_explorer/assets/shapes-clip.safetensors"} <= names
     assert wheel.stat().st_size < 20 * 2**20
+    # every layer, and the page's script
     assert {"vit_explorer/web/app.py", "vit_explorer/web/tabs/__init__.py", "vit_explorer/web/tabs/shared.py",
-            "vit_explorer/core/capture.py",
-            # every layer
-            "vit_explorer/methods/sanity.py", "vit_explorer/draw/render.py", "vit_explorer/shapes/train.py"} <= names
+            "vit_explorer/core/capture.py", "vit_explorer/methods/sanity.py", "vit_explorer/draw/render.py",
+            "vit_explorer/shapes/train.py", "vit_explorer/web/quick_answer.js"} <= names
     assert len([name for name in names if name.startswith("vit_explorer/assets/examples/")
                 and name.endswith(".png")]) == len(list((REPOSITORY / "assets" / "examples").glob("*.png"))) == 7
     assert not any(name.startswith("vit_explorer/assets/screenshot") for name in names)  # the README's pictures stay out
