@@ -22,7 +22,6 @@ from vit_explorer.methods.ablation import (
     ablation_of,
     cost_text,
     head_ablation,
-    mean_attention,
     prediction_without,
 )
 from vit_explorer.models.base import LoadedModel, Preprocess
@@ -233,17 +232,6 @@ def test_prediction_without_a_head_matches_the_heat_map_and_ablation_is_kept_on_
     assert record["spearman_abs_delta_probability_vs_gradient_importance"] == pytest.approx(expected, abs=1e-9)
     assert [(entry["layer"], entry["head"]) for entry in record["ranked_by_drop"][:1]] == [(layer, head)]
     assert len(record["ranked_by_drop"]) == TINY["depth"] * TINY["heads"]
-
-
-def test_mean_attention_is_the_mean_of_the_captured_maps():
-    from vit_explorer.core.capture import record_attention
-
-    model = seed_model()
-    images = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(6))
-    maps = mean_attention(model, images)
-    assert maps.shape == (TINY["depth"], TINY["heads"], 17, 17)
-    single = [record_attention(model, images[i : i + 1])[1][0] for i in range(3)]
-    torch.testing.assert_close(maps, torch.stack(single).mean(dim=0), atol=1e-6, rtol=0)
 
 
 def test_bad_requests_are_user_errors():

@@ -8,7 +8,7 @@ from vit_explorer import VitExplorerError
 from vit_explorer.core.capture import record_attention_gradients
 from vit_explorer.core.relevance import (
     grad_rollout_factors,
-    gradient_importance,
+    layer_evidence,
     relevance,
     relevance_factors,
     weighted_attention,
@@ -57,7 +57,9 @@ def test_weighted_attention_keeps_only_what_raises_the_score():
     gradients = torch.ones_like(attentions)
     gradients[:, 1] = -1.0  # the second head's attention lowers the score everywhere
     np.testing.assert_allclose(weighted_attention(attentions, gradients).numpy(), attentions[:, 0].numpy() / 2)
-    np.testing.assert_allclose(gradient_importance(attentions, gradients).numpy(), [[2.0, 2.0], [2.0, 2.0]])
+    # a head's importance Σ|∇A ⊙ A| ignores the sign: both heads of each layer count 2, the one that lowers it too
+    _, importance = layer_evidence(attentions, gradients)
+    np.testing.assert_allclose(importance.numpy(), [[2.0, 2.0], [2.0, 2.0]])
     with pytest.raises(VitExplorerError, match="differ in shape"):
         weighted_attention(attentions, gradients[:1])
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from vit_explorer import VitExplorerError, attention_rollout
-from vit_explorer.core.rollout import attention_row, discard_lowest, fuse_heads, rollout_factors, rollout_row, rollout_rows
+from vit_explorer.core.rollout import discard_lowest, fuse_heads, rollout_factors, rollout_row, rollout_rows
 
 
 def random_attention(layers=4, heads=3, n=7, seed=0):
@@ -72,12 +72,6 @@ def test_rollout_widens_float16_and_refuses_numpy_with_the_conversion():
     torch.testing.assert_close(result, attention_rollout(attentions), atol=2e-3, rtol=0)
     with pytest.raises(VitExplorerError, match=r"torch.from_numpy\(array\)"):
         attention_rollout(attentions.numpy().astype(np.float16))
-
-
-def test_attention_row_of_one_head_and_mean_of_heads():
-    attentions = random_attention()
-    torch.testing.assert_close(attention_row(attentions, 2, 3, head=1), attentions[2, 1, 3])
-    torch.testing.assert_close(attention_row(attentions, 2, 3), attentions[2, :, 3].mean(0))
 
 
 @pytest.mark.parametrize(

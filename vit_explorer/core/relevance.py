@@ -52,12 +52,6 @@ def grad_rollout_factors(
     return rollout_factors(weighted[:, None], "mean", discard_ratio, residual_weight, num_protected)
 
 
-def gradient_importance(attentions: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
-    """Σ |∇A ⊙ A| over queries and keys, per head ``[layers, heads]``: the first-order change of the
-    class score if that head's attention were removed, whatever its sign."""
-    return (as_attention_stack(gradients) * as_attention_stack(attentions)).abs().sum(dim=(-2, -1))
-
-
 def layer_evidence(attention: torch.Tensor, gradient: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's share of both: (∇A ⊙ A)⁺ averaged over heads ``[b, n, n]`` and Σ |∇A ⊙ A| per head
     ``[b, heads]``, from a layer's maps and gradients ``[b, heads, n, n]`` (float32, on the CPU), so that

@@ -121,8 +121,3 @@ def rollout_row(
     return rollout_rows(factors, one_hot, start_layer)[0]
 
 
-def attention_row(attentions: torch.Tensor, layer: int, query: int, head: int | None = None) -> torch.Tensor:
-    """Where token ``query`` looks in ``layer``: one head's row, or the mean over heads ``[n]``."""
-    stack = as_attention_stack(attentions)
-    rows = stack[layer, :, query, :]  # [heads, n]
-    return rows.mean(dim=0) if head is None else rows[head]

@@ -36,8 +36,7 @@ def save_png(picture: np.ndarray, path: str) -> None:
 
 
 # Stored, not deflated (zlib level 0), rows unfiltered. The pictures go to a browser on this machine, so time is what
-# counts, not size: the layers × heads grid (640 × 444) encodes in 2.6 ms stored, 15 ms at zlib's fastest level, and
-# 7× that with Pillow's default. The file is 1.6× larger than at level 1; our maps over photos barely compress.
+# counts, not size; our maps over photos barely compress (timings: docs/figures.md, "Encoding the pictures").
 SCREEN_COMPRESSION = 0
 
 

@@ -23,7 +23,7 @@ from contextlib import nullcontext
 import torch
 
 from vit_explorer.core.analysis import Analysis, Prediction, check_model, memo, pixels_of
-from vit_explorer.core.capture import capture_lock, record_attention
+from vit_explorer.core.capture import capture_lock
 from vit_explorer.core.results import ABLATION_MODES, HeadAblation, forward_equivalents
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
@@ -132,11 +132,6 @@ def prediction_without(model: LoadedModel, pixels: torch.Tensor, heads: Iterable
     order = probabilities.argsort(descending=True, stable=True)[:k].tolist()
     return [Prediction(index, model.labels[index] if model.labels else f"class {index}", float(probabilities[index]))
             for index in order]
-
-
-def mean_attention(model: LoadedModel, images: torch.Tensor) -> torch.Tensor:
-    """The mean map of every head over ``images`` ``[b, 3, H, W]``: the reference of "mean" mode ``[layers, heads, n, n]``."""
-    return record_attention(model, images.to(model.device))[1].float().mean(dim=0).cpu()
 
 
 def ablation_of(model: LoadedModel, analysis: Analysis, target: int | str | None = None, mode: str = "zero",

@@ -340,9 +340,8 @@ def warm_up(models: ModelCache, spec: str) -> None:
     """The upload handler run once on a grey picture, as for a user's upload (the maps, the top class's gradients, the
     decomposition, the shared views and the first tab drawn, their pictures written), so that the user's first upload
     does not pay what a model's and the drawing's first run cost: the math library's start, the allocator's first
-    pages, the decomposition's pass with its maps at zero (a random ViT-B/16's first upload in Chromium: 1.16–1.46 s
-    without it, 0.84–0.93 s with it, 0.75–0.80 s for the next). Run beside the server, which serves meanwhile: an
-    upload that comes first waits for it on the model's lock."""
+    pages, the decomposition's pass with its maps at zero (what it saves: docs/figures.md, "Warming up"). Run beside the
+    server, which serves meanwhile: an upload that comes first waits for it on the model's lock."""
     with tempfile.TemporaryDirectory() as folder:
         grey = Path(folder) / "grey.png"
         Image.new("RGB", models.get(spec).preprocess.input_hw[::-1], (128, 128, 128)).save(grey)

@@ -2,9 +2,8 @@
 asks the server for the new pictures directly, shows them, and only then hands the click or the file to Gradio, whose
 event follows as before and finds the work done.
 
-Through a Gradio event a patch click took 0.25–0.3 s on 2 cores, of which the drawing was 35–60 ms: Gradio's client took
-45–70 ms to send the request, and 75–110 ms after the event to put the pictures on screen. An upload's maps came after
-about 0.3 s, of which the model's pass and the drawing took 0.1 s.
+A Gradio event's round trip alone was most of what a patch click and an upload's maps cost (docs/figures.md, "Quick
+answers").
 
 - **A patch click.** The script (``SCRIPT``, in the page's head) sees the press of the pointer on the query image, maps
   it to the picture's pixel as Gradio's image does for its ``select`` event, and fetches ``CLICK_ROUTE``: the query
@@ -175,8 +174,8 @@ def add_routes(demo: gr.Blocks) -> None:
 # Gradio's image maps a click to the picture's pixel like this (``get_coordinates_of_clicked_image``, Gradio 6): the
 # picture is shown at most at its natural size, centred in its box. The same mapping here picks the same patch.
 # The click or the file is held back from Gradio until the quick answer is on screen (at most ``HOLD_MS``), then given to
-# it again: a click's event, sent at once, took the server's time while the quick answer was being drawn (0.1 s
-# instead of 0.04), and an upload's would analyse the image a second time.
+# it again: a click's event, sent at once, took the server's time while the quick answer was being drawn
+# (docs/figures.md, "Quick answers"), and an upload's would analyse the image a second time.
 HOLD_MS = {"click": 1000, "upload": 30_000}  # an upload's analysis ahead may take a few seconds (``uploads_ahead``)
 # the pictures a click on which is answered at once, by their element's id: the query image and the layers × heads grid
 CLICK_ROUTES = {"query-image": CLICK_ROUTE, "grid": TILE_ROUTE}

@@ -161,8 +161,8 @@ def empty_outputs(summary: str = "Upload an image to begin.") -> tuple:
 UNREADABLE = "This image could not be analysed"
 
 
-# a classifier dearer than this per forward pass shows the maps of a forward pass first, then the target's evidence: on
-# 2 cores about 0.1 s (a ViT-B/16 at 224 px is 35 GFLOP, the shipped model 0.1)
+# a classifier dearer than this per forward pass shows the maps of a forward pass first, then the target's evidence (a
+# ViT-B/16 at 224 px is 35 GFLOP, the shipped model 0.1; what it gains: docs/figures.md, "A dear classifier")
 STAGED_FLOPS = 2e9
 
 
@@ -213,8 +213,8 @@ def answers_in_stages(model: LoadedModel) -> bool:
     return bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
 
 
-# the dearest model whose uploads the page's script analyses ahead: DINOv2-S at 518 px is 60 GFLOP per forward pass (its
-# upload's analysis 1.1–1.5 s on 2 cores), DINOv2-L at 518 px 834 GFLOP
+# the dearest model whose uploads the page's script analyses ahead: DINOv2-S at 518 px is 60 GFLOP per forward pass,
+# DINOv2-L at 518 px 834 GFLOP (what their uploads take: docs/figures.md, "In the browser")
 AHEAD_FLOPS = 2e11
 
 
