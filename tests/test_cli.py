@@ -241,7 +241,7 @@ def test_evaluate_on_random_weights_says_so_and_its_relative_scores_stay_readabl
     assert main(["evaluate", str(folder), "--model", spec, "--methods", "rollout", "--steps", "2", "--out",
                  str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith(f"{spec}: random weights (nothing learned")
+    assert printed.startswith(f"{spec}: random weights: the token layout is the real one, but nothing is learned")
     report = json.loads((tmp_path / "out" / "evaluation.json").read_text())
     assert report["weights"] == "random"
     # a 1000-class random head: absolute probabilities near 1/1000; relative to the whole image's they read near 1

@@ -159,6 +159,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     from vit_explorer.core.maps import CLASS_METHODS
     from vit_explorer.core.results import Protocol
     from vit_explorer.draw import files
+    from vit_explorer.draw.words import RANDOM_WEIGHTS
     from vit_explorer.methods.dataset import (
         ImageList,
         contiguous_share,
@@ -212,8 +213,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
                   "curves": dict(zip(("deletion", "insertion"), protocol.curve_names, strict=True)),
                   "table": rows, "per_image": scores}
         files.write_evaluation(report, out)
-        print(f"{model.name}: {weights} weights" + (" (nothing learned: every figure below is a control, not a finding)"
-                                                     if model.random_weights else "") + f", {report['images']} images")
+        said = (f"{RANDOM_WEIGHTS} (every figure below is a control, not a finding)" if model.random_weights
+                else f"{weights} weights")
+        print(f"{model.name}: {said}, {report['images']} images")
         print("method | " + " | ".join(SCORES))
         print(" | ".join(["---"] * (len(SCORES) + 1)))
         for row in rows:

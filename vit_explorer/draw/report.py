@@ -19,6 +19,7 @@ from vit_explorer.core.maps import CLASS_METHODS, Overview
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import Scoreboard
 from vit_explorer.draw import charts, pictures
+from vit_explorer.draw.words import RANDOM_WEIGHTS
 from vit_explorer.errors import VitExplorerError
 
 STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;
@@ -70,7 +71,7 @@ def provenance(analysis: Analysis) -> str:
     """The model's spec (a file, a hub name or ``@random``), whether its weights are random, what loading it said, and
     what it knows where its calibration says so."""
     lines = [f'<p class="meta">Model: <b>{html.escape(analysis.model_name)}</b>'
-             + (" · <b>random weights</b>: nothing learned" if analysis.random_weights else "")
+             + (f" · <b>{html.escape(RANDOM_WEIGHTS)}</b>" if analysis.random_weights else "")
              + f" · {analysis.map_shape[0]} layers × {analysis.map_shape[1]} heads · grid {analysis.grid[0]}×{analysis.grid[1]}"
              f" · vit_explorer {html.escape(tool_version())}</p>"]
     notes = (analysis.view_note, *analysis.model_notes, *analysis.prompt_notes)

@@ -10,6 +10,7 @@ from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.maps import CLASS_SPECIFIC
 from vit_explorer.core.request import Run
 from vit_explorer.core.results import PROBABILITY, Scoreboard
+from vit_explorer.draw.words import RANDOM_WEIGHTS
 
 
 def run_lines(run: Run) -> tuple[list[str], list[str]]:
@@ -32,7 +33,7 @@ def analysis_notes(analysis: Analysis) -> list[str]:
     prediction."""
     lines = [analysis.view_note] if analysis.view_note else []
     if analysis.random_weights:
-        lines.append(f"{analysis.model_name}: random weights: the token layout is real, but nothing is learned")
+        lines.append(f"{analysis.model_name}: {RANDOM_WEIGHTS}")
     if analysis.ood is not None and analysis.ood.flagged:
         lines.append(f"vit-explorer: warning: {analysis.ood.notice(analysis.model_name)}")
     if analysis.similarity:

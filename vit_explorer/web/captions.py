@@ -24,6 +24,7 @@ from vit_explorer.core.results import (
 )
 from vit_explorer.core.targets import shown_prompt
 from vit_explorer.draw.pictures import signed
+from vit_explorer.draw.words import RANDOM_WEIGHTS, sentence
 from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import cost_text as ablation_cost_text
 from vit_explorer.methods.comparison import Comparison, Side, same_classes
@@ -32,8 +33,6 @@ from vit_explorer.methods.patching import cost as patch_cost
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.web.session import Controls, Session
 
-RANDOM_WEIGHTS_NOTE = ("Random weights: the token layout is the real one, but nothing is learned, so the maps show no learned "
-                       "attention.")
 BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions; attention, rollout and head statistics work, and the target "
                  "menu offers similarities for the class maps, their faithfulness score and the head ablation to explain.")
 TEXT_NOTE = ("This model reads text, and the **Text prompts** box above is empty, so there is nothing to predict: type prompts, "
@@ -80,7 +79,7 @@ def model_summary(analysis: Analysis) -> str:
         else:
             lines.append(f"Prediction: **{top.label}** {top.prob:.1%}{domain}")
     if analysis.random_weights:
-        lines.append(f"**{RANDOM_WEIGHTS_NOTE}**")
+        lines.append(f"**{sentence(RANDOM_WEIGHTS)}**")
     if analysis.num_classes == 0:
         lines.append(BACKBONE_NOTE + (f" {TEXT_NOTE}" if analysis.reads_text else ""))
     lines += [note[0].upper() + note[1:] for note in (analysis.view_note, *analysis.prompt_notes) if note]
