@@ -211,5 +211,8 @@ def test_an_upload_on_a_model_that_cannot_be_decomposed_still_gives_its_maps():
     analysis = analyze(model, Image.new("RGB", (32, 32), (120, 30, 200)), decompose=True)
     assert analysis.attentions.shape[0] == 1
     evidence = next(iter(analysis.evidence.values()))
+    # an explicit field says why, and the pass is not made again for it
+    assert evidence.decomposition is None and "cannot be read off exactly" in evidence.not_decomposable
+    assert evidence.decomposition_read
     with pytest.raises(VitExplorerError, match="cannot be read off exactly"):
         decompose(evidence)

@@ -111,13 +111,12 @@ def ablate(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, mode
 def decompose(evidence: ClassEvidence) -> Decomposition:
     """The evidence's target's score split over the model's parts (``core.decomposition``), read off the same pass as
     the evidence: it costs no pass of its own. Raises, with the reason, for a model that cannot be decomposed."""
-    parts = evidence.decomposition
-    if parts is None:
+    if evidence.not_decomposable is not None:
+        raise VitExplorerError(evidence.not_decomposable)
+    if evidence.decomposition is None:
         raise VitExplorerError("this target's evidence was made without its decomposition: ask for it "
                                "(Request(decompose=True), class_evidence(..., decompose=True))")
-    if isinstance(parts, VitExplorerError):
-        raise VitExplorerError(str(parts))
-    return parts
+    return evidence.decomposition
 
 
 def check_full_maps(model: LoadedModel, memory_budget: int) -> None:

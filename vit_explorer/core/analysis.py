@@ -223,8 +223,9 @@ class ClassEvidence:
         method_maps: the ``MODEL_MAPS`` maps of the target ``[grid_h, grid_w]`` by method, each added when first asked
             for (``class_evidence``'s ``methods``): tensors, so that drawing them never runs the model.
         variants: for those of them whose way of running depends on the target (``MODEL_MAP_VARIANTS``), its words.
-        decomposition: the target's score split over the model's parts (``decomposition``), read off the same pass, or
-            the ``VitExplorerError`` that says why this model cannot be decomposed; None where it was not read.
+        decomposition: the target's score split over the model's parts (``decomposition``), read off the same pass; None
+            where it was not read, or where the model cannot be decomposed.
+        not_decomposable: why this model's score cannot be decomposed, where the pass found that; else None.
     """
 
     target: int
@@ -232,7 +233,13 @@ class ClassEvidence:
     importance: torch.Tensor
     method_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     variants: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
-    decomposition: Decomposition | VitExplorerError | None = field(default=None, repr=False, compare=False)
+    decomposition: Decomposition | None = field(default=None, repr=False, compare=False)
+    not_decomposable: str | None = None
+
+    @property
+    def decomposition_read(self) -> bool:
+        """Whether the pass read the decomposition (or found why there is none): no pass is needed again for it."""
+        return self.decomposition is not None or self.not_decomposable is not None
 
     @classmethod
     def from_layers(cls, target: int, layers: list[tuple[torch.Tensor, torch.Tensor]], image: int = 0,
@@ -246,10 +253,12 @@ class ClassEvidence:
         """Image 0's evidence from a ``capture`` with ``relevance.layer_evidence`` and the decomposition's graph reader,
         its decomposition named by ``labels``."""
         target = int(captured.targets[0])
-        parts = captured.reading
-        if isinstance(parts, Decomposition):
-            parts = replace(parts, label=labels(target))
-        return replace(cls.from_layers(target, captured.gradients), decomposition=parts)
+        evidence = cls.from_layers(target, captured.gradients)
+        if isinstance(captured.reading, VitExplorerError):
+            return replace(evidence, not_decomposable=str(captured.reading))
+        if isinstance(captured.reading, Decomposition):
+            return replace(evidence, decomposition=replace(captured.reading, label=labels(target)))
+        return evidence
 
 
 def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None, methods: Iterable[str] = (),
@@ -268,8 +277,9 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
         return ClassEvidence.from_capture(captured, analysis.label)
 
     kept = analysis.evidence.get(index)
-    if decompose and kept is not None and kept.decomposition is None:  # kept without it: the pass again, for it
-        analysis.evidence[index] = replace(kept, decomposition=compute().decomposition)
+    if decompose and kept is not None and not kept.decomposition_read:  # kept without it: the pass again, for it
+        again = compute()
+        analysis.evidence[index] = replace(kept, decomposition=again.decomposition, not_decomposable=again.not_decomposable)
     evidence = bounded(analysis.evidence, analysis.evidence_limit, index, compute)
     missing = [method for method in methods if method in MODEL_MAPS and method not in evidence.method_maps]
     if missing:

@@ -49,7 +49,7 @@ def layout() -> dict:
 def prepare(session: Session, controls: Controls) -> None:
     """The target's evidence came with its decomposition (the upload's and a target change's pass read it); one kept
     without it (made by another tab) is made again with it: one forward and one backward pass."""
-    if session.evidence is not None and session.evidence.decomposition is None:
+    if session.evidence is not None and not session.evidence.decomposition_read:
         session.evidence = class_evidence(session.model(), session.analysis, session.evidence.target, decompose=True)
 
 
