@@ -132,3 +132,38 @@ def write_stats_folder(model, folder: Path, count: int = 3, seed: int = 40) -> P
     totals, run = collect(model, images, folder / "stats" / ".shards", show_progress=False)
     write_dataset_outputs(folder / "stats", *dataset_tables(totals, run, model, "three photos", images))
     return folder / "stats"
+
+
+# the app's callbacks (test_app.py, test_tab_*.py): a six-layer checkpoint, a model cache, an upload, a backbone
+@pytest.fixture
+def checkpoint(tmp_path):
+    return str(write_checkpoint(tmp_path / "six.safetensors", CLI_MODEL))
+
+
+@pytest.fixture
+def models():
+    from vit_explorer.web.session import ModelCache
+
+    return ModelCache()
+
+
+@pytest.fixture
+def upload(tmp_path):
+    path = tmp_path / "upload.png"
+    photo((300, 200), seed=5).save(path)
+    return str(path)
+
+
+@pytest.fixture
+def backbone_models():
+    """A model cache holding ``hf:test-backbone``: a tiny random DINOv2 backbone (no classifier head)."""
+    transformers = pytest.importorskip("transformers")
+    from vit_explorer.models.hf_adapter import from_hf_module
+    from vit_explorer.web.session import ModelCache
+
+    config = transformers.Dinov2Config(image_size=56, patch_size=14, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64)
+    models = ModelCache()
+    models.put("hf:test-backbone", from_hf_module(transformers.Dinov2Model(config).eval(), "hf:test-backbone"))
+    return models
+
