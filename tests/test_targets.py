@@ -108,3 +108,28 @@ def test_another_image_target_is_the_embedding_on_the_second_images_direction(ba
     classifier = load_model(str(write_checkpoint(tmp_path / "tiny.safetensors", TINY)))
     with pytest.raises(VitExplorerError, match="second image as the target is for a backbone"):
         run(classifier, first, Request(method="relevance", target=target))
+
+
+def test_every_capture_adapter_method_a_readout_does_not_compute_reaches_the_wrapped_adapter():
+    """A readout (a backbone's similarity, a CLIP model's prompts) wraps its family's adapter: every method it does not
+    compute itself is the wrapped one's, overrides included. Forwarded by hand, ``layer_outputs`` and ``branched``
+    silently ran CaptureAdapter's defaults instead of the family's."""
+    import inspect
+
+    from vit_explorer.core.targets import SimilarityAdapter
+    from vit_explorer.models.base import CaptureAdapter
+
+    calls = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: calls.append((name, args, kwargs)) or name
+
+    readout = SimilarityAdapter(Recording(), torch.ones(4))
+    computed = {"classify", "layer_readout", "logits", "attached", "edited", "matches", "num_classes"}
+    methods = [name for name, member in vars(CaptureAdapter).items() if inspect.isfunction(member) and not name.startswith("_")]
+    assert {"layer_outputs", "branched", "blocks", "pool"} <= set(methods) - computed
+    for name in sorted(set(methods) - computed):
+        calls.clear()
+        assert getattr(readout, name)("module", 7, key="value") == name
+        assert calls == [(name, ("module", 7), {"key": "value"})], name

@@ -29,6 +29,7 @@ deviation: AttnLRP and the decomposition hold it at its value on the image (``mo
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
@@ -43,7 +44,6 @@ from vit_explorer.core.capture import capture_lock
 from vit_explorer.core.images import ImageSource
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import CaptureAdapter, LoadedModel
-from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.text import Reading, UnitNorm
 
 SIMILARITY = "similarity"  # how a similarity target's label begins: what captions and files name
@@ -226,7 +226,7 @@ def reading_notes(prompts: Prompts, readings: list[Reading]) -> list[str]:
 class ReadoutAdapter(CaptureAdapter):
     """The adapter of ``base``'s model with other scores in place of its class logits: ``scores`` of the embedding (the
     base's pooling of its final tokens) or, with ``token``, of the output token at that sequence index, read from the
-    last layer's stream. Everything else is ``base``'s."""
+    last layer's stream. Every other method is ``base``'s (``forwarded``, below)."""
 
     def __init__(self, base: CaptureAdapter, token: int | None = None) -> None:
         self.base = base
@@ -239,48 +239,6 @@ class ReadoutAdapter(CaptureAdapter):
     @abstractmethod
     def scores(self, read: torch.Tensor) -> torch.Tensor:
         """The scores ``[b, classes]`` of what is read ``[b, dim']``."""
-
-    def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
-        return self.base.layout(module, input_hw)
-
-    def map_shape(self, module: nn.Module) -> tuple[int, int]:
-        return self.base.map_shape(module)
-
-    def blocks(self, module: nn.Module) -> list[nn.Module]:
-        return self.base.blocks(module)
-
-    def residual_modules(self, module: nn.Module) -> list[nn.Module]:
-        return self.base.residual_modules(module)
-
-    def residual_after(self, inputs: tuple, output) -> torch.Tensor:
-        return self.base.residual_after(inputs, output)
-
-    def with_residual(self, inputs: tuple, output, stream: torch.Tensor):
-        return self.base.with_residual(inputs, output, stream)
-
-    def stream_entries(self, module: nn.Module) -> list[nn.Module]:
-        return self.base.stream_entries(module)
-
-    def attention_writes(self, module: nn.Module) -> list[nn.Module]:
-        return self.base.attention_writes(module)
-
-    def head_projections(self, module: nn.Module) -> list[nn.Module]:
-        return self.base.head_projections(module)
-
-    def layer_norms(self, module: nn.Module) -> list[nn.Module]:
-        return self.base.layer_norms(module)
-
-    def activations(self, module: nn.Module) -> list[nn.Module]:
-        return self.base.activations(module)
-
-    def final_tokens(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return self.base.final_tokens(module, hidden)
-
-    def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-        return self.base.pool(module, tokens)
-
-    def layer_embedding(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return self.base.layer_embedding(module, hidden)
 
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         tokens = self.final_tokens(module, hidden)  # [b, n, dim]
@@ -317,6 +275,25 @@ class ReadoutAdapter(CaptureAdapter):
                edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         with self.base.edited(module, edits) as forward:
             yield self.score_of(module, forward)
+
+
+def forwarded(name: str) -> Callable:
+    """A method that is ``base``'s ``name``."""
+
+    def method(self: ReadoutAdapter, *args, **kwargs):
+        return getattr(self.base, name)(*args, **kwargs)
+
+    method.__name__, method.__doc__ = name, f"``base``'s ``{name}``."
+    return method
+
+
+# every other method of a capture adapter is the base's own, overrides included: one added to CaptureAdapter with a
+# default reaches the family's override, not the default
+READOUT_OWN = ("num_classes",)  # what each kind of readout says for itself, as ``scores``
+for _name, _method in vars(CaptureAdapter).items():
+    if callable(_method) and not _name.startswith("_") and _name not in vars(ReadoutAdapter) and _name not in READOUT_OWN:
+        setattr(ReadoutAdapter, _name, forwarded(_name))
+abc.update_abstractmethods(ReadoutAdapter)
 
 
 class SimilarityAdapter(ReadoutAdapter):
