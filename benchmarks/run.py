@@ -29,9 +29,9 @@ from vit_explorer.core import decomposition, relevance
 from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
 from vit_explorer.core.attnlrp import attnlrp
 from vit_explorer.core.capture import TOP, AttentionRecorder, StackingSink, capture, record_attention
+from vit_explorer.core.curves import ROAD
 from vit_explorer.core.legrad import legrad
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
-from vit_explorer.core.results import ROAD
 from vit_explorer.core.rollout import attention_rollout, rollout_factors, rollout_rows
 from vit_explorer.draw import pictures, render
 from vit_explorer.methods.ablation import head_ablation

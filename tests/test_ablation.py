@@ -15,7 +15,7 @@ from conftest import TINY, make_vit, photo, write_checkpoint
 
 from vit_explorer import load_model
 from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
-from vit_explorer.core.results import ABLATION_MODES, forward_equivalents
+from vit_explorer.core.interventions import ABLATION_MODES, forward_equivalents
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.ablation import (
     ablated_logits,
@@ -313,7 +313,7 @@ def test_on_held_out_shapes_the_largest_effects_matter_more_than_random_or_small
 
 
 def test_heat_map_is_red_where_removal_lowers_the_target_and_clicks_map_to_heads():
-    from vit_explorer.core.results import HeadAblation
+    from vit_explorer.core.interventions import HeadAblation
     from vit_explorer.draw.pictures import ablation_picture
 
     delta = torch.zeros(3, 4)

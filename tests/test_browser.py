@@ -347,7 +347,7 @@ def test_a_stats_folder_overlays_the_dataset_on_the_head_statistics(served, tmp_
 
 def test_head_ablation_and_token_norms_tabs_in_chromium(served, tmp_path):
     """Run the ablation, click a head, see the prediction without it; then the token norms, drawn when opened."""
-    from vit_explorer.core.results import HeadAblation
+    from vit_explorer.core.interventions import HeadAblation
     from vit_explorer.web.tabs.head_ablation import heat_map
 
     url, _ = served

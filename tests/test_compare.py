@@ -6,9 +6,9 @@ import torch
 from conftest import TINY, photo, write_checkpoint
 
 from vit_explorer.core.analysis import analyze
+from vit_explorer.core.comparison import aligned_layer, counterpart_query, difference, grid_mismatch, queries, relative_depth
 from vit_explorer.draw import pictures, render
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.comparison import aligned_layer, counterpart_query, difference, grid_mismatch, queries, relative_depth
 from vit_explorer.models import load_model
 
 

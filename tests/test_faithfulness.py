@@ -6,8 +6,8 @@ import torch
 from conftest import TINY, write_checkpoint
 
 from vit_explorer import VitExplorerError, load_model
+from vit_explorer.core.curves import MEAN, Protocol, area_under
 from vit_explorer.core.images import to_pixels
-from vit_explorer.core.results import MEAN, Protocol, area_under
 from vit_explorer.methods.faithfulness import (
     baseline_view,
     deletion_insertion,
@@ -108,7 +108,7 @@ def test_a_map_of_the_wrong_shape_is_refused(tiny_model):
 
 
 def test_beating_chance_needs_a_margin_at_both_curves():
-    from vit_explorer.core.results import FaithfulnessCurves
+    from vit_explorer.core.curves import FaithfulnessCurves
 
     fractions = torch.linspace(0, 1, 3, dtype=torch.float64)
 
@@ -164,7 +164,7 @@ def test_a_similarity_is_followed_as_a_share_of_the_images_score(tmp_path):
 
 def test_shares_of_a_small_reference_score_are_not_judged():
     """Perturbed images scoring many times the image's own: the areas say nothing about the map, so no verdict."""
-    from vit_explorer.core.results import LARGEST_READABLE_SHARE, SHARE_OF_SCORE, FaithfulnessCurves, fractions_of
+    from vit_explorer.core.curves import LARGEST_READABLE_SHARE, SHARE_OF_SCORE, FaithfulnessCurves, fractions_of
 
     fractions = fractions_of(4)
     steady = torch.tensor([1.0, 0.8, 0.6, 0.4, 0.2], dtype=torch.float64)

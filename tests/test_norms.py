@@ -12,8 +12,8 @@ from conftest import TINY, make_vit, photo
 
 from vit_explorer import analyze, load_model
 from vit_explorer.cli import main
-from vit_explorer.core import results
 from vit_explorer.core.capture import TOP, LayerSink, capture
+from vit_explorer.core.token_norms import K
 from vit_explorer.methods import norms
 from vit_explorer.models import adapter_for
 from vit_explorer.models.base import LoadedModel, Preprocess
@@ -216,7 +216,7 @@ def test_analyze_norms_writes_the_json_and_pictures_and_the_npz_gains_token_norm
     token_norms = np.load(out / "attention.npz")["token_norms"]
     assert token_norms.shape == (TINY["depth"], 17) and (token_norms > 0).all()
     record = json.loads((out / "norms.json").read_text(encoding="utf-8"))
-    assert record["k"] == results.K and record["prefix_names"] == ["cls"]
+    assert record["k"] == K and record["prefix_names"] == ["cls"]
     np.testing.assert_allclose([layer["patch_median_norm"] for layer in record["layers"]], np.median(token_norms[:, 1:], axis=1),
                                rtol=1e-6)
     without = tmp_path / "without"

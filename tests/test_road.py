@@ -7,8 +7,8 @@ import torch
 from conftest import TINY, write_checkpoint
 
 from vit_explorer import load_model
+from vit_explorer.core.curves import ROAD
 from vit_explorer.core.images import to_pixels
-from vit_explorer.core.results import ROAD
 from vit_explorer.methods.faithfulness import deletion_insertion, forward_passes, pixel_masks, step_masks
 from vit_explorer.methods.road import impute
 

@@ -7,9 +7,9 @@ import torch
 from conftest import TINY, photo, write_backbone_checkpoint, write_checkpoint
 
 from vit_explorer import VitExplorerError, load_model
+from vit_explorer.core.curves import ROAD
 from vit_explorer.core.maps import CLASS_METHODS
 from vit_explorer.core.request import Request
-from vit_explorer.core.results import ROAD
 from vit_explorer.core.targets import Target
 from vit_explorer.run import run
 

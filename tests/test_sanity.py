@@ -13,7 +13,7 @@ from PIL import Image
 from vit_explorer import analyze, load_model
 from vit_explorer.cli import main
 from vit_explorer.core.analysis import pixels_of
-from vit_explorer.core.results import SanityCurves
+from vit_explorer.core.curves import SanityCurves
 from vit_explorer.methods.sanity import randomise, sanity_check
 from vit_explorer.shapes.generator import generate_set
 

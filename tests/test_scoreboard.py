@@ -7,8 +7,9 @@ from conftest import TINY, photo, write_backbone_checkpoint, write_checkpoint
 
 from vit_explorer import VitExplorerError, analyze, load_model
 from vit_explorer.core.analysis import class_evidence
+from vit_explorer.core.curves import BLUR, ROAD
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
-from vit_explorer.core.results import BLUR, ROAD, Entry
+from vit_explorer.core.ranking import Entry
 from vit_explorer.methods.faithfulness import deletion_insertion
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.methods.scoreboard import batches, scoreboard

@@ -6,8 +6,8 @@ import pytest
 from conftest import TINY, photo, write_backbone_checkpoint, write_checkpoint
 
 from vit_explorer import load_model
+from vit_explorer.core.curves import ROAD
 from vit_explorer.core.request import Request
-from vit_explorer.core.results import ROAD
 from vit_explorer.draw.terminal import run_lines
 from vit_explorer.run import run
 

@@ -60,9 +60,9 @@ class Stages:
 
 
 def run_analyze(args: argparse.Namespace) -> None:
+    from vit_explorer.core.curves import Protocol
     from vit_explorer.core.images import load_image
     from vit_explorer.core.request import Request
-    from vit_explorer.core.results import Protocol
     from vit_explorer.core.targets import Target
     from vit_explorer.draw import files, terminal
     from vit_explorer.models import load_model
@@ -156,8 +156,8 @@ def run_stats(args: argparse.Namespace) -> None:
 def run_evaluate(args: argparse.Namespace) -> None:
     import numpy as np
 
+    from vit_explorer.core.curves import Protocol
     from vit_explorer.core.maps import CLASS_METHODS
-    from vit_explorer.core.results import Protocol
     from vit_explorer.draw import files
     from vit_explorer.draw.words import RANDOM_WEIGHTS
     from vit_explorer.methods.dataset import (
@@ -332,8 +332,9 @@ def parser() -> argparse.ArgumentParser:
 
 def add_analyze(commands: argparse._SubParsersAction, spec_help: str) -> None:
     """The command analyze IMAGE: the maps of one image, their scores and report, to files."""
+    from vit_explorer.core.curves import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROTOCOLS
+    from vit_explorer.core.interventions import ABLATION_MODES
     from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions
-    from vit_explorer.core.results import ABLATION_MODES, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROTOCOLS
     from vit_explorer.core.rollout import HEAD_FUSIONS
     from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
 
@@ -469,8 +470,8 @@ def add_stats(commands: argparse._SubParsersAction, spec_help: str) -> None:
 
 def add_evaluate(commands: argparse._SubParsersAction, spec_help: str) -> None:
     """The command evaluate SOURCE: every map method scored over a folder."""
+    from vit_explorer.core.curves import PROTOCOLS
     from vit_explorer.core.maps import CLASS_METHODS
-    from vit_explorer.core.results import PROTOCOLS
 
     evaluate = commands.add_parser(
         "evaluate", formatter_class=HelpFormatter,

@@ -25,18 +25,12 @@ from vit_explorer.core.analysis import (
     map_bytes,
     pixels_of,
 )
+from vit_explorer.core.curves import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, FaithfulnessCurves, Protocol, SanityCurves
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
+from vit_explorer.core.interventions import HeadAblation
+from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Request, Run
-from vit_explorer.core.results import (
-    DEFAULT_RANDOM_ORDERS,
-    DEFAULT_STEPS,
-    FaithfulnessCurves,
-    HeadAblation,
-    Protocol,
-    SanityCurves,
-    Scoreboard,
-)
 from vit_explorer.core.targets import Target, prompt_model, similarity_model
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import faithfulness, norms, scoreboard

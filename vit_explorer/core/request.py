@@ -12,20 +12,13 @@ from dataclasses import dataclass, field
 import torch
 
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
+from vit_explorer.core.curves import BLUR, DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, FaithfulnessCurves, Protocol, SanityCurves
 from vit_explorer.core.decomposition import Decomposition
+from vit_explorer.core.interventions import HeadAblation
 from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, ClassMap, Overview, RolloutOptions
-from vit_explorer.core.results import (
-    BLUR,
-    DEFAULT_RANDOM_ORDERS,
-    DEFAULT_STEPS,
-    FaithfulnessCurves,
-    HeadAblation,
-    Protocol,
-    SanityCurves,
-    Scoreboard,
-    TokenNorms,
-)
+from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.targets import Target
+from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.errors import VitExplorerError
 
 
@@ -39,10 +32,10 @@ class Request:
         every_map: also every other method's map (a report shows them all).
         score: score ``method``'s map by ``protocol`` where the model gives a score (a classifier, or a backbone with a
             similarity target).
-        protocol, steps, random_orders: how it is scored (``results.Protocol``).
+        protocol, steps, random_orders: how it is scored (``curves.Protocol``).
         scoreboard: rank every method by ``protocol`` (``methods.scoreboard``).
         sanity: the cascading randomisation check (``methods.sanity``).
-        ablation: remove each head in this mode (``results.ABLATION_MODES``); None: no ablation.
+        ablation: remove each head in this mode (``interventions.ABLATION_MODES``); None: no ablation.
         norms: token norms and their outliers (``methods.norms``; no extra pass).
         decompose: the target's score split over heads, MLPs, embeddings and biases, with the logit lens
             (``core.decomposition``).

@@ -5,6 +5,7 @@ the GPU a dataset's batch is on)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -111,3 +112,36 @@ HEAD_STATISTICS = {
     "distance": mean_attention_distance,
     "prefix share": prefix_share,
 }
+
+
+STATISTIC_UNITS = {"entropy": "nats", "distance": "input pixels", "prefix share": "share of attention"}
+
+
+@dataclass(frozen=True)
+class DatasetStatistics:
+    """What ``vit-explorer stats`` wrote into a folder, per statistic of ``HEAD_STATISTICS`` and per head
+    ``[layers, heads]``: the mean and the 5% and 95% quantiles over the dataset's images."""
+
+    folder: str
+    model: str
+    source: str
+    images: int
+    mean: dict[str, torch.Tensor]  # [layers, heads] float64, and so low and high
+    low: dict[str, torch.Tensor]
+    high: dict[str, torch.Tensor]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(next(iter(self.mean.values())).shape)
+
+    def outside(self, name: str, values: torch.Tensor) -> list[tuple[int, int, float, float, float]]:
+        """The heads whose ``values`` ``[layers, heads]`` (an analysis's, ``maps.ranking_values``) of statistic ``name``
+        lie outside the dataset's 5–95% range: (layer, head, value, low, high), furthest outside first (in units of
+        the range)."""
+        low, high = self.low[name], self.high[name]
+        values = values.double()
+        beyond = torch.maximum(low - values, values - high) / (high - low).clamp_min(1e-12)  # [layers, heads], > 0 outside
+        heads = [(layer, head) for layer, head in (beyond > 0).nonzero().tolist()]
+        heads.sort(key=lambda pair: -float(beyond[pair]))
+        return [(layer, head, float(values[layer, head]), float(low[layer, head]), float(high[layer, head])) for layer,
+                head in heads]

@@ -10,9 +10,11 @@ import textwrap
 import numpy as np
 import torch
 
+from vit_explorer.core.curves import FaithfulnessCurves, SanityCurves
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.maps import CLASS_METHODS
-from vit_explorer.core.results import DatasetStatistics, FaithfulnessCurves, SanityCurves, TokenNorms
+from vit_explorer.core.statistics import DatasetStatistics
+from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw.render import to_numpy
 
 # at the charts' 100 dpi, 9 pt is 12.5 px: legends and small labels no smaller than the app's body text less a little

@@ -20,11 +20,13 @@ import torch
 from PIL import Image
 
 from vit_explorer.core.analysis import Analysis
+from vit_explorer.core.curves import FaithfulnessCurves, SanityCurves
 from vit_explorer.core.decomposition import Decomposition
+from vit_explorer.core.interventions import HeadAblation
 from vit_explorer.core.maps import CLASS_METHODS, HeadsView
 from vit_explorer.core.request import Run
-from vit_explorer.core.results import STATISTIC_UNITS, FaithfulnessCurves, HeadAblation, SanityCurves, TokenNorms
-from vit_explorer.core.statistics import HEAD_STATISTICS
+from vit_explorer.core.statistics import HEAD_STATISTICS, STATISTIC_UNITS
+from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw import charts, pictures
 from vit_explorer.draw.report import report_html
 from vit_explorer.errors import VitExplorerError

@@ -11,6 +11,7 @@ import torch
 
 from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.decomposition import Decomposition
+from vit_explorer.core.interventions import HeadAblation, Patching
 from vit_explorer.core.maps import (
     CONSERVATION_TOLERANCE,
     NEGLIGIBLE,
@@ -18,7 +19,7 @@ from vit_explorer.core.maps import (
     HeadsView,
 )
 from vit_explorer.core.request import Run
-from vit_explorer.core.results import HeadAblation, Patching, TokenNorms
+from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
 

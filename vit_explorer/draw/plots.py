@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vit_explorer.core.results import FaithfulnessCurves
+from vit_explorer.core.curves import FaithfulnessCurves
 from vit_explorer.draw.render import to_numpy
 
 VALUE = "value"

@@ -16,8 +16,8 @@ from PIL import Image
 from vit_explorer.core.analysis import Analysis, Prediction
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.maps import CLASS_METHODS, Overview
+from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Run
-from vit_explorer.core.results import Scoreboard
 from vit_explorer.draw import charts, pictures
 from vit_explorer.draw.words import RANDOM_WEIGHTS
 from vit_explorer.errors import VitExplorerError

@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 
 from vit_explorer.core.analysis import Analysis
+from vit_explorer.core.curves import PROBABILITY
 from vit_explorer.core.maps import CLASS_SPECIFIC
+from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Run
-from vit_explorer.core.results import PROBABILITY, Scoreboard
 from vit_explorer.draw.words import RANDOM_WEIGHTS
 
 

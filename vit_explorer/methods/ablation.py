@@ -24,7 +24,7 @@ import torch
 
 from vit_explorer.core.analysis import Analysis, Prediction, check_model, memo, pixels_of
 from vit_explorer.core.capture import capture_lock
-from vit_explorer.core.results import ABLATION_MODES, HeadAblation, forward_equivalents
+from vit_explorer.core.interventions import ABLATION_MODES, HeadAblation, forward_equivalents
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 

@@ -34,8 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vit_explorer.core.capture import StatisticsSink, capture
 from vit_explorer.core.images import load_image, model_view, to_pixels
-from vit_explorer.core.results import STATISTIC_UNITS, DatasetStatistics
-from vit_explorer.core.statistics import HEAD_STATISTICS, head_statistics, patch_distances
+from vit_explorer.core.statistics import HEAD_STATISTICS, STATISTIC_UNITS, DatasetStatistics, head_statistics, patch_distances
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.evaluation import Labelled
 from vit_explorer.models.base import LoadedModel, Preprocess

@@ -17,8 +17,8 @@ import torch
 from vit_explorer.core import relevance
 from vit_explorer.core.analysis import Analysis, ClassEvidence, class_evidence, method_maps
 from vit_explorer.core.capture import TOP, StackingSink, capture
+from vit_explorer.core.curves import BLUR, Protocol, area_under
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
-from vit_explorer.core.results import BLUR, Protocol, area_under
 from vit_explorer.methods.faithfulness import deletion_insertion
 from vit_explorer.models.base import LoadedModel
 

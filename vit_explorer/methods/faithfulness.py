@@ -27,8 +27,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageFilter
 
-from vit_explorer.core.images import to_pixels
-from vit_explorer.core.results import (
+from vit_explorer.core.curves import (
     BLUR,
     DEFAULT_RANDOM_ORDERS,
     DEFAULT_STEPS,
@@ -36,9 +35,10 @@ from vit_explorer.core.results import (
     SHARE_OF_SCORE,
     FaithfulnessCurves,
     Protocol,
-    Run,
+    Sweep,
     fractions_of,
 )
+from vit_explorer.core.images import to_pixels
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.road import impute
 from vit_explorer.models.base import LoadedModel
@@ -154,7 +154,7 @@ def random_patch_orders(layout: TokenLayout, count: int, seed: int) -> list[torc
     return [torch.from_numpy(rng.permutation(layout.num_patches)) for _ in range(count)]
 
 
-def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Run], target: int, steps: int, protocol: Protocol,
+def perturbed_probabilities(model: LoadedModel, view: np.ndarray, runs: list[Sweep], target: int, steps: int, protocol: Protocol,
                             seed: int, batch_size: int, step: Callable[[], None] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's probability (a one-output model: its score over the whole image's) ``[runs, steps + 1]`` and
     whether it is the top class (1.0 or 0.0) along each run, all the perturbed images through the model in batches of

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from vit_explorer.core.analysis import Analysis, memo
-from vit_explorer.core.results import MAD_SCALE, NORM_SPREAD_FLOOR, K, TokenNorms, most_flagged_layer
+from vit_explorer.core.token_norms import MAD_SCALE, NORM_SPREAD_FLOOR, K, TokenNorms, most_flagged_layer
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.layout import TokenLayout
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from vit_explorer.core.capture import capture_lock
-from vit_explorer.core.results import Patching, forward_equivalents
+from vit_explorer.core.interventions import Patching, forward_equivalents
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 

@@ -27,8 +27,8 @@ from torch import nn
 from vit_explorer.core import statistics
 from vit_explorer.core.analysis import Analysis, ClassEvidence, check_model
 from vit_explorer.core.capture import capture_lock
+from vit_explorer.core.curves import SanityCurves
 from vit_explorer.core.maps import CLASS_METHODS, CLASS_SPECIFIC, RolloutOptions, class_map
-from vit_explorer.core.results import SanityCurves
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.evaluation import Labelled, sample_analyses
 from vit_explorer.models.base import LoadedModel

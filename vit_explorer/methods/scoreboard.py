@@ -4,7 +4,7 @@ One run scores each method's map by the chosen protocol (blur or mean deletion/i
 ``faithfulness``) and ranks them by one number, higher is better: insertion AUC − deletion AUC (ROAD: its combined
 score, half that). Chance is the same number for random patch orders, drawn once and shared by every method, whose
 spread says how far from chance a method must be to count. Each method also gets the Spearman ρ of its map with the
-same map from the fully randomised model (``sanity``, its end point only): above ``results.FALLEN`` the map barely depends on what
+same map from the fully randomised model (``sanity``, its end point only): above ``curves.FALLEN`` the map barely depends on what
 the
 model learned. All perturbed images of all methods go through the model in shared batches.
 """
@@ -18,17 +18,9 @@ from collections.abc import Callable
 import torch
 
 from vit_explorer.core.analysis import Analysis, check_model, class_evidence
+from vit_explorer.core.curves import BLUR, Protocol, area_under, fractions_of, reference_warning
 from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions, class_map
-from vit_explorer.core.results import (
-    BLUR,
-    CHANCE_SPREAD_FLOOR,
-    Entry,
-    Protocol,
-    Scoreboard,
-    area_under,
-    fractions_of,
-    reference_warning,
-)
+from vit_explorer.core.ranking import CHANCE_SPREAD_FLOOR, Entry, Scoreboard
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import faithfulness
 from vit_explorer.methods.faithfulness import importance_order

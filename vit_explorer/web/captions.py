@@ -8,26 +8,19 @@ from __future__ import annotations
 import html
 import math
 
-from vit_explorer.core import maps, results
+from vit_explorer.core import maps, token_norms
 from vit_explorer.core.analysis import Analysis, Prediction
+from vit_explorer.core.comparison import Comparison, Side, same_classes
+from vit_explorer.core.curves import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROBABILITY, FaithfulnessCurves, SanityCurves
 from vit_explorer.core.decomposition import Decomposition
-from vit_explorer.core.results import (
-    DEFAULT_RANDOM_ORDERS,
-    DEFAULT_STEPS,
-    PROBABILITY,
-    DatasetStatistics,
-    FaithfulnessCurves,
-    HeadAblation,
-    Patching,
-    SanityCurves,
-    Scoreboard,
-)
+from vit_explorer.core.interventions import HeadAblation, Patching
+from vit_explorer.core.ranking import Scoreboard
+from vit_explorer.core.statistics import DatasetStatistics
 from vit_explorer.core.targets import shown_prompt
 from vit_explorer.draw.pictures import signed
 from vit_explorer.draw.words import RANDOM_WEIGHTS, sentence
 from vit_explorer.methods import norms
 from vit_explorer.methods.ablation import cost_text as ablation_cost_text
-from vit_explorer.methods.comparison import Comparison, Side, same_classes
 from vit_explorer.methods.faithfulness import forward_passes
 from vit_explorer.methods.patching import cost as patch_cost
 from vit_explorer.models.base import LoadedModel
@@ -298,7 +291,7 @@ def dataset_note(session: Session, dataset: DatasetStatistics) -> str:
 
 
 ABLATION_EFFECT = "ablation effect"
-ABLATION_NAMES = {"zero": "zero output", "mean": "uniform attention"}  # ``results.ABLATION_MODES`` as the app names them
+ABLATION_NAMES = {"zero": "zero output", "mean": "uniform attention"}  # ``interventions.ABLATION_MODES`` as the app names them
 # what each mode does, as the app runs it (no reference set: "mean" is uniform attention)
 ABLATION_MEANS = {"zero": "the head's output set to zero", "mean": "the head attends equally to every token"}
 NO_CLASS_SCORE = "This model has no classifier head: there is no class score to measure the removal of a head against."
@@ -371,8 +364,8 @@ def ablation_text(session: Session, ablation: HeadAblation) -> str:
 def norms_text(result: norms.TokenNorms) -> str:
     """The token norms tab's caption: the outliers over all layers, and the rule that flags them."""
     return (f"**Token norms** after each layer (high-norm tokens, Darcet et al. 2023): {result.summary()}.\n\n"
-            f"Rule (k = {result.k:g}): {results.RULE}; median and MAD are not moved by the outliers they look for. "
-            f"Attention share: {results.SHARE}.")
+            f"Rule (k = {result.k:g}): {token_norms.RULE}; median and MAD are not moved by the outliers they look for. "
+            f"Attention share: {token_norms.SHARE}.")
 
 
 def norms_layer_text(result: norms.TokenNorms, layer: int) -> str:

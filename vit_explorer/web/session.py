@@ -18,9 +18,10 @@ import torch
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, Prediction
-from vit_explorer.core.results import FaithfulnessCurves, SanityCurves, Scoreboard
+from vit_explorer.core.comparison import Comparison
+from vit_explorer.core.curves import FaithfulnessCurves, SanityCurves
+from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.draw import render
-from vit_explorer.methods.comparison import Comparison
 from vit_explorer.models import LoadedModel, load_model
 from vit_explorer.models.builtin import builtin_names
 
@@ -85,7 +86,7 @@ class Controls:
     residual_weight: float = maps.RolloutOptions.residual_weight
     method: str = "relevance"  # the class-maps tab's map
     colour_scale: str = "linear"  # what the colormap's ends stand for (``render.COLOUR_SCALES``)
-    ablation_mode: str = "zero"  # how the head ablation tab removes a head (``results.ABLATION_MODES``)
+    ablation_mode: str = "zero"  # how the head ablation tab removes a head (``interventions.ABLATION_MODES``)
     stats_folder: str = ""  # a ``vit-explorer stats`` output folder whose dataset the head statistics are shown against
     # the Compare tab's view, A's layer (B's is at the same relative depth), the head ("h3"; None or "mean of heads":
     # the mean) and the head statistic it overlays

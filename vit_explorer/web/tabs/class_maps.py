@@ -12,7 +12,7 @@ import numpy as np
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import MODEL_MAPS, class_evidence
-from vit_explorer.core.results import Protocol
+from vit_explorer.core.curves import Protocol
 from vit_explorer.draw import charts, pictures, plots
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.run import check, rank, score

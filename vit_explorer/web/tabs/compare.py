@@ -17,12 +17,12 @@ from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import MODEL_MAPS, analyze, class_evidence, pixels_of
-from vit_explorer.core.results import Patching
+from vit_explorer.core.comparison import Comparison, Match, Side, grid_mismatch, relative_depth, sides, target_b
+from vit_explorer.core.comparison import difference as map_difference
+from vit_explorer.core.interventions import Patching
 from vit_explorer.core.targets import OtherImage, Target, prompted
 from vit_explorer.draw import pictures, plots
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.comparison import Comparison, Match, Side, grid_mismatch, relative_depth, sides, target_b
-from vit_explorer.methods.comparison import difference as map_difference
 from vit_explorer.methods.patching import patch
 from vit_explorer.models import DEFAULT_MODEL
 from vit_explorer.run import retarget

@@ -10,7 +10,7 @@ import gradio as gr
 import numpy as np
 
 from vit_explorer.core.analysis import pixels_of
-from vit_explorer.core.results import HeadAblation, forward_equivalents
+from vit_explorer.core.interventions import HeadAblation, forward_equivalents
 from vit_explorer.draw import pictures
 from vit_explorer.draw.render import GridGeometry, grid_tile_px
 from vit_explorer.errors import VitExplorerError

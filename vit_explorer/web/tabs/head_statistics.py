@@ -7,7 +7,7 @@ from __future__ import annotations
 import gradio as gr
 
 from vit_explorer.core import maps
-from vit_explorer.core.results import DatasetStatistics
+from vit_explorer.core.statistics import DatasetStatistics
 from vit_explorer.draw import charts, plots
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.dataset import read_statistics_cached

@@ -12,7 +12,7 @@ import torch
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import Analysis, ClassEvidence
-from vit_explorer.core.results import Patching
+from vit_explorer.core.interventions import Patching
 from vit_explorer.errors import VitExplorerError
 
 
