@@ -16,11 +16,11 @@ from conftest import TINY, make_vit, photo, write_checkpoint
 from vit_explorer import load_model
 from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
 from vit_explorer.core.interventions import ABLATION_MODES, forward_equivalents
+from vit_explorer.draw.words import ablation_cost
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.ablation import (
     ablated_logits,
     ablation_of,
-    cost_text,
     head_ablation,
     prediction_without,
 )
@@ -131,7 +131,7 @@ def random_reference(model: LoadedModel, seed: int = 1) -> torch.Tensor:
 ])
 def test_the_cost_is_counted_in_plain_forward_passes(layers, heads, equivalents):
     assert forward_equivalents(layers, heads) == equivalents
-    assert f"about {equivalents:.0f}× the cost of one forward pass (1 + {layers} passes" in cost_text(layers, heads)
+    assert f"about {equivalents:.0f}× the cost of one forward pass (1 + {layers} passes" in ablation_cost(layers, heads)
 
 
 @pytest.mark.parametrize("mode", ABLATION_MODES)

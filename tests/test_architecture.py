@@ -14,12 +14,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vit_explorer"
 # a layer may import its own layer and those to its right; errors is the package's one exception, below everything
 ORDER = ("web", "cli", "explain", "shapes", "run", "draw", "methods", "core", "models", "errors")
 ALLOWED = {
-    # the app offers the built-in model's examples
-    "web": {"web", "run", "draw", "methods", "core", "models", "errors", "shapes"},
+    # the app offers the built-in model's examples; it runs methods through the run layer only
+    "web": {"web", "run", "draw", "core", "models", "errors", "shapes"},
     "cli": {"cli", "web", "run", "shapes", "draw", "methods", "core", "models", "errors"},
     "explain": {"explain", "run", "draw", "core", "models", "errors"},
     "shapes": {"shapes", "draw", "methods", "core", "models", "errors"},
-    "run": {"run", "methods", "core", "models", "errors"},
+    # the words of its progress lines are the app's and the terminal's (``draw.words``)
+    "run": {"run", "draw", "methods", "core", "models", "errors"},
     # drawing reads results (core) and never computes them: nothing of methods, which run the model
     "draw": {"draw", "core", "models", "errors"},
     "methods": {"methods", "core", "models", "errors"},
@@ -116,6 +117,44 @@ def test_drawing_takes_the_maps_it_draws_and_computes_none():
                 assert not {alias.name for alias in node.names} & functions, f"{path.name} computes maps"
             if isinstance(node, ast.ImportFrom) and node.module == "vit_explorer.core":
                 assert "maps" not in {alias.name for alias in node.names}, f"{path.name} imports core.maps whole"
+
+
+def own_workflow(folder: Path) -> list[str]:
+    """Where the modules under ``folder`` run a workflow of their own: an import from ``methods``, an import of a function
+    of ``core.analysis`` (its types and constants are results the app shows), and each call of ``analyze`` or
+    ``class_evidence``."""
+    import inspect
+
+    from vit_explorer.core import analysis
+
+    functions = {name for name, value in vars(analysis).items()
+                 if inspect.isfunction(value) and value.__module__ == analysis.__name__}
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {alias.name for alias in node.names}
+                if node.module.startswith("vit_explorer.methods") or (node.module == "vit_explorer" and "methods" in names):
+                    found.append(f"{path.name}: imports {node.module}")
+                if node.module == "vit_explorer.core.analysis" and names & functions:
+                    found.append(f"{path.name}: imports {sorted(names & functions)} of core.analysis")
+            if isinstance(node, ast.Call):
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                owner = getattr(node.func.value, "id", None) if isinstance(node.func, ast.Attribute) else None
+                if called in ("analyze", "class_evidence") and owner != "run":
+                    found.append(f"{path.name}: calls {called}")
+    return found
+
+
+def test_the_app_runs_no_workflow_of_its_own(tmp_path):
+    """``web/`` parses, calls the run layer's stages and shows: an upload, a target, a button, compare and export each
+    go through ``run`` (DESIGN: "cli, explain and web only parse, call run and show")."""
+    assert own_workflow(PACKAGE / "web") == []
+    planted = tmp_path / "tab.py"
+    planted.write_text("from vit_explorer.methods.norms import for_analysis\nfrom vit_explorer.core.analysis import Analysis, "
+                       "class_evidence\n\ndef f(model, image):\n    return analyze(model, image)\n")
+    assert own_workflow(tmp_path) == ["tab.py: imports vit_explorer.methods.norms",
+                                      "tab.py: imports ['class_evidence'] of core.analysis", "tab.py: calls analyze"]
 
 
 def test_no_import_cycle_counting_function_level_imports():

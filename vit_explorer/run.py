@@ -1,40 +1,60 @@
-"""``run``: one request about one image, answered in one place.
+"""``run``: one request about one image, answered in one place, and the stages it is made of.
 
-The entry points (the CLI's ``analyze``, ``explain``, the app's buttons and export) build a ``Request`` and call these
-functions; none of them writes the workflow again. ``run`` analyses the image, gives a backbone its similarity target
-(``retarget``) and a CLIP-like model its prompts as classes (``targets.prompt_model``), computes the target's evidence
-and every map asked for (AttnLRP and LeGrad too, as tensors), and the score, scoreboard, sanity check, ablation, norms
-and decomposition that were asked for. Each long stage reports through one ``Progress`` callback, which says what it
-costs before it starts. The ``Run`` it returns holds no model.
+The entry points (the CLI's ``analyze``, ``explain``, the app's events and export) call these functions; none of them
+writes the workflow again. ``run`` answers a whole ``Request``: it analyses the image, gives a backbone its similarity
+target (``retarget``) and a CLIP-like model its prompts as classes (``targets.prompt_model``), computes the target's
+evidence and every map asked for (AttnLRP and LeGrad too, as tensors), and the score, scoreboard, sanity check,
+ablation, norms and decomposition that were asked for, and puts them together as a ``Run`` (``answer``), which holds no
+model. The app runs the same stages one event at a time and keeps what they return on its session: an upload is
+``analyse`` then ``evidence``; a target chosen is ``evidence`` (or ``retarget``); a button is ``score``, ``rank``,
+``check``, ``ablate``, ``patch`` or ``match``; the Compare tab's second side is ``second_side``; the export is
+``answer`` of what the page shows. Each long stage reports through one ``Progress`` callback, which says what it costs
+before it starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import (
     DEFAULT_MEMORY_BUDGET,
+    MODEL_MAPS,
     Analysis,
     ClassEvidence,
+    Prediction,
     analyze,
     choose_storage,
     class_evidence,
     map_bytes,
     pixels_of,
+    recompute_query_rows,
 )
-from vit_explorer.core.curves import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, FaithfulnessCurves, Protocol, SanityCurves
+from vit_explorer.core.comparison import Match, target_b
+from vit_explorer.core.curves import (
+    DEFAULT_RANDOM_ORDERS,
+    DEFAULT_STEPS,
+    FaithfulnessCurves,
+    Protocol,
+    SanityCurves,
+    forward_passes,
+)
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
-from vit_explorer.core.interventions import HeadAblation
+from vit_explorer.core.interventions import HeadAblation, Patching, patching_passes
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Request, Run
-from vit_explorer.core.targets import Target, prompt_model, similarity_model
+from vit_explorer.core.statistics import DatasetStatistics
+from vit_explorer.core.targets import OtherImage, Target, prompt_model, similarity_model
+from vit_explorer.core.token_norms import TokenNorms
+from vit_explorer.draw import words
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods import faithfulness, norms, scoreboard
-from vit_explorer.methods.ablation import ablation_of, cost_text
+from vit_explorer.methods import ablation as ablations
+from vit_explorer.methods import dataset, faithfulness, norms, patching, scoreboard
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.models.base import LoadedModel
 
@@ -45,6 +65,31 @@ Progress = Callable[[str, int, str], Callable[[], None]]
 
 def silent(description: str, total: int, unit: str) -> Callable[[], None]:
     return lambda: None
+
+
+def analyse(model: LoadedModel, image: ImageSource, *, name: str | None = None,
+            memory_budget: int = DEFAULT_MEMORY_BUDGET, fit: str = "stretch", explain: bool = True,
+            decompose: bool = False) -> Analysis:
+    """An upload: one forward pass of ``image`` through ``model``, every layer's attention kept (``analysis.analyze``); with
+    ``explain`` the top class's evidence from the same pass's backward, and with ``decompose`` its decomposition too."""
+    return analyze(model, image, name=name, memory_budget=memory_budget, fit=fit, explain=explain, decompose=decompose)
+
+
+def evidence(model: LoadedModel, analysis: Analysis, target: int | str | None = None, methods: Iterable[str] = (), *,
+             decompose: bool = False) -> ClassEvidence | None:
+    """The gradient evidence of ``target`` (default: the top class; None for a model without classes), with the maps of
+    ``methods`` that take passes of their own (AttnLRP, LeGrad) and with ``decompose`` the decomposition: one forward and
+    one backward pass, none for what the analysis keeps already (``analysis.class_evidence``)."""
+    if not analysis.num_classes:
+        return None
+    return class_evidence(model, analysis, target, tuple(methods), decompose=decompose)
+
+
+def query_rows(model: LoadedModel, analysis: Analysis, token: int) -> None:
+    """Make every head's row of the query ``token`` readable off the analysis: a compact analysis kept no patch query's
+    rows, which then cost one forward pass (``analysis.recompute_query_rows``); nothing where they are kept."""
+    if not analysis.store.keeps_rows_of(token):
+        recompute_query_rows(model, analysis, token)
 
 
 def retarget(model: LoadedModel, analysis: Analysis, target: Target, memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -64,6 +109,32 @@ def retarget(model: LoadedModel, analysis: Analysis, target: Target, memory_budg
     return similarity, analyze(similarity, Image.fromarray(analysis.image), memory_budget=memory_budget, decompose=decompose), 0
 
 
+def second_side(model: LoadedModel, image: ImageSource, main: Analysis, main_target: int | None, *,
+                name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET, fit: str = "stretch",
+                analysis: Analysis | None = None) -> tuple[Analysis, ClassEvidence | None]:
+    """A comparison's second side (B) of ``main`` (A): ``image`` analysed by ``model`` (or the ``analysis`` of it kept
+    from before), with the evidence of the class A's target names on B (``comparison.target_b``; its top class where the
+    two models' classes differ): no pass beyond B's upload pass for B's top class."""
+    if analysis is None:
+        analysis = analyse(model, image, name=name, memory_budget=memory_budget, fit=fit)
+    target = target_b(main, analysis, main_target)
+    return analysis, None if target is None else class_evidence(model, analysis, target)
+
+
+def match(model: LoadedModel, a: Analysis, b: Analysis, name_a: str, name_b: str, *,
+          memory_budget: int = DEFAULT_MEMORY_BUDGET, progress: Progress = silent) -> Match:
+    """Why two images match by one backbone: A's embedding explained on B's direction and B's on A's (``core.targets``:
+    another image), each with every map that takes passes of its own. Per side: a pass for the other's embedding, one
+    for the similarity's analysis, and one forward and backward pass per map method."""
+    step = progress("why A and B match: each embedding explained on the other's direction", 2, "side")
+    sides = []
+    for analysis, other in ((a, OtherImage(Image.fromarray(b.image), name_b)), (b, OtherImage(Image.fromarray(a.image), name_a))):
+        similarity, retargeted, _ = retarget(model, analysis, Target(other), memory_budget)
+        sides += [retargeted, class_evidence(similarity, retargeted, 0, tuple(MODEL_MAPS))]
+        step()
+    return Match(*sides, weakref.ref(a))
+
+
 def score(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, method: str, protocol: Protocol, *,
           options: maps.RolloutOptions = maps.RolloutOptions(), steps: int = DEFAULT_STEPS,
           random_orders: int = DEFAULT_RANDOM_ORDERS, progress: Progress = silent) -> FaithfulnessCurves:
@@ -71,7 +142,7 @@ def score(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, metho
     evidence = class_evidence(model, analysis, evidence.target, (method,))
     total = faithfulness.batches(steps, random_orders, protocol=protocol)
     step = progress(f"scoring the {method} map: {protocol.description}, "
-                    f"{faithfulness.forward_passes(steps, random_orders, protocol)} forward passes", total, "batch")
+                    f"{forward_passes(steps, random_orders, protocol)} forward passes", total, "batch")
     return faithfulness.deletion_insertion(model, analysis.image, maps.class_map(analysis, method, evidence, options),
                                            evidence.target,
                                            steps=steps, random_orders=random_orders, protocol=protocol, step=step)
@@ -96,10 +167,48 @@ def check(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence | None
 
 def ablate(model: LoadedModel, analysis: Analysis, evidence: ClassEvidence, mode: str, *,
            progress: Progress = silent) -> HeadAblation:
-    """Each head removed in turn (``ablation.ablation_of``), kept on the analysis."""
-    step = progress(f"head ablation ({mode}): each head removed in turn, {cost_text(*analysis.map_shape)}", analysis.map_shape[0],
-                    "layer")
-    return ablation_of(model, analysis, evidence.target, mode, step=step)
+    """Each head removed in turn (``methods.ablation``), kept on the analysis."""
+    layers, heads = analysis.map_shape
+    step = progress(f"head ablation ({mode}): each head removed in turn, {words.ablation_cost(layers, heads)}", layers, "layer")
+    return ablations.ablation_of(model, analysis, evidence.target, mode, step=step)
+
+
+def kept_ablation(analysis: Analysis, target: int, mode: str) -> HeadAblation | None:
+    """The ablation of ``target`` in ``mode`` where ``ablate`` ran it on this analysis; None where it has not."""
+    return ablations.kept_ablation(analysis, target, mode)
+
+
+def prediction_without(model: LoadedModel, analysis: Analysis, heads: Iterable[tuple[int, int]], mode: str,
+                       k: int = 5) -> list[Prediction]:
+    """The top ``k`` of the analysis's image with ``heads`` (layer, head) removed in ``mode``: one forward pass."""
+    return ablations.prediction_without(model, pixels_of(model, analysis), list(heads), k=k, mode=mode)
+
+
+def patch(model: LoadedModel, a: Analysis, b: Analysis, target: int, *, tokens: bool,
+          progress: Progress = silent) -> Patching:
+    """B patched into A for A's ``target``, by one model: each head's output at each layer, and with ``tokens`` the
+    stream after each layer at each token, taken from B in turn (``methods.patching``)."""
+    layers = a.map_shape[0]
+    step = progress(f"patching B into A: {words.passes(patching_passes(*model.map_shape, model.layout.num_tokens, tokens))}",
+                    layers * (2 if tokens else 1), "layer pass")
+    return patching.patch(model, pixels_of(model, a), pixels_of(model, b), target, a.label(target), tokens=tokens, step=step)
+
+
+def token_norms(analysis: Analysis) -> TokenNorms:
+    """Every layer's token norms and their high-norm patches, with the attention they draw; no pass
+    (``methods.norms``)."""
+    return norms.for_analysis(analysis)
+
+
+def norm_peak_layer(analysis: Analysis) -> int:
+    """The layer with the most high-norm patches, from the norms alone (the attention they draw is not read);
+    the last layer for an analysis made without token norms."""
+    return analysis.map_shape[0] - 1 if analysis.token_norms is None else norms.peak_layer(analysis)
+
+
+def dataset_statistics(folder: str | Path) -> DatasetStatistics:
+    """What ``vit-explorer stats`` wrote into ``folder``, read once per change of its files (``methods.dataset``)."""
+    return dataset.read_statistics_cached(folder)
 
 
 def decompose(evidence: ClassEvidence) -> Decomposition:
@@ -122,6 +231,19 @@ def check_full_maps(model: LoadedModel, memory_budget: int) -> None:
                                "the budget (--memory-budget-mb) or leave out the full maps")
 
 
+def answer(request: Request, analysis: Analysis, evidence: ClassEvidence | None, *,
+           curves: FaithfulnessCurves | None = None, scoreboard: Scoreboard | None = None,
+           sanity: SanityCurves | None = None, ablation: HeadAblation | None = None) -> Run:
+    """What was computed for ``request`` as a ``Run``: the results given, the maps asked for read off the evidence, and
+    the norms, the decomposition and the overview where asked (none of them a pass of its own)."""
+    return Run(request=request, analysis=analysis, evidence=evidence,
+               maps=maps.class_maps(analysis, request.maps, evidence, request.options), curves=curves, scoreboard=scoreboard,
+               sanity=sanity, ablation=ablation, ablation_importance=None if ablation is None else evidence.importance,
+               norms=token_norms(analysis) if request.norms else None,
+               decomposition=decompose(evidence) if request.decompose and evidence is not None else None,
+               overview=maps.overview(analysis, request.options) if request.overview else None)
+
+
 def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *, name: str | None = None,
         progress: Progress = silent) -> Run:
     """Answer ``request`` about ``image`` with ``model``: one analysis (one forward and backward pass), a backbone's
@@ -135,24 +257,19 @@ def run(model: LoadedModel, image: ImageSource, request: Request = Request(), *,
     if request.target.prompts is not None:  # the prompts are the classes: explained like a classifier's
         model, target = prompt_model(model, request.target.prompts), request.target.prompts.chosen
     # the upload's pass decomposes the top class only: another target's pass decomposes that one
-    analysis = analyze(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit,
+    analysis = analyse(model, image, name=name, memory_budget=request.memory_budget, fit=request.fit,
                        decompose=request.decompose and target is None)
     if not analysis.num_classes and request.explains:
         model, analysis, target = retarget(model, analysis, request.target, request.memory_budget, request.fit, request.decompose)
         progress(f"target: {analysis.label(0)} (a backbone has no classes)", 0, "")
     options = request.options
     wanted = request.maps if request.every_map or request.method in maps.CLASS_SPECIFIC else ()
-    evidence = (class_evidence(model, analysis, target, wanted, decompose=request.decompose)
-                if analysis.num_classes and (request.explains or request.score or request.every_map) else None)
-    decomposition = decompose(evidence) if request.decompose and evidence is not None else None
-    shown = maps.class_maps(analysis, request.maps, evidence, options)
-    curves = (score(model, analysis, evidence, request.method, request.protocol, options=options, steps=request.steps,
-                    random_orders=request.random_orders, progress=progress) if request.score and evidence is not None else None)
-    sanity = check(model, analysis, evidence, options=options, progress=progress) if request.sanity else None
-    ablation = (ablate(model, analysis, evidence, request.ablation, progress=progress)
-                if request.ablation is not None and evidence is not None else None)
-    board = rank(model, analysis, evidence, request.protocol, options=options, progress=progress) if request.scoreboard else None
-    return Run(request=request, analysis=analysis, evidence=evidence, maps=shown, curves=curves, scoreboard=board, sanity=sanity,
-               ablation=ablation, ablation_importance=None if ablation is None else evidence.importance,
-               norms=norms.for_analysis(analysis) if request.norms else None, decomposition=decomposition,
-               overview=maps.overview(analysis, options) if request.overview else None)
+    found = (evidence(model, analysis, target, wanted, decompose=request.decompose)
+             if request.explains or request.score or request.every_map else None)
+    curves = (score(model, analysis, found, request.method, request.protocol, options=options, steps=request.steps,
+                    random_orders=request.random_orders, progress=progress) if request.score and found is not None else None)
+    sanity = check(model, analysis, found, options=options, progress=progress) if request.sanity else None
+    ablation = (ablate(model, analysis, found, request.ablation, progress=progress)
+                if request.ablation is not None and found is not None else None)
+    board = rank(model, analysis, found, request.protocol, options=options, progress=progress) if request.scoreboard else None
+    return answer(request, analysis, found, curves=curves, scoreboard=board, sanity=sanity, ablation=ablation)

@@ -96,6 +96,12 @@ class Protocol:
 BLUR, MEAN, ROAD = Protocol("blur"), Protocol("mean"), Protocol("road")
 DEFAULT_STEPS = 16  # steps of one map's faithfulness curves
 DEFAULT_RANDOM_ORDERS = 3  # random patch orders that stand for chance
+def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, protocol: Protocol = BLUR) -> int:
+    """Images one map's faithfulness score (``faithfulness.deletion_insertion``) runs through the model
+    (``Protocol.images`` of its curves)."""
+    return protocol.images(protocol.runs_of(1, random_orders), steps)
+
+
 PROBABILITY = "target probability"
 SHARE_OF_SCORE = "share of the image's score"  # the measure of a one-output model (module doc)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from vit_explorer.core import statistics
+from vit_explorer.models.layout import TokenLayout
 
 
 @dataclass(frozen=True)
@@ -110,3 +111,30 @@ class Patching:
         forward_passes: what it cost, in plain forward passes of one image.
         layout: the token layout ``tokens`` is in (``token_patches`` for the patches).
     """
+
+    target: int
+    label: str
+    score_a: float
+    score_b: float
+    heads: torch.Tensor
+    tokens: torch.Tensor | None
+    forward_passes: float
+    layout: TokenLayout
+
+    @property
+    def token_patches(self) -> torch.Tensor | None:
+        """``tokens`` over the patch grid ``[layers, grid_h, grid_w]``."""
+        return None if self.tokens is None else self.layout.patch_map(self.tokens)
+
+
+def token_passes(layers: int, tokens: int) -> float:
+    """Patching every token after every layer, in plain forward passes: per layer, the layers below it once and the
+    layer itself and every layer above it once per token."""
+    return sum(layer + tokens * (layers - layer) for layer in range(layers)) / layers
+
+
+def patching_passes(layers: int, heads: int, num_tokens: int, tokens: bool) -> float:
+    """What patching B into A costs (``methods.patching.patch``), in plain forward passes of one image: the two recording
+    passes, then the branched ones (``forward_equivalents`` counts an ablation's original pass too, which patching does
+    not run), and with ``tokens`` every token after every layer (``token_passes``)."""
+    return 2 + forward_equivalents(layers, heads) - 1 + (token_passes(layers, num_tokens) if tokens else 0)

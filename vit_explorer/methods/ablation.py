@@ -24,17 +24,11 @@ import torch
 
 from vit_explorer.core.analysis import Analysis, Prediction, check_model, memo, pixels_of
 from vit_explorer.core.capture import capture_lock
-from vit_explorer.core.interventions import ABLATION_MODES, HeadAblation, forward_equivalents
+from vit_explorer.core.interventions import ABLATION_MODES, HeadAblation
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 
 Head = tuple[int, int]  # (layer, head)
-
-
-def cost_text(layers: int, heads: int) -> str:
-    """The ablation's cost in words a user can compare: about N× one forward pass, and why."""
-    return (f"about {forward_equivalents(layers, heads):.0f}× the cost of one forward pass (1 + {layers} passes; the pass for "
-            f"layer l runs {heads} copies, one per head, of the layers from l up)")
 
 
 def check_mode(mode: str) -> str:

@@ -36,6 +36,7 @@ from vit_explorer.core.curves import (
     FaithfulnessCurves,
     Protocol,
     Sweep,
+    forward_passes,
     fractions_of,
 )
 from vit_explorer.core.images import to_pixels
@@ -47,11 +48,6 @@ from vit_explorer.models.layout import TokenLayout
 # images per pass: small batches keep the perturbed images and the attention maps in cache, so on 2 cores 8 a batch
 # scored twice as fast as 64 on the shipped model and a quarter faster than 32 on a ViT-B/16
 BATCH_SIZE = 8
-
-
-def forward_passes(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, protocol: Protocol = BLUR) -> int:
-    """Images one ``deletion_insertion`` runs through the model (``Protocol.images`` of its curves)."""
-    return protocol.images(protocol.runs_of(1, random_orders), steps)
 
 
 def batches(steps: int = DEFAULT_STEPS, random_orders: int = DEFAULT_RANDOM_ORDERS, batch_size: int = BATCH_SIZE,

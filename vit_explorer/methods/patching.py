@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from vit_explorer.core.capture import capture_lock
-from vit_explorer.core.interventions import Patching, forward_equivalents
+from vit_explorer.core.interventions import Patching, patching_passes
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
 
@@ -147,19 +147,6 @@ def one_hot_chunks(count: int) -> Iterator[torch.Tensor]:
     yield from identity.split(CHUNK)
 
 
-def token_passes(layers: int, tokens: int) -> float:
-    """Patching every token after every layer, in plain forward passes: per layer, the layers below it once and the
-    layer itself and every layer above it once per token."""
-    return sum(layer + tokens * (layers - layer) for layer in range(layers)) / layers
-
-
-def cost(model: LoadedModel, tokens: bool) -> float:
-    """What ``patch`` costs, in plain forward passes of one image: the two recording passes, then the branched ones
-    (``forward_equivalents`` counts an ablation's original pass too, which patching does not run)."""
-    layers, heads = model.map_shape
-    return 2 + forward_equivalents(layers, heads) - 1 + (token_passes(layers, model.layout.num_tokens) if tokens else 0)
-
-
 def patch(model: LoadedModel, pixels_a: torch.Tensor, pixels_b: torch.Tensor, target: int, label: str | None = None,
           tokens: bool = True, step: Callable[[], None] | None = None) -> Patching:
     """Patch B into A, each head of each layer and (with ``tokens``) each token of each layer's stream, for A's
@@ -191,5 +178,6 @@ def patch(model: LoadedModel, pixels_a: torch.Tensor, pixels_b: torch.Tensor, ta
                 step()
     return Patching(target=target, label=label or str(target), score_a=score_a, score_b=score_b,
                     heads=torch.stack(head_rows).float(),
-                    tokens=None if token_rows is None else torch.stack(token_rows).float(), forward_passes=cost(model, tokens),
+                    tokens=None if token_rows is None else torch.stack(token_rows).float(),
+                    forward_passes=patching_passes(*model.map_shape, model.layout.num_tokens, tokens),
                     layout=model.layout)

@@ -11,19 +11,22 @@ import math
 from vit_explorer.core import maps, token_norms
 from vit_explorer.core.analysis import Analysis, Prediction
 from vit_explorer.core.comparison import Comparison, Side, same_classes
-from vit_explorer.core.curves import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROBABILITY, FaithfulnessCurves, SanityCurves
+from vit_explorer.core.curves import (
+    DEFAULT_RANDOM_ORDERS,
+    DEFAULT_STEPS,
+    PROBABILITY,
+    FaithfulnessCurves,
+    SanityCurves,
+    forward_passes,
+)
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.interventions import HeadAblation, Patching
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.statistics import DatasetStatistics
 from vit_explorer.core.targets import shown_prompt
+from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw.pictures import signed
-from vit_explorer.draw.words import RANDOM_WEIGHTS, sentence
-from vit_explorer.methods import norms
-from vit_explorer.methods.ablation import cost_text as ablation_cost_text
-from vit_explorer.methods.faithfulness import forward_passes
-from vit_explorer.methods.patching import cost as patch_cost
-from vit_explorer.models.base import LoadedModel
+from vit_explorer.draw.words import RANDOM_WEIGHTS, ablation_cost, passes, sentence
 from vit_explorer.web.session import Controls, Session
 
 BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions; attention, rollout and head statistics work, and the target "
@@ -299,7 +302,7 @@ NO_CLASS_SCORE = "This model has no classifier head: there is no class score to 
 
 def ablation_passes(session: Session) -> str:
     """What running the ablation costs, in multiples of one forward pass."""
-    return ablation_cost_text(*session.analysis.map_shape)
+    return ablation_cost(*session.analysis.map_shape)
 
 
 def spearman_text(ablation: HeadAblation, session: Session) -> str:
@@ -358,17 +361,17 @@ def ablation_text(session: Session, ablation: HeadAblation) -> str:
             f"is removed ({ABLATION_NAMES[ablation.mode]}: {ABLATION_MEANS[ablation.mode]}); red: removing it lowers the "
             f"{ablation.measure}, blue: raises it. Most needed: {needed}. {spearman_text(ablation, session)} "
             f"({delta} against Σ|∇A ⊙ A|, {ablation.delta.numel()} heads). "
-            f"Took {ablation_cost_text(*ablation.delta_logit.shape)}. {tiles}")
+            f"Took {ablation_cost(*ablation.delta_logit.shape)}. {tiles}")
 
 
-def norms_text(result: norms.TokenNorms) -> str:
+def norms_text(result: TokenNorms) -> str:
     """The token norms tab's caption: the outliers over all layers, and the rule that flags them."""
     return (f"**Token norms** after each layer (high-norm tokens, Darcet et al. 2023): {result.summary()}.\n\n"
             f"Rule (k = {result.k:g}): {token_norms.RULE}; median and MAD are not moved by the outliers they look for. "
             f"Attention share: {token_norms.SHARE}.")
 
 
-def norms_layer_text(result: norms.TokenNorms, layer: int) -> str:
+def norms_layer_text(result: TokenNorms, layer: int) -> str:
     """One layer's flagged patches and the attention they draw, and each prefix token (class token, registers)
     beside the median patch."""
     layout = result.layout
@@ -408,11 +411,6 @@ NO_TARGET_TO_PATCH = ("This model has no classifier head: choose a similarity ta
                       "first; patching then measures how A's score moves.")
 
 
-def patch_cost_text(model: LoadedModel, tokens: bool) -> str:
-    """What patching B into A costs, in plain forward passes of one image."""
-    return f"about {patch_cost(model, tokens):.0f}× the cost of one forward pass"
-
-
 def patching_text(patching: Patching) -> str:
     """What the patching views show: A's and B's scores, the heads and tokens that move A's score most, and that a patch
     counts everything downstream of it."""
@@ -426,7 +424,7 @@ def patching_text(patching: Patching) -> str:
     return (f"**B patched into A** for **{patching.label}**: A's score {patching.score_a:.4g}, B's {patching.score_b:.4g}. Left: "
             f"A's score with one head's output (of {layers} × {heads}) taken from B, minus A's; red raises it. Largest: "
             f"{strongest}. A patch counts everything that follows from it, later layers included (causal, unlike the direct "
-            f"contributions).{tokens} Took about {patching.forward_passes:.0f}× the cost of one forward pass.")
+            f"contributions).{tokens} Took {passes(patching.forward_passes)}.")
 
 
 def side_names(session: Session, comparison: Comparison) -> tuple[str, str]:

@@ -11,11 +11,11 @@ import gradio as gr
 import numpy as np
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import MODEL_MAPS, class_evidence
+from vit_explorer.core.analysis import MODEL_MAPS
 from vit_explorer.core.curves import Protocol
 from vit_explorer.draw import charts, pictures, plots
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.run import check, rank, score
+from vit_explorer.run import check, evidence, rank, score
 from vit_explorer.web.captions import (
     NO_CLASSIFIER,
     board_rows,
@@ -81,9 +81,9 @@ def render_class(session: Session, controls: Controls) -> np.ndarray:
 
 def prepare(session: Session, controls: Controls) -> None:
     """AttnLRP and LeGrad take passes of the model of their own: the chosen one's map for the target is computed here,
-    once (``class_evidence`` keeps it on the evidence), before the tab draws."""
+    once (``run.evidence`` keeps it on the evidence), before the tab draws."""
     if session.evidence is not None and controls.method in MODEL_MAPS:
-        session.evidence = class_evidence(session.model(), session.analysis, session.evidence.target, (controls.method,))
+        session.evidence = evidence(session.model(), session.analysis, session.evidence.target, (controls.method,))
 
 
 def waiting(session: Session, controls: Controls, target: int | str | None) -> dict:

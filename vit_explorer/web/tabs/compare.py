@@ -13,19 +13,17 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 import torch
-from PIL import Image
 
+from vit_explorer import run
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import MODEL_MAPS, analyze, class_evidence, pixels_of
-from vit_explorer.core.comparison import Comparison, Match, Side, grid_mismatch, relative_depth, sides, target_b
+from vit_explorer.core.analysis import MODEL_MAPS
+from vit_explorer.core.comparison import Comparison, Side, grid_mismatch, relative_depth, sides
 from vit_explorer.core.comparison import difference as map_difference
 from vit_explorer.core.interventions import Patching
-from vit_explorer.core.targets import OtherImage, Target, prompted
+from vit_explorer.core.targets import prompted
 from vit_explorer.draw import pictures, plots
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.patching import patch
 from vit_explorer.models import DEFAULT_MODEL
-from vit_explorer.run import retarget
 from vit_explorer.web.captions import (
     COMPARE_NOTE,
     MEAN_HEADS,
@@ -34,7 +32,6 @@ from vit_explorer.web.captions import (
     comparison_caption,
     difference_note,
     head_choices,
-    patch_cost_text,
     patching_text,
     side_names,
     side_view_name,
@@ -42,7 +39,7 @@ from vit_explorer.web.captions import (
 )
 from vit_explorer.web.session import CACHE_TTL_S, Controls, ModelCache, Session, model_choices
 from vit_explorer.web.tabs import class_maps
-from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, stages, user_errors
 from vit_explorer.web.upload import image_upload
 
 VIEWS = ("rollout", "class map", "layer and head")
@@ -243,11 +240,8 @@ def on_patch(models: ModelCache, session: Session | None, tokens: bool, *control
                                "with the main model first")
     if session.evidence is None:
         raise VitExplorerError(NO_TARGET_TO_PATCH)
-    model = session.model(models)
-    layers = session.analysis.map_shape[0]
-    step = counter(progress, layers * (2 if tokens else 1), f"patching B into A: {patch_cost_text(model, tokens)}", "layer pass")
-    patching = patch(model, pixels_of(model, session.analysis), pixels_of(model, comparison.analysis), session.target,
-                     session.analysis.label(session.target), tokens=tokens, step=step)
+    patching = run.patch(session.model(models), session.analysis, comparison.analysis, session.target, tokens=tokens,
+                         progress=stages(progress))
     patched = replace(comparison, patching=(weakref.ref(session.analysis), patching))
     return in_order({"comparison": patched, **refresh(TAB, session, controls.with_inputs(comparison=patched))}, COMPARED)
 MATCHED = ("comparison", "compare_view", *OUTPUTS)
@@ -272,13 +266,9 @@ def on_compare(models: ModelCache, session: Session | None, main_upload: str | N
     if step is not None:
         step()
     earlier = controls.comparison
-    if earlier is not None and earlier.made_from(source, spec, controls.fit, model.labels):
-        analysis = earlier.analysis
-    else:
-        analysis = analyze(model, source, name=Path(source).name, memory_budget=models.memory_budget, fit=controls.fit)
-    target = target_b(session.analysis, analysis, session.target)
-    # no pass for B's top class, which its upload pass gave
-    evidence = None if target is None else class_evidence(model, analysis, target)
+    kept = earlier.analysis if earlier is not None and earlier.made_from(source, spec, controls.fit, model.labels) else None
+    analysis, evidence = run.second_side(model, source, session.analysis, session.target, name=Path(source).name,
+                                         memory_budget=models.memory_budget, fit=controls.fit, analysis=kept)
     comparison = Comparison(analysis, source, spec, controls.fit, None if second_image is None else Path(second_image).name,
                             spec != session.model_spec, weakref.ref(session.analysis), evidence)
     if step is not None:
@@ -297,17 +287,9 @@ def on_match(models: ModelCache, session: Session | None, *control_values, progr
     if comparison is None or comparison.image_name is None or comparison.second_model:
         raise VitExplorerError("why two images match compares their embeddings by one model: upload a second image (B) "
                                "with the main model first")
-    base = models.get(session.model_spec)
-    step = counter(progress, 2, "why A and B match: each embedding explained on the other's direction", "side")
-    named = ((session.analysis, OtherImage(Image.fromarray(comparison.analysis.image), f"B · {comparison.image_name}")),
-             (comparison.analysis, OtherImage(Image.fromarray(session.analysis.image), "A · the main image")))
-    matched_sides = []
-    for analysis, other in named:
-        model, retargeted, _ = retarget(base, analysis, Target(other), models.memory_budget)
-        matched_sides += [retargeted, class_evidence(model, retargeted, 0, tuple(MODEL_MAPS))]
-        if step is not None:
-            step()
-    matched = replace(comparison, match=Match(*matched_sides, weakref.ref(session.analysis)))
+    found = run.match(models.get(session.model_spec), session.analysis, comparison.analysis, "A · the main image",
+                      f"B · {comparison.image_name}", memory_budget=models.memory_budget, progress=stages(progress))
+    matched = replace(comparison, match=found)
     controls = replace(controls.with_inputs(comparison=matched), compare_view="class map")
     return in_order({"comparison": matched, "compare_view": "class map", **refresh(TAB, session, controls)}, MATCHED)
 
@@ -343,8 +325,8 @@ def prepare(session: Session, controls: Controls) -> None:
     class_maps.prepare(session, controls)
     comparison = controls.comparison
     if controls.method in MODEL_MAPS and comparison is not None and comparison.evidence is not None:
-        class_evidence(prompted(session.models.get(comparison.spec), controls.prompts), comparison.analysis,
-                       comparison.evidence.target, (controls.method,))
+        run.evidence(prompted(session.models.get(comparison.spec), controls.prompts), comparison.analysis,
+                     comparison.evidence.target, (controls.method,))
 
 
 TAB = Tab("Compare", OUTPUTS, layout, render, depends, wire, ranges=("compare_layer", "compare_head"), set_ranges=set_ranges,

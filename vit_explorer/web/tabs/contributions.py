@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import gradio as gr
 
-from vit_explorer.core.analysis import class_evidence
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.draw import charts, pictures
 from vit_explorer.draw.render import grid_tile_px
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.ablation import kept_ablation
-from vit_explorer.run import decompose
+from vit_explorer.run import decompose, evidence, kept_ablation
 from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE, contributions_text, without_target
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, unchanged, user_errors
@@ -50,7 +48,7 @@ def prepare(session: Session, controls: Controls) -> None:
     """The target's evidence came with its decomposition (the upload's and a target change's pass read it); one kept
     without it (made by another tab) is made again with it: one forward and one backward pass."""
     if session.evidence is not None and not session.evidence.decomposition_read:
-        session.evidence = class_evidence(session.model(), session.analysis, session.evidence.target, decompose=True)
+        session.evidence = evidence(session.model(), session.analysis, session.evidence.target, decompose=True)
 
 
 def shown(session: Session) -> Decomposition | None:

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import gradio as gr
 
+from vit_explorer import run
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import class_evidence
 from vit_explorer.core.maps import CLASS_METHODS
-from vit_explorer.core.request import Request, Run
+from vit_explorer.core.request import Request
 from vit_explorer.draw import files
-from vit_explorer.methods import norms
-from vit_explorer.methods.ablation import kept_ablation
 from vit_explorer.web.captions import head_label
 from vit_explorer.web.session import CACHE_TTL_S, Controls, Session, export_dir
 from vit_explorer.web.tabs import class_maps
@@ -95,20 +93,17 @@ def on_report(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
     curves = shown(session.screen.score, score_key(session, controls))
     sanity = shown(session.screen.sanity, check_key(session, controls))
     board = shown(session.screen.board, check_key(session, controls))
-    ablation = None if session.target is None else kept_ablation(session.analysis, session.target, controls.ablation_mode)
+    ablation = None if session.target is None else run.kept_ablation(session.analysis, session.target, controls.ablation_mode)
     # the report shows every class map: AttnLRP's and LeGrad's are computed now, once, if they have not been
     evidence = (None if session.evidence is None
-                else class_evidence(session.model(), session.analysis, session.evidence.target, tuple(CLASS_METHODS)))
+                else run.evidence(session.model(), session.analysis, session.evidence.target, CLASS_METHODS))
     # a score shown is the chosen method's (``score_key``)
-    analysis = session.analysis
-    run = Run(request=Request(method=controls.method, options=controls.rollout), analysis=analysis, evidence=evidence,
-              maps=maps.class_maps(analysis, CLASS_METHODS, evidence, controls.rollout),
-              overview=maps.overview(analysis, controls.rollout), curves=curves, scoreboard=board, sanity=sanity,
-              ablation=ablation, ablation_importance=None if ablation is None else evidence.importance,
-              norms=norms.for_analysis(analysis))
+    request = Request(method=controls.method, options=controls.rollout, every_map=True, norms=True, overview=True)
+    shown_run = run.answer(request, session.analysis, evidence, curves=curves, scoreboard=board, sanity=sanity,
+                           ablation=ablation)
     folder = export_dir(ttl_s) / f"vit-explorer-report-{uuid.uuid4().hex[:12]}"
     folder.mkdir()
-    return str(files.write_report(run, folder, controls.cmap))
+    return str(files.write_report(shown_run, folder, controls.cmap))
 
 
 def wire(app: Wiring) -> None:

@@ -9,13 +9,11 @@ from collections.abc import Callable
 import gradio as gr
 import numpy as np
 
-from vit_explorer.core.analysis import pixels_of
 from vit_explorer.core.interventions import HeadAblation, forward_equivalents
 from vit_explorer.draw import pictures
 from vit_explorer.draw.render import GridGeometry, grid_tile_px
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.ablation import kept_ablation, prediction_without
-from vit_explorer.run import ablate
+from vit_explorer.run import ablate, kept_ablation, prediction_without
 from vit_explorer.web.captions import (
     ABLATION_NAMES,
     NO_CLASS_SCORE,
@@ -119,8 +117,7 @@ def on_tile_click(models: ModelCache, evt: gr.SelectData, session: Session | Non
     hit = geometry.hit(evt.index[0], evt.index[1]) if geometry is not None else None
     if hit is None or session.analysis.similarity:  # a label, the colour bar, no heat map yet, or a score with no top-5
         return in_order(unchanged(OUTPUTS), OUTPUTS)
-    model = session.model(models)
-    top = prediction_without(model, pixels_of(model, session.analysis), [hit], k=5, mode=controls.ablation_mode)
+    top = prediction_without(session.model(models), session.analysis, [hit], controls.ablation_mode)
     session.screen.ablated = (controls.ablation_mode, hit, top)
     return in_order(refresh(TAB, session, controls), OUTPUTS)
 

@@ -10,7 +10,7 @@ from vit_explorer.core import maps
 from vit_explorer.core.statistics import DatasetStatistics
 from vit_explorer.draw import charts, plots
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.dataset import read_statistics_cached
+from vit_explorer.run import dataset_statistics
 from vit_explorer.web.captions import dataset_note, statistic_title, top_heads_table
 from vit_explorer.web.session import Controls, Session
 from vit_explorer.web.tabs.base import Tab, map_image
@@ -64,7 +64,7 @@ def dataset_for(session: Session, folder: str) -> tuple[DatasetStatistics | None
     if not folder.strip():
         return None, ""
     try:
-        dataset = read_statistics_cached(folder.strip())
+        dataset = dataset_statistics(folder.strip())
     except VitExplorerError as error:
         return None, f"⚠️ {error}"
     if dataset.shape != session.analysis.map_shape:

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import gradio as gr
 
+from vit_explorer import run
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import analyze, class_evidence, recompute_query_rows
 from vit_explorer.core.targets import Target, prompted
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import LoadedModel
-from vit_explorer.run import retarget
 from vit_explorer.web.captions import (
     MEAN_PATCHES,
     model_summary,
@@ -108,7 +107,7 @@ def on_target(models: ModelCache, session: Session | None, target: int | None, v
         elif target in SIMILARITY_TARGETS:
             choose_similarity(models, session, target)
         elif session.evidence is not None and target is not None:
-            session.evidence = class_evidence(session.model(models), session.analysis, int(target), decompose=True)
+            session.evidence = run.evidence(session.model(models), session.analysis, int(target), decompose=True)
     ranges = {name: value for tab in TARGET_TABS for name, value in tab.set_ranges(session).items()}
     return in_order({"state": session, **tab_views(session, Controls.from_values(control_values), visible), **ranges}, TARGETED)
 
@@ -138,11 +137,11 @@ def choose_similarity(models: ModelCache, session: Session, choice: str) -> None
             raise VitExplorerError("click a patch of the image first: the query patch's target needs a patch as the query")
     base = models.get(session.model_spec)
     # only the image is read from the analysis shown, which may be another similarity's
-    similarity, analysis, _ = retarget(base, session.analysis, Target(patch), models.memory_budget, decompose=True)
+    similarity, analysis, _ = run.retarget(base, session.analysis, Target(patch), models.memory_budget, decompose=True)
     query, layer, head = session.query, session.layer, session.head
     session.analysis, session.target_model, session.similarity_choice = analysis, similarity, choice
     session.similarity_patch = patch
-    session.evidence = class_evidence(similarity, analysis, 0, decompose=True)
+    session.evidence = run.evidence(similarity, analysis, 0, decompose=True)
     session.query, session.layer, session.head = query, layer, head
     session.screen = type(session.screen)()  # every result on screen was for another target
 
@@ -229,7 +228,7 @@ def uploads_ahead(model: LoadedModel) -> bool:
 def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str, controls: Controls, explain: bool) -> Session:
     """The session of one analysis of ``upload`` (with the top class's evidence where ``explain``)."""
     # the Head contributions tab's decomposition is read off the upload's pass (the evidence's pass, when staged)
-    analysis = analyze(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit,
+    analysis = run.analyse(model, upload, name=Path(upload).name, memory_budget=models.memory_budget, fit=controls.fit,
                        explain=explain, decompose=True)
     session = new_session(analysis, spec, None, models)
     session.target_model = model if analysis.prompted else None
@@ -239,7 +238,7 @@ def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str
 def add_evidence(model: LoadedModel, session: Session) -> None:
     """The session's evidence: the top class's gradients and decomposition (one forward and backward pass, none where
     the analysis's own pass took them); none for a model without classes."""
-    session.evidence = class_evidence(model, session.analysis, decompose=True) if session.analysis.num_classes else None
+    session.evidence = run.evidence(model, session.analysis, decompose=True)
 
 
 # uploads analysed by the page's quick answer ahead of Gradio's event for them (``web.quick_answer``), by what decides an
@@ -409,8 +408,7 @@ def on_patch_click(models: ModelCache, evt: gr.SelectData, session: Session | No
     are recomputed here, with the model from the cache, before any view reads them."""
     session = require(session)
     token = pictures.token_at(session.analysis, evt.index[0], evt.index[1], pictures.view_hw(session.analysis))
-    if not session.analysis.store.keeps_rows_of(token):
-        recompute_query_rows(session.model(models), session.analysis, token)
+    run.query_rows(session.model(models), session.analysis, token)
     session.query = token
     return follow_query(session, visible, control_values)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
+from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw import charts, pictures
-from vit_explorer.methods import norms
+from vit_explorer.run import norm_peak_layer, token_norms
 from vit_explorer.web.captions import norms_layer_text, norms_text
 from vit_explorer.web.session import Controls, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, user_errors
@@ -37,21 +38,21 @@ def layout() -> dict:
             "norm_layer_text": layer_text}
 
 
-def shown_layer(session: Session, result: norms.TokenNorms) -> int:
+def shown_layer(session: Session, result: TokenNorms) -> int:
     """The slider's layer, or the layer with the most outliers before it is moved."""
     return result.peak_layer if session.screen.norm_layer is None else session.screen.norm_layer
 
 
 def render_layer(session: Session, controls: Controls) -> dict:
     """The image with the shown layer's outliers outlined, and what they and the prefix tokens draw (``LAYERED``)."""
-    result = norms.for_analysis(session.analysis)
+    result = token_norms(session.analysis)
     layer = shown_layer(session, result)
     return {"norm_outliers": pictures.outlier_picture(session.analysis, result, layer, controls.cmap),
             "norm_layer_text": norms_layer_text(result, layer)}
 
 
 def render(session: Session, controls: Controls) -> dict:
-    result = norms.for_analysis(session.analysis)
+    result = token_norms(session.analysis)
     return {"norm_text": norms_text(result), "norm_map": pictures.norm_map_picture(result, controls.cmap),
             "norm_chart": charts.token_norm_chart(result), **render_layer(session, controls)}
 
@@ -64,8 +65,7 @@ def depends(session: Session, controls: Controls) -> tuple:
 def set_ranges(session: Session) -> dict:
     layers = session.analysis.map_shape[0]
     # from the norms alone: the attention each token receives is read only when the tab opens
-    peak = layers - 1 if session.analysis.token_norms is None else norms.peak_layer(session.analysis)
-    return {"norm_layer": gr.update(maximum=layers - 1, value=peak)}
+    return {"norm_layer": gr.update(maximum=layers - 1, value=norm_peak_layer(session.analysis))}
 
 
 @user_errors
