@@ -51,13 +51,13 @@ sys.path.insert(0, str(ROOT / "tests"))  # the browser tests' helpers: Debian's 
 
 from serving import chromium_page, click_natural, free_port  # noqa: E402
 
+from vit_explorer import run  # noqa: E402
 from vit_explorer.core.analysis import analyze  # noqa: E402
 from vit_explorer.core.maps import heads_view  # noqa: E402
 from vit_explorer.draw import charts, pictures, plots, render  # noqa: E402
 from vit_explorer.web import app as web_app  # noqa: E402
 from vit_explorer.web import quick_answer  # noqa: E402
 from vit_explorer.web.session import ModelCache  # noqa: E402
-from vit_explorer.web.tabs import shared  # noqa: E402
 
 # when the user's action reached the page: the file input's change, the pointer's press on the picture
 MARK_INPUT = """() => {
@@ -124,10 +124,11 @@ class Stages:
 
 def instrument(stages: Stages) -> None:
     """Time the model's pass and every public drawing function, where the app's callbacks call them."""
-    shared.analyze = stages.timed("model pass (analyze)", shared.analyze)
+    run.analyze = stages.timed("model pass (analyze)", run.analyze)
     quick_answer.quick_views = stages.timed("quick answer (drawing and files)", quick_answer.quick_views)
     quick_answer.tile_views = stages.timed("quick answer (drawing and files)", quick_answer.tile_views)
-    quick_answer.uploaded_views = stages.timed("quick answer (analysis, drawing and files)", quick_answer.uploaded_views)
+    quick_answer.QuickAnswers.uploaded_views = stages.timed("quick answer (analysis, drawing and files)",
+                                                            quick_answer.QuickAnswers.uploaded_views)
     for module in (pictures, charts, plots, render):
         for name, function in list(vars(module).items()):
             if callable(function) and getattr(function, "__module__", None) == module.__name__ and not name.startswith("_") \

@@ -3,6 +3,7 @@ analysis is the one the upload's event shows; neither event does the work again,
 left to the event, and the routes serve the pictures in one answer."""
 
 import io
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,7 +15,8 @@ from PIL import Image
 
 from vit_explorer.draw import pictures
 from vit_explorer.web import app, quick_answer
-from vit_explorer.web.session import SESSIONS, Controls, ModelCache
+from vit_explorer.web.quick_answer import QuickAnswers
+from vit_explorer.web.session import Controls, ModelCache
 from vit_explorer.web.tabs import layers_heads, overview, shared
 
 GRID, OVERVIEW, CLASS_MAPS = "Layers × heads", "Overview", "Class maps"
@@ -43,6 +45,11 @@ def click(x: int, y: int):
     return gr.SelectData(None, {"index": [x, y], "value": None, "selected": True})
 
 
+def key_of(answers: QuickAnswers, session) -> str:
+    """The key the page's hidden element names ``session`` by, as an analysis event writes it."""
+    return re.search(r'data-session="([^"]+)"', answers.key_html(session)).group(1)
+
+
 def pixels(path: str) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
 
@@ -50,7 +57,9 @@ def pixels(path: str) -> np.ndarray:
 def test_the_click_event_sends_the_files_the_quick_answer_drew_and_draws_nothing_again(checkpoint, upload, monkeypatch):
     models = ModelCache()
     session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
-    assert SESSIONS[session.key] is session
+    answers = QuickAnswers(models)
+    assert answers.sessions[key_of(answers, session)] is session and key_of(answers, session) == key_of(answers, session)
+    assert key_of(QuickAnswers(models), session) != key_of(answers, session)  # each page names its sessions its own way
     height, width = pictures.view_hw(session.analysis)
     x, y = width - 3, height // 2
     quick = quick_answer.quick_views(session, x, y)
@@ -69,7 +78,7 @@ def test_the_click_event_sends_the_files_the_quick_answer_drew_and_draws_nothing
     drawn = []
     monkeypatch.setattr(pictures, "grid_picture", lambda *a, **k: drawn.append(1))
     event = by_name(shared.on_patch_click(models, click(x, y), session, GRID, *CONTROLS), shared.QUERIED)
-    assert not drawn and not session.screen.ahead  # taken, not drawn again
+    assert not drawn  # taken, not drawn again
     assert session.query == token
     for name in ("query_image", "grid", "head_view"):
         assert event[name] == quick[name], name  # the same file: the page's component holds what the page shows
@@ -83,7 +92,7 @@ def test_a_quick_answer_for_another_patch_is_not_what_a_later_event_sends(checkp
     height, width = pictures.view_hw(session.analysis)
     first = quick_answer.quick_views(session, 2, 2)
     event = by_name(shared.on_patch_click(models, click(width - 2, height - 2), session, OVERVIEW, *CONTROLS), shared.QUERIED)
-    assert event["overview_rollout"] != first["overview_rollout"] and not session.screen.ahead
+    assert event["overview_rollout"] != first["overview_rollout"]
     last = pictures.token_at(session.analysis, width - 2, height - 2, (height, width))
     fresh = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
     fresh.query = last
@@ -114,14 +123,15 @@ def test_the_route_serves_the_pictures_in_one_answer(checkpoint, upload):
     app.launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
     try:
         session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+        key = key_of(quick_answer.PAGES[demo], session)
         route = f"http://127.0.0.1:{port}{quick_answer.CLICK_ROUTE}"
-        with urllib.request.urlopen(f"{route}?session={session.key}&x=7&y=9") as answer:
+        with urllib.request.urlopen(f"{route}?session={key}&x=7&y=9") as answer:
             layout = [entry.split(":") for entry in answer.headers[quick_answer.PICTURES_HEADER].split(",")]
             body = answer.read()
         with urllib.request.urlopen(f"{route}?session=not-a-session&x=7&y=9") as unknown:
             assert unknown.status == 204
         with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(f"{route}?session={session.key}&x=seven&y=9")
+            urllib.request.urlopen(f"{route}?session={key}&x=seven&y=9")
     finally:
         demo.close()
     assert sum(int(length) for _, length in layout) == len(body)
@@ -135,11 +145,19 @@ def test_the_route_serves_the_pictures_in_one_answer(checkpoint, upload):
         np.testing.assert_array_equal(picture, pixels(quick[names[elem_id]]))
 
 
+def analysed(answers: QuickAnswers, upload: str | None, spec: str, tab: str, control_values: tuple = CONTROLS) -> dict:
+    """The outputs an upload's event (as the app wires it: ``keyed``) ends with, by name, the session key last."""
+    *_, last = answers.keyed(answers.analysis_event, 0)(upload, spec, tab, *control_values)
+    return by_name(last, (*shared.FULL_OUTPUTS, "session_key"))
+
+
 def test_the_page_holds_the_session_key_only_after_an_analysis(checkpoint, upload):
-    empty = by_name(shared.empty_outputs(), shared.FULL_OUTPUTS)
-    assert empty["session_key"] == ""
-    session = by_name(shared.run_analysis(ModelCache(), upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
-    assert session["session_key"] == f'<span data-session="{session["state"].key}" data-uploads-ahead="1"></span>'
+    answers = QuickAnswers(ModelCache())
+    assert analysed(answers, None, checkpoint, OVERVIEW)["session_key"] == ""
+    outputs = analysed(answers, upload, checkpoint, OVERVIEW)
+    key = key_of(answers, outputs["state"])
+    assert outputs["session_key"] == f'<span data-session="{key}" data-uploads-ahead="1"></span>'
+    assert answers.sessions[key] is outputs["state"]
 
 
 def forward_counter(models: ModelCache, spec: str) -> list:
@@ -150,24 +168,24 @@ def forward_counter(models: ModelCache, spec: str) -> list:
 
 def test_the_upload_event_shows_the_analysis_its_quick_answer_made_and_runs_no_pass(checkpoint, upload, tmp_path):
     models = ModelCache()
-    previous = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    answers = QuickAnswers(models)
+    previous = analysed(answers, upload, checkpoint, GRID)["state"]
     image = tmp_path / "next.png"
     photo((200, 300), seed=8).save(image)
     passes = forward_counter(models, checkpoint)
-    shared.AHEAD.clear()
-    quick = quick_answer.uploaded_views(models, previous, "next.png", image.read_bytes())
+    quick = answers.uploaded_views(previous, "next.png", image.read_bytes())
     ahead_passes = len(passes)
     assert ahead_passes > 0 and set(quick) == {"query_image", "grid", "head_view", "grid_caption"}
-    ((_, ahead),) = shared.AHEAD.values()
+    ((_, ahead),) = answers.kept.values()
 
-    event = by_name(shared.run_analysis(models, str(image), checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)  # Gradio's copy
-    assert len(passes) == ahead_passes and event["state"] is ahead and not shared.AHEAD
+    event = analysed(answers, str(image), checkpoint, GRID)  # Gradio's copy of the file
+    assert len(passes) == ahead_passes and event["state"] is ahead and not answers.kept
     for name in ("query_image", "grid", "head_view"):
         assert event[name] == quick[name], name
 
     # the same image analysed by the event alone: the same pictures, the same number of passes
     passes.clear()
-    alone = by_name(shared.run_analysis(models, str(image), checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)
+    alone = analysed(answers, str(image), checkpoint, GRID)
     assert len(passes) == ahead_passes and alone["state"] is not ahead
     for name in ("query_image", "grid", "head_view"):
         np.testing.assert_array_equal(pixels(alone[name]), pixels(quick[name]))
@@ -176,25 +194,26 @@ def test_the_upload_event_shows_the_analysis_its_quick_answer_made_and_runs_no_p
 def test_an_upload_with_other_inputs_or_a_staged_model_or_a_bad_file_is_left_to_the_event(checkpoint, upload, tmp_path,
                                                                                          monkeypatch):
     models = ModelCache()
-    previous = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+    answers = QuickAnswers(models)
+    previous = analysed(answers, upload, checkpoint, OVERVIEW)["state"]
     image = tmp_path / "next.png"
     photo((200, 300), seed=9).save(image)
-    assert quick_answer.uploaded_views(models, previous, "next.png", b"not an image") == {}
+    assert answers.uploaded_views(previous, "next.png", b"not an image") == {}
     cache = tmp_path / "cache" / "inner"
     monkeypatch.setattr(quick_answer, "get_upload_folder", lambda: str(cache))
     for name in ("..", "../../escape.png", str(tmp_path / "outside.png")):  # only ever a file in its own folder of the cache
-        assert quick_answer.uploaded_views(models, previous, name, b"not an image") == {}
+        assert answers.uploaded_views(previous, name, b"not an image") == {}
     written = [path for path in tmp_path.rglob("*") if path.is_file() and b"not an image" in path.read_bytes()]
     assert written and all(path.parent.parent == cache for path in written), written
-    quick_answer.uploaded_views(models, previous, "next.png", image.read_bytes())
+    answers.uploaded_views(previous, "next.png", image.read_bytes())
     padded = Controls.named(fit="pad").values()  # the fit changed since: another analysis
-    event = by_name(shared.run_analysis(models, str(image), checkpoint, OVERVIEW, *padded), shared.FULL_OUTPUTS)
-    assert "padded" in event["state"].analysis.view_note and len(shared.AHEAD) == 1  # the one made ahead stays unused
-    shared.AHEAD.clear()
+    event = analysed(answers, str(image), checkpoint, OVERVIEW, padded)
+    assert "padded" in event["state"].analysis.view_note and len(answers.kept) == 1  # the one made ahead stays unused
+    answers.kept.clear()
 
     monkeypatch.setattr(shared, "STAGED_FLOPS", 0)  # a dear classifier's upload answers in stages through its event
-    assert quick_answer.uploaded_views(models, previous, "next.png", image.read_bytes()) == {} and not shared.AHEAD
-    staged = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
+    assert answers.uploaded_views(previous, "next.png", image.read_bytes()) == {} and not answers.kept
+    staged = analysed(answers, upload, checkpoint, OVERVIEW)
     assert 'data-uploads-ahead="0"' in staged["session_key"]  # the page's script does not hold the file back
 
 
@@ -208,10 +227,12 @@ def test_the_upload_route_analyses_the_posted_file(checkpoint, upload, tmp_path)
     app.launch(demo, server_name="127.0.0.1", server_port=port, quiet=True)
     image = tmp_path / "next.png"
     photo((200, 300), seed=10).save(image)
+    answers = quick_answer.PAGES[demo]
     try:
-        previous = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
+        previous = analysed(answers, upload, checkpoint, OVERVIEW)["state"]
         route = f"http://127.0.0.1:{port}{quick_answer.UPLOAD_ROUTE}"
-        posted = urllib.request.Request(f"{route}?session={previous.key}&name=next.png", data=image.read_bytes(), method="POST")
+        posted = urllib.request.Request(f"{route}?session={key_of(answers, previous)}&name=next.png", data=image.read_bytes(),
+                                        method="POST")
         with urllib.request.urlopen(posted) as answer:
             layout = [entry.split(":") for entry in answer.headers[quick_answer.PICTURES_HEADER].split(",")]
             body = answer.read()
@@ -230,20 +251,20 @@ def test_the_upload_route_analyses_the_posted_file(checkpoint, upload, tmp_path)
 
 
 def test_answers_ahead_are_few_and_short_lived(checkpoint, upload, tmp_path, monkeypatch):
-    """An answer whose event never came holds all of an image's maps: at most ``AHEAD_KEPT``, none past ``AHEAD_TTL_S``."""
+    """An answer whose event never came holds all of an image's maps: at most ``KEPT_UPLOADS``, none past ``KEPT_TTL_S``."""
     models = ModelCache()
-    previous = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)["state"]
-    shared.AHEAD.clear()
+    answers = QuickAnswers(models)
+    previous = analysed(answers, upload, checkpoint, OVERVIEW)["state"]
     images = []
-    for seed in range(shared.AHEAD_KEPT + 1):
+    for seed in range(quick_answer.KEPT_UPLOADS + 1):
         images.append(tmp_path / f"image-{seed}.png")
         photo((64, 64), seed=seed).save(images[-1])
-        quick_answer.uploaded_views(models, previous, images[-1].name, images[-1].read_bytes())
-    assert len(shared.AHEAD) == shared.AHEAD_KEPT
-    assert shared.taken_ahead(str(images[0]), checkpoint, Controls()) is None  # the oldest went
-    assert shared.taken_ahead(str(images[-1]), checkpoint, Controls()) is not None
-    monkeypatch.setattr(shared, "AHEAD_TTL_S", 0.0)
-    assert shared.taken_ahead(str(images[1]), checkpoint, Controls()) is None  # too old to be taken
+        answers.uploaded_views(previous, images[-1].name, images[-1].read_bytes())
+    assert len(answers.kept) == quick_answer.KEPT_UPLOADS
+    assert answers.take(str(images[0]), checkpoint, Controls()) is None  # the oldest went
+    assert answers.take(str(images[-1]), checkpoint, Controls()) is not None
+    monkeypatch.setattr(quick_answer, "KEPT_TTL_S", 0.0)
+    assert answers.take(str(images[1]), checkpoint, Controls()) is None  # too old to be taken
 
 
 def test_a_tile_click_is_drawn_ahead_and_the_tile_event_sends_the_same_files(checkpoint, upload, monkeypatch):
@@ -274,18 +295,18 @@ def test_a_double_click_leaves_the_views_drawn_ahead_for_the_event(checkpoint, u
     models = ModelCache()
     session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
     first = quick_answer.quick_views(session, 7, 9)
-    assert quick_answer.quick_views(session, 7, 9) == first and session.screen.ahead
+    assert quick_answer.quick_views(session, 7, 9) == first
     drawn = []
     monkeypatch.setattr(pictures, "grid_picture", lambda *a, **k: drawn.append(1))
     event = by_name(shared.on_patch_click(models, click(7, 9), session, GRID, *CONTROLS), shared.QUERIED)
-    assert not drawn and event["grid"] == first["grid"] and not session.screen.ahead
+    assert not drawn and event["grid"] == first["grid"]
 
 
 def test_a_dear_backbone_is_not_sent_ahead(checkpoint, upload, monkeypatch):
     """Seconds of analysis are better shown with the event's progress than as a dimmed page."""
-    models = ModelCache()
-    monkeypatch.setattr(shared, "AHEAD_FLOPS", 0.0)
-    outputs = by_name(shared.run_analysis(models, upload, checkpoint, OVERVIEW, *CONTROLS), shared.FULL_OUTPUTS)
+    answers = QuickAnswers(ModelCache())
+    monkeypatch.setattr(quick_answer, "AHEAD_FLOPS", 0.0)
+    outputs = analysed(answers, upload, checkpoint, OVERVIEW)
     assert 'data-uploads-ahead="0"' in outputs["session_key"]
-    assert quick_answer.uploaded_views(models, outputs["state"], "next.png", Path(upload).read_bytes()) == {}
-    assert not shared.AHEAD
+    assert answers.uploaded_views(outputs["state"], "next.png", Path(upload).read_bytes()) == {}
+    assert not answers.kept

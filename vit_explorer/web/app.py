@@ -29,7 +29,8 @@ from vit_explorer.models import DEFAULT_MODEL
 from vit_explorer.models.builtin import EXAMPLES
 from vit_explorer.shapes.generator import example_class
 from vit_explorer.web import quick_answer
-from vit_explorer.web.session import CACHE_TTL_S, CONTROL_NAMES, INPUT_NAMES, SESSION_KEY_ID, Controls, ModelCache, model_choices
+from vit_explorer.web.quick_answer import SESSION_KEY_ID, QuickAnswers
+from vit_explorer.web.session import CACHE_TTL_S, CONTROL_NAMES, INPUT_NAMES, Controls, ModelCache, model_choices
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import MAP_VIEW, Wiring
 from vit_explorer.web.tabs.shared import (
@@ -38,7 +39,6 @@ from vit_explorer.web.tabs.shared import (
     QUERIED,
     TAB_OUTPUTS,
     TARGETED,
-    analysis_stages,
     controls_stages,
     on_model_change,
     on_patch_click,
@@ -215,8 +215,9 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                     for tab in TABS:
                         with gr.Tab(tab.title, elem_id=f"tab-{tab.slug}") as containers[tab.title]:
                             ui.update(tab.layout())
-        wire(Wiring(ui, models, cache_ttl_s), containers)
-    quick_answer.register(demo, ui, models)
+        answers = QuickAnswers(models)
+        wire(Wiring(ui, models, cache_ttl_s), containers, answers)
+    quick_answer.register(demo, ui, answers)
     return demo
 
 
@@ -231,16 +232,21 @@ def launch(demo: gr.Blocks, **options) -> None:
 LATEST = "always_last"
 
 
-def wire(app: Wiring, containers: dict) -> None:
-    """The events every tab follows, then each tab's own."""
+def wire(app: Wiring, containers: dict, answers: QuickAnswers) -> None:
+    """The events every tab follows, then each tab's own; the page's quick answers (``answers``) take part in the analysis
+    events, and the tabs know nothing of them."""
     state, visible, current_model, upload = app["state"], app["visible_tab"], app["current_model"], app["upload"]
     controls = app.controls  # by name: a control without a component fails here
 
-    def analyse(upload_path, spec, tab, *values):  # a generator: a dear model's first maps come before its evidence
-        yield from analysis_stages(app.models, upload_path, spec, tab, *values)
+    # a generator: a dear model's first maps come before its evidence; each analysis names its session to the page's
+    # script in the hidden ``session_key``, its last output
+    analyse = answers.keyed(answers.analysis_event, FULL_OUTPUTS.index("state"))
+    analysed = [*app.all(FULL_OUTPUTS), app["session_key"]]
 
-    def switch_model(spec, current, upload_path, session, tab, progress=gr.Progress(), *values):  # Gradio's bar there
-        return on_model_change(app.models, spec, current, upload_path, session, tab, *values, progress=progress)
+    def model_change(spec, current, upload_path, session, tab, progress=gr.Progress(), *values):  # Gradio's bar there
+        yield on_model_change(app.models, spec, current, upload_path, session, tab, *values, progress=progress)
+
+    switch_model = answers.keyed(model_change, 2 + FULL_OUTPUTS.index("state"))
 
     def select_patch(evt: gr.SelectData, session, tab, *values):
         return on_patch_click(app.models, evt, session, tab, *values)
@@ -251,21 +257,21 @@ def wire(app: Wiring, containers: dict) -> None:
     # took the page's time and, on 2 cores, the model's
     progress_on = [app["query_image"], app["summary"]]
     analyses = (
-        upload.upload(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze",
+        upload.upload(analyse, [upload, current_model, visible, *controls], analysed, api_name="analyze",
                       concurrency_limit=2, show_progress="full", show_progress_on=progress_on, trigger_mode=LATEST),
-        app["fit"].input(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="set_fit",
+        app["fit"].input(analyse, [upload, current_model, visible, *controls], analysed, api_name="set_fit",
                          concurrency_limit=2, show_progress_on=progress_on),
         app["model"].input(switch_model, [app["model"], current_model, upload, state, visible, *controls],
-                           [current_model, app["model"], *app.all(FULL_OUTPUTS)], api_name="change_model", concurrency_limit=2),
-        app["prompts"].submit(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="set_prompts",
+                           [current_model, app["model"], *analysed], api_name="change_model", concurrency_limit=2),
+        app["prompts"].submit(analyse, [upload, current_model, visible, *controls], analysed, api_name="set_prompts",
                               concurrency_limit=2, show_progress_on=progress_on),
     )
     analyses[2].then(lambda spec: (gr.update(visible=shows_examples(spec)), gr.update(visible=reads_text(app.models, spec))),
                      current_model, [app["examples"], app["prompts_panel"]], api_name=False, show_progress="hidden")
-    upload.clear(analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name=False)  # empties the views
+    upload.clear(analyse, [upload, current_model, visible, *controls], analysed, api_name=False)  # empties the views
     if app["example_images"] is not None:
         analyses += (app["example_images"].load_input_event.then(
-            analyse, [upload, current_model, visible, *controls], app.all(FULL_OUTPUTS), api_name="analyze_example",
+            analyse, [upload, current_model, visible, *controls], analysed, api_name="analyze_example",
             concurrency_limit=2, show_progress="full", show_progress_on=progress_on, trigger_mode=LATEST),)
     # once an image is analysed the panels above the tabs fold, so that the maps come up on the first screen: the model
     # panel after any analysis, the examples after an image, the prompts once submitted

@@ -4,11 +4,9 @@ export zips."""
 
 from __future__ import annotations
 
-import secrets
 import tempfile
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -160,9 +158,10 @@ class Screen:
     # the tab last drawn (the open one) and the controls it was drawn with: what a quick answer draws
     open_tab: str | None = None
     controls: Controls | None = None
-    # per tab: views a quick answer (a click, an upload) drew ahead of its Gradio event (``web.quick_answer``), and the
-    # key they were drawn for; the event takes them, so that the two draw once between them
-    ahead: dict[str, tuple[Hashable, dict]] = field(default_factory=dict)
+    # per tab: the views it last drew (pictures as files) and what they were drawn from (``tabs.base.drawn``): a quick
+    # answer draws a click's or an upload's views ahead of its Gradio event (``web.quick_answer``), which sends the same
+    # files instead of drawing them again
+    drawn: dict[str, tuple[Hashable, dict]] = field(default_factory=dict)
     drawing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -193,8 +192,6 @@ class Session:
     choosing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # the app's shared model cache, for the explicit model work a tab asks for before it draws (``Tab.prepare``)
     models: ModelCache | None = field(default=None, repr=False, compare=False)
-    # names the session to the page's own script (``web.quick_answer``); unguessable, as the page is its only holder
-    key: str = field(default_factory=lambda: secrets.token_urlsafe(16), compare=False)
 
     @property
     def target(self) -> int | None:
@@ -211,24 +208,9 @@ class Session:
 SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "the query patch: its own output token"}
 
 
-# every live session by its key; one leaves with the last reference to it (Gradio's state drops it after its time to live)
-SESSIONS: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
-SESSION_KEY_ID = "session-key"  # the page's hidden element whose ``data-session`` names its session to its script
-
-
-def session_key_html(session: Session | None, uploads_ahead: bool = True) -> str:
-    """The content of the hidden ``SESSION_KEY_ID`` element: the session's key, or nothing before an analysis; and
-    whether the page's script sends a chosen file ahead of Gradio (not for a model whose upload answers in stages)."""
-    if session is None:
-        return ""
-    return f'<span data-session="{session.key}" data-uploads-ahead="{int(uploads_ahead)}"></span>'
-
-
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None, models: ModelCache | None = None) -> Session:
-    session = Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis),
-                      layer=analysis.map_shape[0] - 1, models=models, head=None, evidence=evidence)
-    SESSIONS[session.key] = session
-    return session
+    return Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis),
+                   layer=analysis.map_shape[0] - 1, models=models, head=None, evidence=evidence)
 
 
 def export_dir(ttl_s: float = CACHE_TTL_S) -> Path:

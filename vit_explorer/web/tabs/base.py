@@ -127,22 +127,20 @@ def refresh(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
     return values
 
 
-def drawn(tab: Tab, session: Session, controls: Controls, ahead: bool = False) -> dict[str, Any]:
-    """The tab's views for the session as it is, pictures as files (``as_file``). A quick answer (a click, an upload)
-    draws them ``ahead`` of its Gradio event (``web.quick_answer``); the event's ``refresh`` then takes those same files
-    instead of drawing again, so that the page's components come to hold what the page already shows."""
+def drawn(tab: Tab, session: Session, controls: Controls) -> dict[str, Any]:
+    """The tab's views for the session as it is, pictures as files (``as_file``), and kept as what the tab last drew
+    (``Screen.drawn``): asked again for the same (a quick answer drew a click's views ahead of its Gradio event,
+    ``web.quick_answer``, and the event's ``refresh`` asks next), it hands back the same files, so that the page's
+    components come to hold what the page already shows and nothing is drawn twice."""
     key = tab.depends(session, controls)
     with session.screen.drawing:  # the quick answer and the event may come at once: the second waits for the first
-        early = session.screen.ahead.pop(tab.title, None)
-        if early is not None and early[0] == key:
-            if ahead:  # asked twice ahead (a double click): still there for the event
-                session.screen.ahead[tab.title] = early
-            return early[1]
+        last = session.screen.drawn.get(tab.title)
+        if last is not None and last[0] == key:
+            return last[1]
         if tab.prepare is not None:
             tab.prepare(session, controls)
         values = {name: as_file(value) for name, value in tab.render(session, controls).items()}
-        if ahead:
-            session.screen.ahead[tab.title] = (key, values)
+        session.screen.drawn[tab.title] = (key, values)
     return values
 
 

@@ -5,10 +5,6 @@ the other tabs draw when they are opened."""
 
 from __future__ import annotations
 
-import hashlib
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +26,7 @@ from vit_explorer.web.captions import (
     target_choices,
     top_predictions,
 )
-from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, new_session, session_key_html
+from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, new_session
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import Tab, in_order, refresh, require, unchanged, user_errors
 
@@ -40,7 +36,7 @@ RANGES = tuple(name for tab in TABS for name in tab.ranges)
 QUERY_OUTPUTS = ("query_image", "caption", "query")
 # what an analysis fills, by name: the app wires these components in this order, and the callbacks return them by name
 # (API clients read the summary, the query image and the predictions first)
-FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "target", "caption", "query", "session_key", *TAB_OUTPUTS, *RANGES)
+FULL_OUTPUTS = ("state", "summary", "query_image", "top5", "target", "caption", "query", *TAB_OUTPUTS, *RANGES)
 QUERY_TAB_OUTPUTS = tuple(name for tab in TABS if tab.follows_query for name in tab.outputs)
 QUERIED = ("state", *QUERY_OUTPUTS, *QUERY_TAB_OUTPUTS)
 # the tabs whose ranges follow the target, and those ranges
@@ -150,7 +146,7 @@ def empty_outputs(summary: str = "Upload an image to begin.") -> tuple:
     """``FULL_OUTPUTS`` before any upload (or after one that could not be analysed, ``summary`` saying why): nothing shown."""
     values: dict[str, object] = dict.fromkeys(FULL_OUTPUTS)
     # the previous image's target and query would otherwise stay beside a summary that says nothing is analysed
-    values.update(summary=summary, caption="", session_key="", query=gr.update(choices=[], value=None),
+    values.update(summary=summary, caption="", query=gr.update(choices=[], value=None),
                   target=gr.update(choices=[], value=None, interactive=False, info=TARGET_INFO, label="Target class"),
                   top5=gr.update(value=None, visible=False),
                   **unchanged(RANGES))
@@ -171,11 +167,13 @@ def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str
     return last
 
 
-def analysis_stages(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values) -> Iterator[tuple]:
+def analysis_stages(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values,
+                    made: Session | None = None) -> Iterator[tuple]:
     """Upload → one forward pass, and one backward pass for the top class → the shared views and the ``visible``
     tab's; the other tabs are cleared, to be drawn when opened (``FULL_OUTPUTS``). A classifier dearer than
     ``STAGED_FLOPS`` answers twice: first the views of a forward pass without a graph, then, after one forward and
-    backward pass for the top class's evidence and decomposition, every view again with them.
+    backward pass for the top class's evidence and decomposition, every view again with them. ``made``: the upload's
+    session made already (``upload_session``, by the page's quick answer, ``web.quick_answer``), shown as it is.
 
     An image that cannot be analysed (not an image, too large, …) empties the views and says why, in the summary and in
     one notice: raising would also stamp a red "Error" on each of the event's outputs."""
@@ -183,19 +181,22 @@ def analysis_stages(models: ModelCache, upload: str | None, spec: str, visible: 
         yield empty_outputs()
         return
     try:
-        yield from analysed_outputs(models, upload, spec, visible, *control_values)
+        yield from analysed_outputs(models, upload, spec, visible, upload_controls(control_values), made)
     except VitExplorerError as error:
         gr.Warning(str(error), title=UNREADABLE)
         yield empty_outputs(f"⚠️ **{UNREADABLE}:** {error}")
 
 
-def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, *control_values) -> Iterator[tuple]:
+def upload_controls(control_values: tuple) -> Controls:
+    """The controls an upload is analysed and drawn with: the start-layer slider goes back to 0 (``rollout.set_ranges``)."""
+    return replace(Controls.from_values(control_values), start_layer=0)
+
+
+def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, controls: Controls,
+                     made: Session | None) -> Iterator[tuple]:
     """``analysis_stages`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
-    # the start-layer slider goes back to 0 (``rollout.set_ranges``)
-    controls = replace(Controls.from_values(control_values), start_layer=0)
-    ahead = taken_ahead(upload, spec, controls)
-    if ahead is not None:
-        yield analysed_views(ahead, controls, visible)
+    if made is not None:
+        yield analysed_views(made, controls, visible)
         return
     model = prompted(models.get(spec), controls.prompts)
     staged = answers_in_stages(model)
@@ -212,19 +213,6 @@ def answers_in_stages(model: LoadedModel) -> bool:
     return bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
 
 
-# the dearest model whose uploads the page's script analyses ahead: DINOv2-S at 518 px is 60 GFLOP per forward pass,
-# DINOv2-L at 518 px 834 GFLOP (what their uploads take: docs/figures.md, "In the browser")
-AHEAD_FLOPS = 2e11
-
-
-def uploads_ahead(model: LoadedModel) -> bool:
-    """Whether the page's script analyses a chosen file ahead of Gradio's event (``web.quick_answer``): not for a model
-    whose upload answers in stages (``answers_in_stages``), whose event shows its first maps early already, nor for one
-    dearer than ``AHEAD_FLOPS``, whose seconds of analysis are better shown with the event's progress than as a dimmed
-    page."""
-    return not answers_in_stages(model) and model.forward_flops <= AHEAD_FLOPS
-
-
 def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str, controls: Controls, explain: bool) -> Session:
     """The session of one analysis of ``upload`` (with the top class's evidence where ``explain``)."""
     # the Head contributions tab's decomposition is read off the upload's pass (the evidence's pass, when staged)
@@ -235,54 +223,19 @@ def first_session(models: ModelCache, model: LoadedModel, upload: str, spec: str
     return session
 
 
+def upload_session(models: ModelCache, upload: str, spec: str, controls: Controls) -> Session:
+    """The whole session of an upload, the top class's evidence and decomposition too, in one forward and backward pass:
+    what the page's quick answer makes ahead of the upload's event (``web.quick_answer``)."""
+    model = prompted(models.get(spec), controls.prompts)
+    session = first_session(models, model, upload, spec, controls, explain=True)
+    add_evidence(model, session)
+    return session
+
+
 def add_evidence(model: LoadedModel, session: Session) -> None:
     """The session's evidence: the top class's gradients and decomposition (one forward and backward pass, none where
     the analysis's own pass took them); none for a model without classes."""
     session.evidence = run.evidence(model, session.analysis, decompose=True)
-
-
-# uploads analysed by the page's quick answer ahead of Gradio's event for them (``web.quick_answer``), by what decides an
-# analysis (``analysis_key``), with when each was made; the event takes its session instead of analysing again. Few and
-# not for long: an answer whose event never came (a closed page) holds all of an image's maps (540 MB for DINOv2-S at
-# 518 px), and an event comes within a second of its answer
-AHEAD: OrderedDict[tuple, tuple[float, Session]] = OrderedDict()
-AHEAD_KEPT, AHEAD_TTL_S = 2, 60.0
-AHEAD_LOCK = threading.Lock()
-
-
-def image_digest(data: bytes) -> str:
-    """An image file's bytes, named: the key of an upload's analysis ahead, and the folder its file is written to."""
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def analysis_key(upload: str, spec: str, controls: Controls) -> tuple:
-    """What decides an upload's analysis: the image file's bytes, the model, the fit and the prompts."""
-    return image_digest(Path(upload).read_bytes()), spec, controls.fit, controls.prompts
-
-
-def analyse_ahead(models: ModelCache, upload: str, spec: str, controls: Controls) -> Session | None:
-    """The upload's whole analysis (its evidence too) for the quick answer, kept for the event that follows it; None for
-    a model dearer than ``uploads_ahead`` allows."""
-    model = prompted(models.get(spec), controls.prompts)
-    if not uploads_ahead(model):
-        return None
-    session = first_session(models, model, upload, spec, controls, explain=True)
-    add_evidence(model, session)
-    now = time.monotonic()
-    with AHEAD_LOCK:
-        AHEAD[analysis_key(upload, spec, controls)] = now, session
-        while len(AHEAD) > AHEAD_KEPT or now - next(iter(AHEAD.values()))[0] > AHEAD_TTL_S:
-            AHEAD.popitem(last=False)
-    return session
-
-
-def taken_ahead(upload: str, spec: str, controls: Controls) -> Session | None:
-    """The session ``analyse_ahead`` made for this upload, model and inputs, once; None if there is none."""
-    with AHEAD_LOCK:
-        if not AHEAD:
-            return None
-        made, session = AHEAD.pop(analysis_key(upload, spec, controls), (0.0, None))
-    return session if time.monotonic() - made <= AHEAD_TTL_S else None
 
 
 def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
@@ -293,7 +246,6 @@ def analysed_views(session: Session, controls: Controls, visible: str) -> tuple:
     top5 = (gr.update(value=top_predictions(analysis), visible=True, label=label) if analysis.num_classes
             else gr.update(value=None, visible=False))
     values = {"state": session, "summary": model_summary(analysis), "top5": top5,
-              "session_key": session_key_html(session, uploads_ahead(session.model())),
               "target": target_update(session), **query_views(session),
               **tab_views(session, controls, visible, clear_hidden=True)}
     # before a classifier's evidence has come, the controls that follow the target keep the user's choice (a method)
