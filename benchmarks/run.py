@@ -250,8 +250,8 @@ def interaction_latency(models: dict[str, LoadedModel], repeats: int) -> list[di
 
             forward_s = median_time(forward, repeats)
             layers_heads.render_grid(session, controls)
-            tiles = alternating(*(select(x + 2, y + 2) for y, x in (session.screen.geometry.tile_origin(0, 0),
-                                                                      session.screen.geometry.tile_origin(1, 1))))
+            tiles = alternating(*(select(x + 2, y + 2) for y, x in (layers_heads.view(session).geometry.tile_origin(0, 0),
+                                                                      layers_heads.view(session).geometry.tile_origin(1, 1))))
             height, width = pictures.view_hw(session.analysis)
             clicks = iter(range(10**6))
 

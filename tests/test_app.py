@@ -14,6 +14,7 @@ from app_support import (
     CLASS_MAPS,
     CONTROLS,
     GRID,
+    NORMS,
     OVERVIEW,
     ROLLOUT,
     STATISTICS,
@@ -188,7 +189,7 @@ def test_controls_patch_and_tile_clicks_rerender_without_a_forward_pass(models, 
     assert back["state"] is session  # the session changes in place: one object per browser tab
     session = by_name(shared.on_patch_click(models, click(2, height - 2), session, GRID, *CONTROLS), shared.QUERIED)["state"]
 
-    y, x = session.screen.geometry.tile_origin(2, 3)
+    y, x = layers_heads.view(session).geometry.tile_origin(2, 3)
     tile = by_name(layers_heads.on_tile_click(click(x + 5, y + 5), session, *CONTROLS), layers_heads.CLICKED)
     session = tile["state"]
     assert (session.layer, session.head) == (2, 3) and tile["layer"]["value"] == 2 and tile["head"]["value"] == "h3"
@@ -485,3 +486,22 @@ def test_every_tab_draws_for_a_text_model_with_prompts(upload, family):
     assert all(views.values())
     text = views["Head contributions"]["contributions_text"]
     assert ("cannot be split over its parts" in text and "read-out is not affine" in text) == (family == "hf-siglip")
+
+
+def test_each_tab_keeps_its_view_state_in_a_slot_of_its_own(models, upload, checkpoint):
+    """A tab declares its view state (``Tab.state``) and reads it from its own slot; the session's screen holds only
+    what every tab shares, so that a new tab is one module and one line in ``TABS``, and no edit of the session."""
+    from dataclasses import fields
+
+    from vit_explorer.web.session import Screen
+    from vit_explorer.web.tabs import token_norms, tokens
+
+    assert {field.name for field in fields(Screen)} == {"shown", "drawn", "tabs", "open_tab", "controls", "drawing"}
+    session, _ = analysed(models, upload, checkpoint, GRID)
+    assert set(session.screen.tabs) == {GRID} and layers_heads.view(session).geometry is not None
+    token_norms.on_layer(session, 2, *CONTROLS)
+    tokens.on_layer(session, 4, *CONTROLS)
+    assert token_norms.view(session).layer == 2 and tokens.view(session).layer == 4  # two sliders, two slots
+    assert set(session.screen.tabs) == {GRID, NORMS, tokens.TITLE}
+    fresh, _ = analysed(models, upload, checkpoint, GRID)  # a new analysis: every tab starts afresh
+    assert token_norms.view(fresh).layer is None and tokens.view(fresh).layer is None

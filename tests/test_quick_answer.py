@@ -272,8 +272,8 @@ def test_a_tile_click_is_drawn_ahead_and_the_tile_event_sends_the_same_files(che
     event, which then draws nothing again; a label, or another open tab, has no quick answer."""
     models = ModelCache()
     session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
-    y, x = session.screen.geometry.tile_origin(2, 1)
-    at = (x + session.screen.geometry.tile // 2, y + session.screen.geometry.tile // 2)
+    y, x = layers_heads.view(session).geometry.tile_origin(2, 1)
+    at = (x + layers_heads.view(session).geometry.tile // 2, y + layers_heads.view(session).geometry.tile // 2)
     quick = quick_answer.tile_views(session, *at)
     assert set(quick) == set(layers_heads.OUTPUTS) and (session.layer, session.head) != (2, 1)
     assert "layer 2, head h1" in quick["grid_caption"]

@@ -65,7 +65,7 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
     chart, text = class_maps.on_score(models, session, "blur", *CONTROLS)
     assert "deletion AUC" in text and "insertion AUC" in text and "random orders" in text
     assert len(calls) > 1  # scoring runs the perturbed images through the model
-    curves = session.screen.score[1]
+    curves = class_maps.view(session).score[1]
     table = chart["value"]
     assert set(table.columns) == {"share", "probability", "curve"} and len(table) == 4 * len(curves.fractions)
     deletion = table[table.curve == f"deletion (AUC {curves.aucs['deletion']:.3f})"]
@@ -82,7 +82,7 @@ def test_class_maps_tab_target_method_and_score(models, upload, checkpoint):
         assert "relevance.png" in bundle.namelist()
 
     words, table = class_maps.on_scoreboard(models, session, "mean", *CONTROLS)
-    board = session.screen.board[1]
+    board = class_maps.view(session).board[1]
     assert "Scoreboard" in words and "mean deletion and insertion" in words and table["visible"] is True
     assert "best first. Score = insertion AUC − deletion AUC" in words
     rows = table["value"]
@@ -200,7 +200,7 @@ def test_sanity_check_button_shows_the_curves_under_the_map_until_the_target_cha
     checked = by_name(class_maps.on_sanity(models, session, *options), class_maps.SANITY)
     # seeded: the same check run directly gives the same curves
     expected = sanity_check(models.get(checkpoint), session.analysis, session.target, options=Controls(start_layer=1).rollout)
-    assert session.screen.sanity[1].correlations == expected.correlations
+    assert class_maps.view(session).sanity[1].correlations == expected.correlations
     assert expected.summary() in checked["sanity_text"]
     chart = checked["sanity_chart"]
     assert chart["visible"] is True and np.array_equal(chart["value"], charts.sanity_chart(expected))

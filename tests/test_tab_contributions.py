@@ -42,7 +42,7 @@ def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models
     assert hidden(first["contributions_ablation"]) and "Run the head ablation" in first["contributions_text"]
     largest = divmod(int(decomposition.heads.abs().argmax()), decomposition.heads.shape[1])
     assert first["contributions_split"].ndim == 3
-    geometry = session.screen.contribution_geometry
+    geometry = contributions_tab.view(session).geometry
     layers, heads_per_layer = session.analysis.map_shape
     colours = np.array([[tile_colour(first["contributions_view"], geometry, layer, head) for head in range(heads_per_layer)]
                         for layer in range(layers)])
@@ -54,7 +54,7 @@ def test_the_contributions_tab_decomposes_once_and_follows_a_clicked_head(models
     clicked = by_name(contributions_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session,
                                                       *CONTROLS),
                       contributions_tab.OUTPUTS)
-    assert session.screen.contribution_head == other and len(calls) == 0
+    assert contributions_tab.view(session).head == other and len(calls) == 0
     assert not np.array_equal(clicked["contributions_split"], first["contributions_split"])
     assert all(is_unchanged(value) for value in opened(title, session).values()) and len(calls) == 0
     ablation_tab.on_run(models, session, *CONTROLS)

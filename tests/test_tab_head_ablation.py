@@ -43,7 +43,7 @@ def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_predictio
     result = kept_ablation(session.analysis, session.target, "zero")
     delta = result.delta_probability.numpy()  # [layers, heads]
     assert ran["ablation_view"]["visible"] is True
-    picture, geometry = ran["ablation_view"]["value"], session.screen.ablation_geometry
+    picture, geometry = ran["ablation_view"]["value"], ablation_tab.view(session).geometry
     # red where removing the head lowers the target, blue where it raises it, white for no change: the darkest tile is
     # the largest change, and each tile's hue follows its sign (a tile near 0 is near white, its hue no test)
     colours = np.array([[tile_colour(picture, geometry, layer, head) for head in range(4)] for layer in range(3)])  # [3, 4, rgb]
@@ -66,7 +66,7 @@ def test_head_ablation_runs_on_its_button_and_a_clicked_tile_shows_the_predictio
     clicked = by_name(ablation_tab.on_tile_click(models, click(x + geometry.tile // 2, y + geometry.tile // 2), session,
                                                  *CONTROLS),
                       ablation_tab.OUTPUTS)
-    assert session.screen.ablated[1] == (2, 1) and len(calls) == 5  # one pass without that head
+    assert ablation_tab.view(session).ablated[1] == (2, 1) and len(calls) == 5  # one pass without that head
     without = clicked["ablation_without"]
     model = models.get(checkpoint)
     expected = prediction_without(model, pixels_of(model, session.analysis), [(2, 1)], k=5, mode="zero")

@@ -30,9 +30,9 @@ def test_ordered_grid_click_selects_the_head_shown_in_that_tile(models, upload, 
     session, _ = analysed(models, upload, checkpoint)
     ordered = controls(order_by="distance")
     opened(GRID, session, ordered)
-    y, x = session.screen.geometry.tile_origin(4, 0)
+    y, x = layers_heads.view(session).geometry.tile_origin(4, 0)
     clicked = layers_heads.on_tile_click(click(x + 1, y + 1), session, *ordered)[0]
-    assert clicked.head == int(session.screen.order[4, 0])
+    assert clicked.head == int(layers_heads.view(session).order[4, 0])
 
 
 def test_layer_and_head_controls_select_a_head(models, upload, checkpoint):

@@ -45,7 +45,7 @@ def test_token_norms_tab_outlines_a_planted_outlier_without_running_the_model(up
     assert (edge == render.HIGHLIGHT).all()
     first = by_name(norms_tab.on_layer(session, 0, *CONTROLS), norms_tab.LAYERED)
     assert not (first["norm_outliers"][y0, x0:x1 + 1] == render.HIGHLIGHT).all(axis=-1).all()
-    assert "**Layer 0**: 0 flagged patches" in first["norm_layer_text"] and session.screen.norm_layer == 0
+    assert "**Layer 0**: 0 flagged patches" in first["norm_layer_text"] and norms_tab.view(session).layer == 0
     assert all(is_unchanged(value) for value in opened(NORMS, session).values())  # the slider's views are on screen
     recoloured = by_name(shared.on_controls(session, NORMS, *controls(cmap="viridis")), shared.TAB_OUTPUTS)
     assert "**Layer 0**" in recoloured["norm_layer_text"] and not np.array_equal(recoloured["norm_map"], views["norm_map"])

@@ -11,15 +11,11 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-
-import torch
+from typing import Any
 
 from vit_explorer.core import maps
-from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence, Prediction
+from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
 from vit_explorer.core.comparison import Comparison
-from vit_explorer.core.curves import FaithfulnessCurves, SanityCurves
-from vit_explorer.core.ranking import Scoreboard
-from vit_explorer.draw import render
 from vit_explorer.models import LoadedModel, load_model
 from vit_explorer.models.builtin import builtin_names
 
@@ -138,23 +134,12 @@ CONTROL_NAMES = VIEW_NAMES + INPUT_NAMES
 
 @dataclass
 class Screen:
-    """What the browser shows of one analysis: what each tab last drew from and the geometry a click is mapped
-    through, kept on the session and updated in place like the rest of it."""
+    """What the browser shows of one analysis: what each tab last drew and from what, each tab's own view state (a
+    clicked head, a slider's layer, the last score), and the tab open; kept on the session and updated in place like
+    the rest of it, and made anew for a new analysis or target."""
 
     shown: dict[str, Hashable] = field(default_factory=dict)  # per app tab: what its views were last drawn from
-    geometry: render.GridGeometry | None = None  # the layers × heads grid as drawn, for tile clicks
-    order: torch.Tensor | None = None  # its head order [layers, heads]
-    score: tuple[Hashable, FaithfulnessCurves] | None = None  # the last faithfulness score, and which map it scored
-    sanity: tuple[Hashable, SanityCurves] | None = None  # the last sanity check, and the (target, rollout options) it ran for
-    # the last scoreboard, and the (target, rollout options, baseline) it ran for
-    board: tuple[Hashable, Scoreboard] | None = None
-    ablation_geometry: render.GridGeometry | None = None  # the ablation heat map as drawn, for tile clicks
-    # the head clicked in the ablation heat map: (mode, (layer, head), top-5 with that head removed)
-    ablated: tuple[str, tuple[int, int], list[Prediction]] | None = None
-    norm_layer: int | None = None  # the token norms tab's layer (None: the layer with the most outliers)
-    token_layer: int | None = None  # the tokens tab's layer (None: the last, the output tokens)
-    contribution_geometry: render.GridGeometry | None = None  # the contributions heat map as drawn, for tile clicks
-    contribution_head: tuple[int, int] | None = None  # its clicked head (None: the head of largest contribution)
+    tabs: dict[str, Any] = field(default_factory=dict)  # per app tab: its own view state (``Tab.state``)
     # the tab last drawn (the open one) and the controls it was drawn with: what a quick answer draws
     open_tab: str | None = None
     controls: Controls | None = None

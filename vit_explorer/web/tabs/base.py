@@ -49,6 +49,8 @@ class Tab:
             or target's map, cleared, with a line naming what is coming; {} when what they need is at hand.
         follows_query: its views show the query token's: a new query redraws them (the others are left out of the
             query's events, whose every unchanged output costs Gradio a rebuilt component).
+        state: makes the tab's own view state, a dataclass of its module (a clicked head, a slider's layer, the last
+            score), kept per analysis on the session's screen and read with ``state_of``; None for a tab without one.
     """
 
     title: str
@@ -63,6 +65,7 @@ class Tab:
     prepare: Callable[[Session, Controls], None] | None = None
     waiting: Callable[[Session, Controls, int | str | None], dict[str, Any]] | None = None
     follows_query: bool = False
+    state: Callable[[], Any] | None = None
 
     @property
     def slug(self) -> str:
@@ -89,6 +92,11 @@ class Wiring:
     def controls(self) -> list:
         """The control components, in ``CONTROL_NAMES`` order: the order ``Controls.from_values(values)`` reads them in."""
         return self.all(CONTROL_NAMES)
+
+
+def state_of(tab: Tab, session: Session) -> Any:
+    """The tab's own view state for the session's analysis (``Tab.state``), made when first asked for."""
+    return session.screen.tabs.setdefault(tab.title, tab.state())
 
 
 def in_order(values: dict[str, object], names: tuple[str, ...]) -> tuple:

@@ -5,6 +5,7 @@ mean or ROAD), the scoreboard of every method, and a sanity check that the maps 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import gradio as gr
@@ -12,7 +13,8 @@ import numpy as np
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import MODEL_MAPS
-from vit_explorer.core.curves import Protocol
+from vit_explorer.core.curves import FaithfulnessCurves, Protocol, SanityCurves
+from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.draw import charts, pictures, plots
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.run import check, evidence, rank, score
@@ -28,7 +30,23 @@ from vit_explorer.web.captions import (
     without_target,
 )
 from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, stages, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, stages, state_of, user_errors
+
+
+@dataclass
+class Results:
+    """What the Class maps tab keeps between events: the last faithfulness score, sanity check and scoreboard, each with
+    what it was computed for (``shown`` shows one only for the page's current target and options)."""
+
+    score: tuple[Hashable, FaithfulnessCurves] | None = None
+    sanity: tuple[Hashable, SanityCurves] | None = None
+    board: tuple[Hashable, Scoreboard] | None = None
+
+
+def view(session: Session) -> Results:
+    """This tab's own view state on the session (``Results``)."""
+    return state_of(TAB, session)
+
 
 T = TypeVar("T")
 OUTPUTS = ("class_view", "class_text", "faithfulness_plot", "sanity_text", "sanity_chart", "board_text", "board_table")
@@ -137,7 +155,7 @@ def shown(kept: tuple[Hashable, T] | None, key: Hashable) -> T | None:
 
 def render(session: Session, controls: Controls) -> dict:
     """The map, and the last score where it is of this map (else the note of what scoring does)."""
-    curves = shown(session.screen.score, score_key(session, controls))
+    curves = shown(view(session).score, score_key(session, controls))
     if curves is not None:
         plot, text = faithfulness_plot(session, controls.method, curves), score_text(session.analysis, controls.method, curves)
     else:
@@ -160,7 +178,7 @@ def check_key(session: Session, controls: Controls) -> tuple:
 
 def sanity_views(session: Session, controls: Controls) -> dict:
     """The last sanity check's chart and summary where it ran for this target and these options; else what it would do."""
-    sanity = shown(session.screen.sanity, check_key(session, controls))
+    sanity = shown(view(session).sanity, check_key(session, controls))
     if sanity is None:
         return {"sanity_text": sanity_note(session), "sanity_chart": gr.update(value=None, visible=False)}
     return {"sanity_text": sanity_text(sanity), "sanity_chart": gr.update(value=charts.sanity_chart(sanity), visible=True)}
@@ -168,7 +186,7 @@ def sanity_views(session: Session, controls: Controls) -> dict:
 
 def board_views(session: Session, controls: Controls) -> dict:
     """The last scoreboard where it ran for this target and these rollout options; else nothing (no empty table)."""
-    board = shown(session.screen.board, check_key(session, controls))
+    board = shown(view(session).board, check_key(session, controls))
     if board is None:
         return {"board_text": "", "board_table": gr.update(value=None, visible=False)}
     return {"board_text": board_text(session.analysis, board),
@@ -191,7 +209,7 @@ def on_score(models: ModelCache, session: Session | None, baseline: str, *contro
         raise VitExplorerError(without_target(session, NO_CLASSIFIER))
     curves = score(session.model(models), session.analysis, session.evidence, controls.method, Protocol(baseline),
                        options=controls.rollout, progress=stages(progress))
-    session.screen.score = (score_key(session, controls), curves)
+    view(session).score = (score_key(session, controls), curves)
     values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
               "class_text": score_text(session.analysis, controls.method, curves)}
     return in_order(values, SCORED)
@@ -203,7 +221,7 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values, prog
     summary (``SANITY``), kept for this target and these rollout options."""
     session, controls = require(session), Controls.from_values(control_values)
     curves = check(session.model(models), session.analysis, session.evidence, options=controls.rollout, progress=stages(progress))
-    session.screen.sanity = (check_key(session, controls), curves)
+    view(session).sanity = (check_key(session, controls), curves)
     return in_order(sanity_views(session, controls), SANITY)
 
 
@@ -216,7 +234,7 @@ def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *c
         raise VitExplorerError(without_target(session, NO_CLASSIFIER))
     board = rank(session.model(models), session.analysis, session.evidence, Protocol(baseline), options=controls.rollout,
                      progress=stages(progress))
-    session.screen.board = (check_key(session, controls), board)
+    view(session).board = (check_key(session, controls), board)
     return in_order(board_views(session, controls), BOARD)
 
 
@@ -240,4 +258,4 @@ def wire(app: Wiring) -> None:
 
 
 TAB = Tab("Class maps", OUTPUTS, layout, render, depends, wire, ranges=("method", "score", "scoreboard"), set_ranges=set_ranges,
-          target_ranges=True, prepare=prepare, waiting=waiting)
+          target_ranges=True, prepare=prepare, waiting=waiting, state=Results)

@@ -7,16 +7,33 @@ pass (the upload's for the top class); the tab runs nothing where it did."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.draw import charts, pictures
-from vit_explorer.draw.render import grid_tile_px
+from vit_explorer.draw.render import GridGeometry, grid_tile_px
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.run import decompose, evidence, kept_ablation
 from vit_explorer.web.captions import NO_TARGET_TO_DECOMPOSE, contributions_text, without_target
 from vit_explorer.web.session import Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, unchanged, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, state_of, unchanged, user_errors
+
+
+@dataclass
+class ContributionsView:
+    """What the Head contributions tab keeps between events: its heat map as drawn, for tile clicks, and the head
+    clicked in it (None: the head of largest contribution)."""
+
+    geometry: GridGeometry | None = None
+    head: tuple[int, int] | None = None
+
+
+def view(session: Session) -> ContributionsView:
+    """This tab's own view state on the session (``ContributionsView``)."""
+    return state_of(TAB, session)
+
 
 OUTPUTS = ("contributions_text", "contributions_view", "contributions_split", "contributions_chart", "contributions_lens",
            "contributions_ablation_title", "contributions_ablation")
@@ -31,7 +48,7 @@ def layout() -> dict:
     with gr.Row(equal_height=False):
         with gr.Column(scale=3):
             gr.Markdown("#### Each head's direct contribution\nto the target's score (its logit; click a head)")
-            view = map_image("contributions-view", "Direct contribution per head")
+            heat = map_image("contributions-view", "Direct contribution per head")
         with gr.Column(scale=2, min_width=300):
             gr.Markdown("#### The clicked head's contribution\nfrom each patch it attended to")
             split = map_image("contributions-split", "One head's contribution over the image")
@@ -40,7 +57,7 @@ def layout() -> dict:
         lens = map_image("contributions-lens", "The score read after every layer")
     ablation_title = gr.Markdown(ABLATION_TITLE, visible=False, elem_id="contributions-ablation-title")
     ablation = map_image("contributions-ablation", "Head ablation beside the direct contributions", visible=False)
-    return {"contributions_text": text, "contributions_view": view, "contributions_split": split, "contributions_chart": chart,
+    return {"contributions_text": text, "contributions_view": heat, "contributions_split": split, "contributions_chart": chart,
             "contributions_lens": lens, "contributions_ablation_title": ablation_title, "contributions_ablation": ablation}
 
 
@@ -59,14 +76,14 @@ def shown(session: Session) -> Decomposition | None:
 
 def shown_head(session: Session, decomposition: Decomposition) -> tuple[int, int]:
     """The clicked head, or the head of largest contribution before one is clicked."""
-    if session.screen.contribution_head is not None:
-        return session.screen.contribution_head
+    if view(session).head is not None:
+        return view(session).head
     return divmod(int(decomposition.heads.abs().argmax()), decomposition.heads.shape[1])
 
 
 def nothing_shown(session: Session, text: str) -> dict:
     """The tab's outputs with no decomposition to show: ``text`` says why."""
-    session.screen.contribution_geometry = None
+    view(session).geometry = None
     return {"contributions_text": text,
             **{name: gr.update(value=None) for name in ("contributions_view", "contributions_split", "contributions_chart",
                                                         "contributions_lens")},
@@ -83,7 +100,7 @@ def render(session: Session, controls: Controls) -> dict:
         return nothing_shown(session, without_target(session, NO_TARGET_TO_DECOMPOSE))
     layer, head = shown_head(session, decomposition)
     tile_px = min(TILE_PX, grid_tile_px(decomposition.heads.shape[1], pictures.GRID_PX))
-    grid, session.screen.contribution_geometry = pictures.contribution_picture(decomposition, selected=(layer, head),
+    grid, view(session).geometry = pictures.contribution_picture(decomposition, selected=(layer, head),
                                                                                tile_px=tile_px)
     ablation = kept_ablation(session.analysis, session.target, ABLATION_MODE)
     beside = (gr.update(value=None, visible=False) if ablation is None
@@ -101,18 +118,18 @@ def render(session: Session, controls: Controls) -> dict:
 def depends(session: Session, controls: Controls) -> tuple:
     target = session.target
     ran = target is not None and kept_ablation(session.analysis, target, ABLATION_MODE) is not None
-    return target, session.screen.contribution_head, ran
+    return target, view(session).head, ran
 
 
 @user_errors
 def on_tile_click(models: ModelCache, evt: gr.SelectData, session: Session | None, *control_values) -> tuple:
     """A head clicked in the heat map: its contribution over the image, from the kept decomposition (``OUTPUTS``)."""
     session, controls = require(session), Controls.from_values(control_values)
-    geometry = session.screen.contribution_geometry
+    geometry = view(session).geometry
     hit = geometry.hit(evt.index[0], evt.index[1]) if geometry is not None else None
     if hit is None:  # a label, the colour bar, or nothing drawn yet
         return in_order(unchanged(OUTPUTS), OUTPUTS)
-    session.screen.contribution_head = hit
+    view(session).head = hit
     return in_order(refresh(TAB, session, controls), OUTPUTS)
 
 
@@ -124,4 +141,4 @@ def wire(app: Wiring) -> None:
                                      concurrency_limit=2)
 
 
-TAB = Tab("Head contributions", OUTPUTS, layout, render, depends, wire, prepare=prepare)
+TAB = Tab("Head contributions", OUTPUTS, layout, render, depends, wire, prepare=prepare, state=ContributionsView)

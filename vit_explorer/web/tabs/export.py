@@ -90,9 +90,9 @@ def on_report(session: Session | None, *control_values, ttl_s: float = CACHE_TTL
     controls = Controls.from_values(control_values)
     # only what the page shows for this target and these options: a score, sanity check or scoreboard made for another
     # target (the session keeps the last of each) would be shown under this target's name
-    curves = shown(session.screen.score, score_key(session, controls))
-    sanity = shown(session.screen.sanity, check_key(session, controls))
-    board = shown(session.screen.board, check_key(session, controls))
+    curves = shown(class_maps.view(session).score, score_key(session, controls))
+    sanity = shown(class_maps.view(session).sanity, check_key(session, controls))
+    board = shown(class_maps.view(session).board, check_key(session, controls))
     ablation = None if session.target is None else run.kept_ablation(session.analysis, session.target, controls.ablation_mode)
     # the report shows every class map: AttnLRP's and LeGrad's are computed now, once, if they have not been
     evidence = (None if session.evidence is None

@@ -5,10 +5,12 @@ the top-5 predictions without it beside the original."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import gradio as gr
 import numpy as np
 
+from vit_explorer.core.analysis import Prediction
 from vit_explorer.core.interventions import HeadAblation, forward_equivalents
 from vit_explorer.draw import pictures
 from vit_explorer.draw.render import GridGeometry, grid_tile_px
@@ -24,7 +26,33 @@ from vit_explorer.web.captions import (
     without_target,
 )
 from vit_explorer.web.session import Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, stages, unchanged, user_errors
+from vit_explorer.web.tabs.base import (
+    Tab,
+    Wiring,
+    in_order,
+    map_image,
+    refresh,
+    require,
+    stages,
+    state_of,
+    unchanged,
+    user_errors,
+)
+
+
+@dataclass
+class AblationView:
+    """What the Head ablation tab keeps between events: the heat map as drawn, for tile clicks, and the head clicked in
+    it: (mode, (layer, head), top-5 with that head removed)."""
+
+    geometry: GridGeometry | None = None
+    ablated: tuple[str, tuple[int, int], list[Prediction]] | None = None
+
+
+def view(session: Session) -> AblationView:
+    """This tab's own view state on the session (``AblationView``)."""
+    return state_of(TAB, session)
+
 
 OUTPUTS = ("ablation_view", "ablation_text", "ablation_original", "ablation_without")
 TILE_PX = 56  # a tile shows one colour and one number: smaller than the attention grid's, so that deep models fit the screen
@@ -38,11 +66,11 @@ def layout() -> dict:
         run = gr.Button("Run ablation (1 + layers forward passes)", variant="primary", elem_id="run-ablation", scale=1)
     text = gr.Markdown("", elem_id="ablation-text")
     with gr.Row(equal_height=False):
-        view = map_image("ablation-view", "Δ target probability per head", scale=3, visible=False)
+        heat = map_image("ablation-view", "Δ target probability per head", scale=3, visible=False)
         with gr.Column(scale=2, min_width=260):
             original = gr.Label(num_top_classes=5, label="Top-5 with every head", elem_id="ablation-original", visible=False)
             without = gr.Label(num_top_classes=5, label=WITHOUT, elem_id="ablation-without", visible=False)
-    return {"ablation_mode": mode, "run_ablation": run, "ablation_text": text, "ablation_view": view,
+    return {"ablation_mode": mode, "run_ablation": run, "ablation_text": text, "ablation_view": heat,
             "ablation_original": original,
             "ablation_without": without}
 
@@ -54,7 +82,7 @@ def shown_ablation(session: Session, controls: Controls) -> HeadAblation | None:
 
 def selected_head(session: Session, controls: Controls) -> tuple[tuple[int, int], list] | None:
     """The clicked head and the predictions without it, where they are of the chosen mode."""
-    ablated = session.screen.ablated
+    ablated = view(session).ablated
     return ablated[1:] if ablated is not None and ablated[0] == controls.ablation_mode else None
 
 
@@ -68,7 +96,7 @@ def render(session: Session, controls: Controls) -> dict:
     """The heat map (its geometry kept for clicks) and its caption, or the note of what a run costs."""
     ablation = shown_ablation(session, controls)
     if ablation is None:
-        session.screen.ablation_geometry = None
+        view(session).geometry = None
         # no empty boxes before a run: the note says what running draws
         return {"ablation_view": gr.update(value=None, visible=False),
                 "ablation_text": ablation_note(session, controls.ablation_mode),
@@ -76,7 +104,7 @@ def render(session: Session, controls: Controls) -> dict:
                 "ablation_without": gr.update(value=None, label=WITHOUT, visible=False)}
     selected = selected_head(session, controls)
     head = None if selected is None else selected[0]
-    picture, session.screen.ablation_geometry = heat_map(ablation, head)
+    picture, view(session).geometry = heat_map(ablation, head)
     if selected is None:
         without = gr.update(value=None, label=WITHOUT, visible=True)
     else:
@@ -113,12 +141,12 @@ def on_run(models: ModelCache, session: Session | None, *control_values, progres
 def on_tile_click(models: ModelCache, evt: gr.SelectData, session: Session | None, *control_values) -> tuple:
     """A head clicked in the heat map: one forward pass without it, its top-5 beside the original (``OUTPUTS``)."""
     session, controls = require(session), Controls.from_values(control_values)
-    geometry = session.screen.ablation_geometry
+    geometry = view(session).geometry
     hit = geometry.hit(evt.index[0], evt.index[1]) if geometry is not None else None
     if hit is None or session.analysis.similarity:  # a label, the colour bar, no heat map yet, or a score with no top-5
         return in_order(unchanged(OUTPUTS), OUTPUTS)
     top = prediction_without(session.model(models), session.analysis, [hit], controls.ablation_mode)
-    session.screen.ablated = (controls.ablation_mode, hit, top)
+    view(session).ablated = (controls.ablation_mode, hit, top)
     return in_order(refresh(TAB, session, controls), OUTPUTS)
 
 
@@ -138,4 +166,4 @@ def wire(app: Wiring) -> None:
 
 # its run button follows the target: a backbone can run once a similarity target is chosen
 TAB = Tab("Head ablation", OUTPUTS, layout, render, depends, wire, ranges=("run_ablation",), set_ranges=set_ranges,
-          target_ranges=True)
+          target_ranges=True, state=AblationView)

@@ -3,14 +3,33 @@ selected layer and head large."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 import numpy as np
+import torch
 
 from vit_explorer.core import maps
 from vit_explorer.draw import pictures
+from vit_explorer.draw.render import GridGeometry
 from vit_explorer.web.captions import MEAN_HEADS, grid_caption, head_choices, head_label
 from vit_explorer.web.session import Controls, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, refresh, require, state_of, user_errors
+
+
+@dataclass
+class GridView:
+    """What the Layers × heads tab keeps between events: the grid as drawn (its geometry and head order
+    ``[layers, heads]``), through which a tile click is mapped to its head."""
+
+    geometry: GridGeometry | None = None
+    order: torch.Tensor | None = None
+
+
+def view(session: Session) -> GridView:
+    """This tab's own view state on the session (``GridView``)."""
+    return state_of(TAB, session)
+
 
 OUTPUTS = ("grid", "head_view", "grid_caption")
 
@@ -29,11 +48,12 @@ def layout() -> dict:
 
 def render_grid(session: Session, controls: Controls) -> np.ndarray:
     """The grid picture; its geometry and head order go on the session's screen, for tile clicks."""
-    view = maps.heads_view(session.analysis, session.query, controls.order_by, session.evidence)
-    picture, geometry = pictures.grid_picture(session.analysis, view, cmap=controls.cmap, overlay=controls.overlay,
+    heads = maps.heads_view(session.analysis, session.query, controls.order_by, session.evidence)
+    picture, geometry = pictures.grid_picture(session.analysis, heads, cmap=controls.cmap, overlay=controls.overlay,
                                               shared=controls.normalisation == "shared", selected=(session.layer, session.head),
                                               scale=controls.colour_scale)
-    session.screen.geometry, session.screen.order = geometry, view.order
+    grid = view(session)
+    grid.geometry, grid.order = geometry, heads.order
     return picture
 
 
@@ -70,12 +90,12 @@ CLICKED = (*SELECTED, "layer", "head")
 def tile_at(session: Session, x: int, y: int) -> tuple[int, int] | None:
     """The (layer, head) of the grid's tile at its picture's pixel (``x``, ``y``) as drawn last; None on a label or the
     margin."""
-    screen = session.screen
-    hit = screen.geometry.hit(x, y) if screen.geometry is not None else None
+    grid = view(session)
+    hit = grid.geometry.hit(x, y) if grid.geometry is not None else None
     if hit is None:
         return None
     layer, rank = hit
-    return layer, int(screen.order[layer, rank])
+    return layer, int(grid.order[layer, rank])
 
 
 @user_errors
@@ -107,4 +127,4 @@ def wire(app: Wiring) -> None:
 
 
 TAB = Tab("Layers × heads", OUTPUTS, layout, render, depends, wire, ranges=("layer", "head"), set_ranges=set_ranges,
-          follows_query=True)
+          follows_query=True, state=GridView)

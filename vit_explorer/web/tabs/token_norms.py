@@ -5,6 +5,8 @@ pass: no model runs here."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 import numpy as np
 
@@ -13,7 +15,20 @@ from vit_explorer.draw import charts, pictures
 from vit_explorer.run import norm_peak_layer, token_norms
 from vit_explorer.web.captions import norms_layer_text, norms_text
 from vit_explorer.web.session import Controls, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, state_of, user_errors
+
+
+@dataclass
+class NormsView:
+    """What the Token norms tab keeps between events: its slider's layer (None: the layer with the most outliers)."""
+
+    layer: int | None = None
+
+
+def view(session: Session) -> NormsView:
+    """This tab's own view state on the session (``NormsView``)."""
+    return state_of(TAB, session)
+
 
 OUTPUTS = ("norm_text", "norm_map", "norm_chart", "norm_outliers", "norm_layer_text")
 LAYERED = ("norm_outliers", "norm_layer_text")  # what the layer slider redraws
@@ -40,7 +55,7 @@ def layout() -> dict:
 
 def shown_layer(session: Session, result: TokenNorms) -> int:
     """The slider's layer, or the layer with the most outliers before it is moved."""
-    return result.peak_layer if session.screen.norm_layer is None else session.screen.norm_layer
+    return result.peak_layer if view(session).layer is None else view(session).layer
 
 
 def render_layer(session: Session, controls: Controls) -> dict:
@@ -72,7 +87,7 @@ def set_ranges(session: Session) -> dict:
 def on_layer(session: Session | None, layer: float, *control_values) -> tuple:
     """The layer slider moved: that layer's outliers on the image, and their words (``LAYERED``); no model pass."""
     session = require(session)
-    session.screen.norm_layer = int(np.clip(layer, 0, session.analysis.map_shape[0] - 1))
+    view(session).layer = int(np.clip(layer, 0, session.analysis.map_shape[0] - 1))
     return in_order(render_layer(session, Controls.from_values(control_values)), LAYERED)
 
 
@@ -81,4 +96,4 @@ def wire(app: Wiring) -> None:
                             api_name="set_norm_layer")
 
 
-TAB = Tab("Token norms", OUTPUTS, layout, render, depends, wire, ranges=("norm_layer",), set_ranges=set_ranges)
+TAB = Tab("Token norms", OUTPUTS, layout, render, depends, wire, ranges=("norm_layer",), set_ranges=set_ranges, state=NormsView)

@@ -5,13 +5,28 @@ Both come from the upload's one pass; they are the baselines to read any method 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 import numpy as np
 
 from vit_explorer.core import maps
 from vit_explorer.draw import pictures
 from vit_explorer.web.session import Controls, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, state_of, user_errors
+
+
+@dataclass
+class TokensView:
+    """What the tokens tab keeps between events: its slider's layer (None: the last, the output tokens)."""
+
+    layer: int | None = None
+
+
+def view(session: Session) -> TokensView:
+    """This tab's own view state on the session (``TokensView``)."""
+    return state_of(TAB, session)
+
 
 TITLE = "Tokens"
 OUTPUTS = ("token_similarity", "token_components")
@@ -39,7 +54,7 @@ def query_patch(session: Session) -> int | None:
 def shown_layer(session: Session) -> int:
     """The slider's layer, or the last (the output tokens) before it is moved."""
     last = session.analysis.map_shape[0] - 1
-    return last if session.screen.token_layer is None else session.screen.token_layer
+    return last if view(session).layer is None else view(session).layer
 
 
 def render(session: Session, controls: Controls) -> dict:
@@ -66,7 +81,7 @@ def set_ranges(session: Session) -> dict:
 def on_layer(session: Session | None, layer: float, *control_values) -> tuple:
     """The layer slider moved: both views at that layer's tokens, from the upload's pass."""
     session = require(session)
-    session.screen.token_layer = int(np.clip(layer, 0, session.analysis.map_shape[0] - 1))
+    view(session).layer = int(np.clip(layer, 0, session.analysis.map_shape[0] - 1))
     controls = Controls.from_values(control_values)
     session.screen.shown[TITLE] = depends(session, controls)
     return in_order(render(session, controls), OUTPUTS)
@@ -77,4 +92,5 @@ def wire(app: Wiring) -> None:
                              api_name="set_token_layer")
 
 
-TAB = Tab(TITLE, OUTPUTS, layout, render, depends, wire, ranges=("token_layer",), set_ranges=set_ranges, follows_query=True)
+TAB = Tab(TITLE, OUTPUTS, layout, render, depends, wire, ranges=("token_layer",), set_ranges=set_ranges, follows_query=True,
+          state=TokensView)
