@@ -359,15 +359,15 @@ def test_component_schemas_are_computed_once_per_data_model_and_stay_gradios():
 def test_a_dear_classifier_shows_its_forward_pass_first_then_its_evidence(models, upload, checkpoint, monkeypatch):
     """Above ``STAGED_FLOPS`` an upload answers twice: the maps of a forward pass without a graph (no target yet), then
     every view with the top class's evidence and decomposition (one forward and backward pass); below, once."""
-    list(shared.analysis_stages(models, upload, checkpoint, OVERVIEW, *CONTROLS))  # the model's one pass with zero maps
+    list(shared.analysis_answers(models, upload, checkpoint, OVERVIEW, *CONTROLS))  # the model's one pass with zero maps
     layers_seen = []
     module = models.get(checkpoint).module
     module.register_forward_pre_hook(lambda _module, _inputs: layers_seen.append(torch.is_grad_enabled()))
-    once = list(shared.analysis_stages(models, upload, checkpoint, OVERVIEW, *CONTROLS))
+    once = list(shared.analysis_answers(models, upload, checkpoint, OVERVIEW, *CONTROLS))
     assert len(once) == 1 and layers_seen == [True]
     monkeypatch.setattr(shared, "STAGED_FLOPS", 0.0)
     layers_seen.clear()
-    first, second = (by_name(outputs, shared.FULL_OUTPUTS) for outputs in shared.analysis_stages(models, upload, checkpoint,
+    first, second = (by_name(outputs, shared.FULL_OUTPUTS) for outputs in shared.analysis_answers(models, upload, checkpoint,
                                                                                                   OVERVIEW, *CONTROLS))
     assert layers_seen == [False, True]  # a forward pass without a graph, then one with it for the evidence
     session = second["state"]
@@ -377,7 +377,7 @@ def test_a_dear_classifier_shows_its_forward_pass_first_then_its_evidence(models
     assert first["target"]["interactive"] is False and second["target"]["interactive"] is True
     # the class-specific controls keep the user's method until the evidence comes; the words say it is coming
     assert first["method"] == gr.update() and "choices" in second["method"]
-    pending = by_name(next(shared.analysis_stages(models, upload, checkpoint, "Class maps", *CONTROLS)), shared.FULL_OUTPUTS)
+    pending = by_name(next(shared.analysis_answers(models, upload, checkpoint, "Class maps", *CONTROLS)), shared.FULL_OUTPUTS)
     assert "gradients are being taken" in pending["class_text"]
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from vit_explorer.methods.evaluation import energy, patch_mask, pointing_hit
+from vit_explorer.methods.evaluation import mask_energy, patch_mask, pointing_hit
 
 
 def test_patch_mask_marks_touched_patches_and_dilates_by_one():
@@ -23,8 +23,8 @@ def test_pointing_and_energy():
     grid_map[1, 2], grid_map[3, 3] = 0.6, 0.4
     assert pointing_hit(grid_map, target)
     assert not pointing_hit(-grid_map, target)
-    assert energy(grid_map, target) == 0.6
-    assert energy(torch.ones(4, 4), target) == 1 / 16
+    assert mask_energy(grid_map, target) == 0.6
+    assert mask_energy(torch.ones(4, 4), target) == 1 / 16
 
 
 def test_a_batch_of_known_and_unknown_labels_explains_each_image_for_its_own_target():

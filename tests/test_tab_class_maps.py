@@ -99,35 +99,36 @@ def test_a_class_map_that_waits_for_the_model_is_cleared_first_and_every_caption
     session, outputs = analysed(models, upload, checkpoint, visible=CLASS_MAPS)
     assert outputs["class_text"].startswith("The map of **relevance (Chefer et al.)**. Target: **")
     top, attnlrp = session.target, controls(method="attnlrp")
-    first, last = (by_name(step, shared.TAB_OUTPUTS) for step in shared.controls_stages(session, CLASS_MAPS, *attnlrp))
+    first, last = (by_name(step, shared.TAB_OUTPUTS) for step in shared.controls_answers(session, CLASS_MAPS, *attnlrp))
     assert first["class_view"] == gr.update(value=None)
     assert first["class_text"].startswith(f"Computing the **AttnLRP (Achtibat et al.)** map for target **thing {top}**")
     assert all(is_unchanged(value) for name, value in first.items() if name not in ("class_view", "class_text"))
     assert isinstance(last["class_view"],
                       np.ndarray) and last["class_text"].startswith("The map of **AttnLRP (Achtibat et al.)**")
-    assert len(list(shared.controls_stages(session, CLASS_MAPS, *CONTROLS))) == 1  # relevance: at hand
-    assert len(list(shared.controls_stages(session, CLASS_MAPS, *attnlrp))) == 1  # computed once, kept
-    assert len(list(shared.controls_stages(session, GRID, *controls(method="legrad")))) == 1  # another tab: nothing waits
+    assert len(list(shared.controls_answers(session, CLASS_MAPS, *CONTROLS))) == 1  # relevance: at hand
+    assert len(list(shared.controls_answers(session, CLASS_MAPS, *attnlrp))) == 1  # computed once, kept
+    assert len(list(shared.controls_answers(session, GRID, *controls(method="legrad")))) == 1  # another tab: nothing waits
 
     other = (top + 1) % 4
-    early, final = (by_name(step, shared.TARGETED) for step in shared.target_stages(models, session, other, CLASS_MAPS, *attnlrp))
+    answers = shared.target_answers(models, session, other, CLASS_MAPS, *attnlrp)
+    early, final = (by_name(step, shared.TARGETED) for step in answers)
     assert early["state"] is session and early["class_view"] == gr.update(value=None)
     assert f"**thing {other}**" in early["class_text"]
     assert isinstance(final["class_view"], np.ndarray) and f"**thing {other}**" in final["class_text"]
-    assert len(list(shared.target_stages(models, final["state"], top, CLASS_MAPS, *attnlrp))) == 1  # seen before: at hand
+    assert len(list(shared.target_answers(models, final["state"], top, CLASS_MAPS, *attnlrp))) == 1  # seen before: at hand
     calls = forward_counter(models, checkpoint)
-    (same,) = shared.target_stages(models, session, top, CLASS_MAPS, *CONTROLS)  # chosen already (a dropdown's blur)
+    (same,) = shared.target_answers(models, session, top, CLASS_MAPS, *CONTROLS)  # chosen already (a dropdown's blur)
     assert all(is_unchanged(value) for name, value in by_name(same, shared.TARGETED).items() if name != "state") and not calls
     # the second of two events for one new target, begun before the first ended: its cleared map is drawn again
     third = (top + 2) % 4
-    second_event = shared.target_stages(models, session, third, CLASS_MAPS, *attnlrp)
+    second_event = shared.target_answers(models, session, third, CLASS_MAPS, *attnlrp)
     assert by_name(next(second_event), shared.TARGETED)["class_view"] == gr.update(value=None)
     shared.on_target(models, session, third, CLASS_MAPS, *attnlrp)  # the first event ends meanwhile
     redrawn = by_name(next(second_event), shared.TARGETED)
     assert isinstance(redrawn["class_view"], np.ndarray) and f"**thing {third}**" in redrawn["class_text"]
     assert len(calls) == 2  # the target's pass and AttnLRP's, once each
     # LeGrad chosen while another tab was open: opening the tab clears the map it would otherwise show meanwhile
-    steps = list(shared.opening_stages(class_maps.TAB)(session, *controls(method="legrad")))
+    steps = list(shared.opening_answers(class_maps.TAB)(session, *controls(method="legrad")))
     assert len(steps) == 2 and steps[0][0] == steps[1][0] == CLASS_MAPS
     assert "**LeGrad (Bousselham et al.)**" in by_name(steps[0][1:], class_maps.TAB.outputs)["class_text"]
 
@@ -176,7 +177,7 @@ def test_a_backbone_shows_a_note_instead_of_class_maps(upload, backbone_models):
     # the dropdown sends its value again when it loses focus (a click on the method): that similarity is not computed
     # again, and no view is redrawn with the controls of that moment
     analysis, calls = session.analysis, forward_counter(models, "hf:test-backbone")
-    again = list(shared.target_stages(models, session, "own", CLASS_MAPS, *controls(method="rollout")))
+    again = list(shared.target_answers(models, session, "own", CLASS_MAPS, *controls(method="rollout")))
     assert len(again) == 1 and all(is_unchanged(value) for value in by_name(again[0], shared.TARGETED).values()
                                    if value is not session)
     assert session.analysis is analysis and not calls

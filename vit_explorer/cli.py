@@ -38,7 +38,7 @@ def progress_bar(description: str, total: int, unit: str = "step", shown: bool =
         yield lambda: bar.update(1)
 
 
-class Stages:
+class ProgressLines:
     """The CLI's side of ``run.Progress``: each stage's line on stderr, then its progress bar (``progress_bar``) until the
     next stage starts or the run ends."""
 
@@ -52,7 +52,7 @@ class Stages:
             return lambda: None
         return self.bars.enter_context(progress_bar(description.split(":")[0], total, unit=unit))
 
-    def __enter__(self) -> Stages:
+    def __enter__(self) -> ProgressLines:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -79,8 +79,8 @@ def run_analyze(args: argparse.Namespace) -> None:
     model = load_model(args.model, input_hw=args.input_size, device=args.device)
     for note in model.notes:
         progress(f"{args.model}: {note}")
-    with Stages() as stages:
-        result = run(model, image, request, name=str(args.image), progress=stages)
+    with ProgressLines() as lines:
+        result = run(model, image, request, name=str(args.image), progress=lines)
     notes, results = terminal.run_lines(result)
     for note in result.analysis.prompt_notes:
         progress(f"{args.model}: {note}")
@@ -154,82 +154,24 @@ def run_stats(args: argparse.Namespace) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-    import numpy as np
-
     from vit_explorer.core.curves import Protocol
-    from vit_explorer.core.maps import CLASS_METHODS
-    from vit_explorer.draw import files
-    from vit_explorer.draw.words import RANDOM_WEIGHTS
-    from vit_explorer.methods.dataset import (
-        ImageList,
-        contiguous_share,
-        gather_in_rank_order,
-        labelled_views,
-        list_images,
-        process_group,
-    )
-    from vit_explorer.methods.evaluation import SCORES, score_images, score_table
-    from vit_explorer.models import load_model
+    from vit_explorer.draw import files, terminal
+    from vit_explorer.run import evaluate
 
     methods = tuple(method.strip() for method in args.methods.split(","))
-    protocol = Protocol(args.baseline)
-    unknown = [method for method in methods if method not in CLASS_METHODS]
-    if unknown:
-        raise VitExplorerError(f"unknown method {', '.join(unknown)}; use some of {', '.join(CLASS_METHODS)}")
-    with process_group(args.device) as (device, rank, world):
-        images = list_images(args.source)
-        if args.limit:
-            images = ImageList(images.paths[: args.limit], images.labels[: args.limit] if images.labels else None, images.classes)
-        model = load_model(args.model, input_hw=args.input_size, device=device)
-        root = Path(args.source) if Path(args.source).is_dir() else None
-        masks = Path(args.masks) if args.masks else (root.parent / "masks" if root is not None
-                                                     and (root.parent / "masks").is_dir() else None)
-        if rank == 0:
-            progress(f"scoring {', '.join(methods)} on {len(images.paths)} images from {args.source} through {model.name}"
-                     + (f" in {world} processes" if world > 1 else "")
-                     + (f", with masks from {masks}" if masks else ", no masks (no pointing game or energy)"))
-        share = contiguous_share(len(images.paths))
-        mine = ImageList(images.paths[share.start : share.stop],
-                         images.labels[share.start : share.stop] if images.labels else None,
-                         images.classes)
-        skipped: list[dict[str, str]] = []
-        views = labelled_views(mine, model, skipped, root=root, masks=masks, fit=args.fit)
-        with progress_bar("evaluate", len(mine.paths), unit="img", shown=rank == 0) as step:
-            part = score_images(model, views, methods, steps=args.steps, random_orders=args.random_orders, protocol=protocol,
-                                seed=share.start, step=step)
-        # one process's per-image lists, in listing order, whatever the number of processes
-        gathered = gather_in_rank_order([(part, skipped)])
-        scores = {key: [value for each, _ in gathered for value in each[key]] for key in part}
-        skipped = [entry for _, each in gathered for entry in each]
-        if rank != 0:
-            return
-        rows = score_table(scores, methods)
-        out = Path(args.out)
-        weights = "random" if model.random_weights else "trained"
-        report = {"model": model.name, "weights": weights, "source": str(args.source), "images": len(scores["correct"]),
-                  "processes": world, "skipped": skipped,
-                  "accuracy": None if np.isnan(scores["correct"]).all() else float(np.nanmean(scores["correct"])),
-                  "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline,
-                  "curves": dict(zip(("deletion", "insertion"), protocol.curve_names, strict=True)),
-                  "table": rows, "per_image": scores}
-        files.write_evaluation(report, out)
-        said = (f"{RANDOM_WEIGHTS} (every figure below is a control, not a finding)" if model.random_weights
-                else f"{weights} weights")
-        print(f"{model.name}: {said}, {report['images']} images")
-        print("method | " + " | ".join(SCORES))
-        print(" | ".join(["---"] * (len(SCORES) + 1)))
-        for row in rows:
-            cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, "
-                                                    f"{row[score]['ci95'][1]:.3f}]"
-                     for score in SCORES]
-            print(f"{row['method']} | " + " | ".join(cells))
-        if protocol.imputes:
-            progress("with --baseline road, the deletion columns are ROAD's MoRF curve (most relevant patches imputed first) "
-                     "and the insertion columns its LeRF curve (least relevant first); ROAD's combined score is "
-                     "(LeRF − MoRF) / 2")
-        progress("deletion and perturbation: lower is better; insertion, pointing, energy, class_pointing: higher is better; "
-                 "*_relative: the AUC over the unperturbed image's probability of the target (1: as sure as on the whole "
-                 f"image). wrote {out / 'evaluation.json'}" + (f"; skipped {len(skipped)} unreadable files" if skipped else ""))
+    with ProgressLines() as lines:
+        report = evaluate(args.model, args.source, methods, protocol=Protocol(args.baseline), steps=args.steps,
+                          random_orders=args.random_orders, limit=args.limit, masks=args.masks, fit=args.fit,
+                          input_hw=args.input_size, device=args.device, progress=lines)
+    if report is None:  # another process of a torchrun: the first one writes and says it
+        return
+    written = files.write_evaluation(report, Path(args.out))
+    notes, table = terminal.evaluation_lines(report)
+    for line in table:
+        print(line)
+    for note in notes:
+        progress(note)
+    progress(f"wrote {written}")
 
 
 def run_make_shapes(args: argparse.Namespace) -> None:

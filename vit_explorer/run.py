@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import torch
 from PIL import Image
 
 from vit_explorer.core import maps
@@ -36,6 +37,7 @@ from vit_explorer.core.analysis import (
 )
 from vit_explorer.core.comparison import Match, target_b
 from vit_explorer.core.curves import (
+    BLUR,
     DEFAULT_RANDOM_ORDERS,
     DEFAULT_STEPS,
     FaithfulnessCurves,
@@ -54,8 +56,9 @@ from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw import words
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import ablation as ablations
-from vit_explorer.methods import dataset, faithfulness, norms, patching, scoreboard
+from vit_explorer.methods import dataset, evaluation, faithfulness, norms, patching, scoreboard
 from vit_explorer.methods.sanity import sanity_check
+from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel
 
 # a long stage about to start: (what it does and costs, in words; how many steps; what a step is) → called after each
@@ -220,6 +223,52 @@ def decompose(evidence: ClassEvidence) -> Decomposition:
         raise VitExplorerError("this target's evidence was made without its decomposition: ask for it "
                                "(Request(decompose=True), class_evidence(..., decompose=True))")
     return evidence.decomposition
+
+
+def evaluate(spec: str, source: str | Path, methods: tuple[str, ...], *, protocol: Protocol = BLUR, steps: int = 10,
+             random_orders: int = 1, limit: int | None = None, masks: str | Path | None = None, fit: str = "stretch",
+             input_hw: tuple[int, int] | None = None, device: str | None = None, progress: Progress = silent) -> dict | None:
+    """Every map method of ``methods`` scored over the images of ``source`` (``evaluation.score_images``: deletion and
+    insertion against random orders, Chefer et al.'s perturbation accuracy, and with masks the pointing game and energy),
+    by the model ``spec``, in as many processes as torchrun started: each scores a contiguous share of the listing and
+    the first gathers them in listing order. The report ``files.write_evaluation`` writes, on the first process; None on
+    the others. ``masks``: a folder mirroring ``source`` (default: a masks/ folder beside it)."""
+    unknown = [method for method in methods if method not in maps.CLASS_METHODS]
+    if unknown:
+        raise VitExplorerError(f"unknown method {', '.join(unknown)}; use some of {', '.join(maps.CLASS_METHODS)}")
+    with dataset.process_group(device) as (device, rank, world):
+        said = progress if rank == 0 else silent
+        images = dataset.list_images(source)
+        if limit:
+            images = dataset.ImageList(images.paths[:limit], images.labels[:limit] if images.labels else None, images.classes)
+        model = load_model(spec, input_hw=input_hw, device=device)
+        root = Path(source) if Path(source).is_dir() else None
+        masks = Path(masks) if masks else (root.parent / "masks" if root is not None and (root.parent / "masks").is_dir()
+                                           else None)
+        said(f"scoring {', '.join(methods)} on {len(images.paths)} images from {source} through {model.name}"
+             + (f" in {world} processes" if world > 1 else "")
+             + (f", with masks from {masks}" if masks else ", no masks (no pointing game or energy)"), 0, "")
+        share = dataset.contiguous_share(len(images.paths))
+        mine = dataset.ImageList(images.paths[share.start : share.stop],
+                                 images.labels[share.start : share.stop] if images.labels else None, images.classes)
+        skipped: list[dict[str, str]] = []
+        views = dataset.labelled_views(mine, model, skipped, root=root, masks=masks, fit=fit)
+        step = said("evaluate", len(mine.paths), "img")
+        part = evaluation.score_images(model, views, methods, steps=steps, random_orders=random_orders, protocol=protocol,
+                                       seed=share.start, step=step)
+        # one process's per-image lists, in listing order, whatever the number of processes
+        gathered = dataset.gather_in_rank_order([(part, skipped)])
+    if rank != 0:
+        return None
+    scores = {key: [value for each, _ in gathered for value in each[key]] for key in part}
+    correct = torch.tensor(scores["correct"], dtype=torch.float64)
+    return {"model": model.name, "weights": "random" if model.random_weights else "trained", "source": str(source),
+            "images": len(scores["correct"]), "processes": world,
+            "skipped": [entry for _, each in gathered for entry in each],
+            "accuracy": None if correct.isnan().all() else float(correct.nanmean()),
+            "steps": steps, "random_orders": random_orders, "baseline": protocol.name,
+            "curves": dict(zip(("deletion", "insertion"), protocol.curve_names, strict=True)),
+            "scores": list(evaluation.SCORES), "table": evaluation.score_table(scores, methods), "per_image": scores}
 
 
 def check_full_maps(model: LoadedModel, memory_budget: int) -> None:

@@ -345,7 +345,7 @@ def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int,
         if not (0 <= row < layout.grid_hw[0] and 0 <= col < layout.grid_hw[1]):
             raise VitExplorerError(f"patch ({row}, {col}) is outside the {layout.grid_hw[0]}×{layout.grid_hw[1]} patch grid")
         index = layout.patch_token(row, col)
-    tokens = output_tokens(model, pixels if other is None else other[0])  # [1, n, dim]
+    tokens = forward_tokens(model, pixels if other is None else other[0])  # [1, n, dim]
     with torch.inference_mode():  # a pooling with weights (a CLIP tower's projection) reads inference tensors
         if other is not None:
             reference, label = model.adapter.pool(module, tokens)[0], f"{SIMILARITY} to {other[1]}'s embedding"
@@ -360,7 +360,7 @@ def similarity_model(model: LoadedModel, pixels: torch.Tensor, patch: tuple[int,
     return dataclasses.replace(model, adapter=SimilarityAdapter(model.adapter, reference / norm, index), labels=[label], ood=None)
 
 
-def output_tokens(model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
+def forward_tokens(model: LoadedModel, pixels: torch.Tensor) -> torch.Tensor:
     """Every output token of the image ``pixels`` ``[1, 3, H, W]`` after the model's final norm ``[1, n, dim]``: one pass."""
     module = model.module
     streams: dict[int, torch.Tensor] = {}

@@ -1,13 +1,13 @@
 """A run in words for a terminal: what ``vit-explorer analyze`` says on stderr (how the image met the model, warnings,
 the prediction) and prints on stdout (the score, the scoreboard, the sanity check, the norms, the ablation, the
-decomposition), from the run's values alone."""
+decomposition), from the run's values alone; and what ``vit-explorer evaluate`` prints of its report."""
 
 from __future__ import annotations
 
 import math
 
 from vit_explorer.core.analysis import Analysis
-from vit_explorer.core.curves import PROBABILITY
+from vit_explorer.core.curves import PROBABILITY, Protocol
 from vit_explorer.core.maps import CLASS_SPECIFIC
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Run
@@ -103,3 +103,28 @@ def scoreboard_lines(board: Scoreboard) -> list[str]:
     lines.append(f"chance (random orders): score {board.chance_mean:.3f} ± {board.chance_sd:.3f}")
     lines += [f"note: {note}" for note in board.notes]
     return lines
+
+
+def evaluation_lines(report: dict) -> tuple[list[str], list[str]]:
+    """What ``vit-explorer evaluate`` says of its report (``run.evaluate``): notes for stderr (how to read the columns,
+    what was skipped) and, for stdout, the model and its weights, then a table of every method's mean score with its
+    95% interval."""
+    said = (f"{RANDOM_WEIGHTS} (every figure below is a control, not a finding)" if report["weights"] == "random"
+            else f"{report['weights']} weights")
+    scores = report["scores"]
+    table = [f"{report['model']}: {said}, {report['images']} images", "method | " + " | ".join(scores),
+             " | ".join(["---"] * (len(scores) + 1))]
+    for row in report["table"]:
+        cells = ["—" if row[score] is None else f"{row[score]['mean']:.3f} [{row[score]['ci95'][0]:.3f}, "
+                                                f"{row[score]['ci95'][1]:.3f}]"
+                 for score in scores]
+        table.append(f"{row['method']} | " + " | ".join(cells))
+    notes = []
+    if Protocol(report["baseline"]).imputes:
+        notes.append("with --baseline road, the deletion columns are ROAD's MoRF curve (most relevant patches imputed first) "
+                     "and the insertion columns its LeRF curve (least relevant first); ROAD's combined score is "
+                     "(LeRF − MoRF) / 2")
+    notes.append("deletion and perturbation: lower is better; insertion, pointing, energy, class_pointing: higher is better; "
+                 "*_relative: the AUC over the unperturbed image's probability of the target (1: as sure as on the whole "
+                 "image)" + (f"; skipped {len(report['skipped'])} unreadable files" if report["skipped"] else ""))
+    return notes, table

@@ -38,7 +38,7 @@ def pointing_hit(grid_map: torch.Tensor, target: torch.Tensor) -> bool:
     return bool(target.flatten()[grid_map.argmax()])
 
 
-def energy(grid_map: torch.Tensor, target: torch.Tensor) -> float:
+def mask_energy(grid_map: torch.Tensor, target: torch.Tensor) -> float:
     """Share of the map's (non-negative) mass on the target patches."""
     mass = grid_map.clamp_min(0)
     return float(mass[target].sum() / max(float(mass.sum()), 1e-12))
@@ -125,7 +125,7 @@ def evaluate_on_shapes(model: LoadedModel, samples: Sequence[Labelled], batch_si
         for method in CLASS_METHODS:
             grid_map = class_map(analysis, method, evidence, RolloutOptions())
             hits[method] += pointing_hit(grid_map, target)
-            energies[method].append(energy(grid_map, target))
+            energies[method].append(mask_energy(grid_map, target))
         shares.append(float(target.float().mean()))
     count = len(samples)
     return GroundTruthFigures(
@@ -208,7 +208,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
                 scores[f"{method}/insertion_relative"].append(relative["insertion"])
                 scores[f"{method}/perturbation"].append(area_under(curves.fractions, curves.deletion_top1))
                 scores[f"{method}/pointing"].append(math.nan if target is None else float(pointing_hit(grid_map, target)))
-                scores[f"{method}/energy"].append(math.nan if target is None else energy(grid_map, target))
+                scores[f"{method}/energy"].append(math.nan if target is None else mask_energy(grid_map, target))
                 if len(sample.objects) > 1:
                     by_class = [class_map(analysis, method, class_evidence(model, analysis, label, (method,)), RolloutOptions())
                                 for label, _ in sample.objects]
@@ -223,7 +223,7 @@ def score_images(model: LoadedModel, items: Iterable[Labelled], methods: tuple[s
             scores["random/perturbation"].append(area_under(curves.fractions, curves.random_deletion_top1))
             random_map = torch.from_numpy(np.random.default_rng(seed + index).random(model.layout.grid_hw))
             scores["random/pointing"].append(math.nan if target is None else float(pointing_hit(random_map, target)))
-            scores["random/energy"].append(math.nan if target is None else energy(random_map, target))
+            scores["random/energy"].append(math.nan if target is None else mask_energy(random_map, target))
             random_maps = [torch.from_numpy(np.random.default_rng((seed + index, order)).random(model.layout.grid_hw))
                            for order in range(len(sample.objects))]
             scores["random/class_pointing"].append(float(class_sensitive_hit(random_maps, sample.objects, model.layout.grid_hw))

@@ -39,15 +39,15 @@ from vit_explorer.web.tabs.shared import (
     QUERIED,
     TAB_OUTPUTS,
     TARGETED,
-    controls_stages,
+    controls_answers,
     on_model_change,
     on_patch_click,
     on_query_choice,
     on_reset_query,
-    opening_stages,
+    opening_answers,
     run_analysis,
     show_visible,
-    target_stages,
+    target_answers,
 )
 from vit_explorer.web.upload import image_upload
 
@@ -291,7 +291,7 @@ def wire(app: Wiring, containers: dict, answers: QuickAnswers) -> None:
     app["reset"].click(on_reset_query, [state, visible, *controls], app.all(QUERIED), api_name="reset_query")
 
     def choose_target(session, target, tab, *values):  # a generator: a map that waits for the pass is cleared first
-        yield from target_stages(app.models, session, target, tab, *values)
+        yield from target_answers(app.models, session, target, tab, *values)
 
     app["target"].input(choose_target, [state, app["target"], visible, *controls], app.all(TARGETED), api_name="set_target",
                         concurrency_limit=2)
@@ -301,10 +301,10 @@ def wire(app: Wiring, containers: dict, answers: QuickAnswers) -> None:
         if name not in INPUT_NAMES and not isinstance(component, gr.State):
             # a text box answers once its text is submitted, not at every key
             event = component.submit if isinstance(component, gr.Textbox) else component.input
-            event(controls_stages, [state, visible, *controls], app.all(TAB_OUTPUTS),
+            event(controls_answers, [state, visible, *controls], app.all(TAB_OUTPUTS),
                   api_name=f"set_{component.label.lower().replace(' ', '_')}")
     for tab in TABS:
-        containers[tab.title].select(opening_stages(tab), [state, *controls], [visible, *app.all(tab.outputs)],
+        containers[tab.title].select(opening_answers(tab), [state, *controls], [visible, *app.all(tab.outputs)],
                                      api_name=f"open_{tab.slug}")
         if tab.wire is not None:
             tab.wire(app)

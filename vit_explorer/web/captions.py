@@ -38,7 +38,7 @@ NO_CLASSIFIER = ("This model has no classifier head, so it has no class to expla
                  "the image's embedding to its own, or to the query patch's. Rollout and last-layer class attention show "
                  "meanwhile; scoring waits for the target too.")
 
-# a dear classifier's upload shows the maps of its forward pass before its top class's evidence (``shared.analysis_stages``)
+# a dear classifier's upload shows the maps of its forward pass before its top class's evidence (``shared.analysis_answers``)
 EVIDENCE_PENDING = ("The top class's gradients are being taken (one forward and backward pass): the class-specific maps, "
                     "their scores, the head ablation and the decomposition follow in a moment. Rollout and last-layer class "
                     "attention show meanwhile.")

@@ -18,7 +18,7 @@ answers").
   controls). The script posts the file to ``UPLOAD_ROUTE``, which analyses it as the upload's event does
   (``tabs.shared.upload_session``), keeps the session (``QuickAnswers.kept``) and draws the query image and the open
   tab. The upload's event (``QuickAnswers.analysis_event``) hands that session to the one upload path
-  (``tabs.shared.analysis_stages``, ``made=``) instead of analysing again. A model whose upload answers in stages or
+  (``tabs.shared.analysis_answers``, ``made=``) instead of analysing again. A model whose upload answers in stages or
   takes seconds (``uploads_ahead``), a page's first upload, a paste or a drop goes through the event alone.
 
 Which session a request is about is named by a key the page holds in a hidden element (``SESSION_KEY_ID``), written by
@@ -59,7 +59,7 @@ from vit_explorer.models import LoadedModel
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs import TABS, layers_heads
 from vit_explorer.web.tabs.base import Tab, as_file, drawn
-from vit_explorer.web.tabs.shared import analysis_stages, answers_in_stages, upload_controls, upload_session
+from vit_explorer.web.tabs.shared import analysis_answers, answers_twice, upload_controls, upload_session
 
 CLICK_ROUTE = "/vit-explorer/patch-click"
 TILE_ROUTE = "/vit-explorer/tile-click"
@@ -83,9 +83,9 @@ def nothing() -> Response:
 
 def uploads_ahead(model: LoadedModel) -> bool:
     """Whether the page's script analyses a chosen file ahead of Gradio's event: not for a model whose upload answers in
-    stages (``tabs.shared.answers_in_stages``), whose event shows its first maps early already, nor for one dearer than
+    stages (``tabs.shared.answers_twice``), whose event shows its first maps early already, nor for one dearer than
     ``AHEAD_FLOPS``, whose seconds of analysis are better shown with the event's progress than as a dimmed page."""
-    return not answers_in_stages(model) and model.forward_flops <= AHEAD_FLOPS
+    return not answers_twice(model) and model.forward_flops <= AHEAD_FLOPS
 
 
 def image_digest(data: bytes) -> str:
@@ -166,9 +166,9 @@ class QuickAnswers:
         return with_key
 
     def analysis_event(self, upload: str | None, spec: str, visible: str, *control_values) -> Iterator[tuple]:
-        """An upload's event: ``tabs.shared.analysis_stages``, given the session its quick answer made, if there is one."""
+        """An upload's event: ``tabs.shared.analysis_answers``, given the session its quick answer made, if there is one."""
         made = None if upload is None else self.take(upload, spec, upload_controls(control_values))
-        yield from analysis_stages(self.models, upload, spec, visible, *control_values, made=made)
+        yield from analysis_answers(self.models, upload, spec, visible, *control_values, made=made)
 
     def analyse_ahead(self, upload: str, spec: str, controls: Controls) -> Session | None:
         """The upload's whole session (its evidence too), kept for the event that follows; None for a model dearer than

@@ -181,7 +181,7 @@ def counter(progress: Callable | None, total: int, description: str, unit: str) 
     return step
 
 
-def stages(progress: Callable | None) -> Callable[[str, int, str], Callable[[], None]]:
+def run_progress(progress: Callable | None) -> Callable[[str, int, str], Callable[[], None]]:
     """Gradio's progress bar as the run layer's ``Progress``: each stage moves the bar through its steps (``counter``),
     its description the bar's words."""
 

@@ -30,7 +30,7 @@ from vit_explorer.web.captions import (
     without_target,
 )
 from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, stages, state_of, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, run_progress, state_of, user_errors
 
 
 @dataclass
@@ -208,7 +208,7 @@ def on_score(models: ModelCache, session: Session | None, baseline: str, *contro
     if session.evidence is None:
         raise VitExplorerError(without_target(session, NO_CLASSIFIER))
     curves = score(session.model(models), session.analysis, session.evidence, controls.method, Protocol(baseline),
-                       options=controls.rollout, progress=stages(progress))
+                       options=controls.rollout, progress=run_progress(progress))
     view(session).score = (score_key(session, controls), curves)
     values = {"faithfulness_plot": faithfulness_plot(session, controls.method, curves),
               "class_text": score_text(session.analysis, controls.method, curves)}
@@ -220,7 +220,8 @@ def on_sanity(models: ModelCache, session: Session | None, *control_values, prog
     """Cascading randomisation of a copy of the model: layers + 1 forward and backward passes; the chart and its
     summary (``SANITY``), kept for this target and these rollout options."""
     session, controls = require(session), Controls.from_values(control_values)
-    curves = check(session.model(models), session.analysis, session.evidence, options=controls.rollout, progress=stages(progress))
+    curves = check(session.model(models), session.analysis, session.evidence, options=controls.rollout,
+                   progress=run_progress(progress))
     view(session).sanity = (check_key(session, controls), curves)
     return in_order(sanity_views(session, controls), SANITY)
 
@@ -233,7 +234,7 @@ def on_scoreboard(models: ModelCache, session: Session | None, baseline: str, *c
     if session.evidence is None:
         raise VitExplorerError(without_target(session, NO_CLASSIFIER))
     board = rank(session.model(models), session.analysis, session.evidence, Protocol(baseline), options=controls.rollout,
-                     progress=stages(progress))
+                     progress=run_progress(progress))
     view(session).board = (check_key(session, controls), board)
     return in_order(board_views(session, controls), BOARD)
 

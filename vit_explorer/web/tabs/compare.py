@@ -39,7 +39,7 @@ from vit_explorer.web.captions import (
 )
 from vit_explorer.web.session import CACHE_TTL_S, Controls, ModelCache, Session, model_choices
 from vit_explorer.web.tabs import class_maps
-from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, stages, user_errors
+from vit_explorer.web.tabs.base import Tab, Wiring, counter, in_order, map_image, refresh, require, run_progress, user_errors
 from vit_explorer.web.upload import image_upload
 
 VIEWS = ("rollout", "class map", "layer and head")
@@ -241,7 +241,7 @@ def on_patch(models: ModelCache, session: Session | None, tokens: bool, *control
     if session.evidence is None:
         raise VitExplorerError(NO_TARGET_TO_PATCH)
     patching = run.patch(session.model(models), session.analysis, comparison.analysis, session.target, tokens=tokens,
-                         progress=stages(progress))
+                         progress=run_progress(progress))
     patched = replace(comparison, patching=(weakref.ref(session.analysis), patching))
     return in_order({"comparison": patched, **refresh(TAB, session, controls.with_inputs(comparison=patched))}, COMPARED)
 MATCHED = ("comparison", "compare_view", *OUTPUTS)
@@ -288,7 +288,7 @@ def on_match(models: ModelCache, session: Session | None, *control_values, progr
         raise VitExplorerError("why two images match compares their embeddings by one model: upload a second image (B) "
                                "with the main model first")
     found = run.match(models.get(session.model_spec), session.analysis, comparison.analysis, "A · the main image",
-                      f"B · {comparison.image_name}", memory_budget=models.memory_budget, progress=stages(progress))
+                      f"B · {comparison.image_name}", memory_budget=models.memory_budget, progress=run_progress(progress))
     matched = replace(comparison, match=found)
     controls = replace(controls.with_inputs(comparison=matched), compare_view="class map")
     return in_order({"comparison": matched, "compare_view": "class map", **refresh(TAB, session, controls)}, MATCHED)

@@ -33,7 +33,7 @@ from vit_explorer.web.tabs.base import (
     map_image,
     refresh,
     require,
-    stages,
+    run_progress,
     state_of,
     unchanged,
     user_errors,
@@ -133,7 +133,7 @@ def on_run(models: ModelCache, session: Session | None, *control_values, progres
     session, controls = require(session), Controls.from_values(control_values)
     if session.evidence is None:
         raise VitExplorerError(without_target(session, NO_CLASS_SCORE))
-    ablate(session.model(models), session.analysis, session.evidence, controls.ablation_mode, progress=stages(progress))
+    ablate(session.model(models), session.analysis, session.evidence, controls.ablation_mode, progress=run_progress(progress))
     return in_order(refresh(TAB, session, controls), OUTPUTS)
 
 

@@ -80,7 +80,7 @@ def target_update(session: Session) -> dict:
 
 
 TARGET_INFO = "what Class maps, Head ablation and Compare explain; type to search"
-# a dear classifier's maps are shown before its top class's evidence is (``analysis_stages``)
+# a dear classifier's maps are shown before its top class's evidence is (``analysis_answers``)
 TARGET_PENDING = "the top class's gradients are being taken (one forward and backward pass)…"
 SIMILARITY_INFO = ("a backbone has no classes: its class maps and head ablation can explain the image's embedding, or what the "
                    "query patch's own output token is made of (click a patch first)")
@@ -162,12 +162,12 @@ STAGED_FLOPS = 2e9
 
 
 def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values) -> tuple:
-    """Upload (or model change) → the views of its analysis (``FULL_OUTPUTS``): the last of ``analysis_stages``."""
-    *_, last = analysis_stages(models, upload, spec, visible, *control_values)
+    """Upload (or model change) → the views of its analysis (``FULL_OUTPUTS``): the last of ``analysis_answers``."""
+    *_, last = analysis_answers(models, upload, spec, visible, *control_values)
     return last
 
 
-def analysis_stages(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values,
+def analysis_answers(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values,
                     made: Session | None = None) -> Iterator[tuple]:
     """Upload → one forward pass, and one backward pass for the top class → the shared views and the ``visible``
     tab's; the other tabs are cleared, to be drawn when opened (``FULL_OUTPUTS``). A classifier dearer than
@@ -194,12 +194,12 @@ def upload_controls(control_values: tuple) -> Controls:
 
 def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, controls: Controls,
                      made: Session | None) -> Iterator[tuple]:
-    """``analysis_stages`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
+    """``analysis_answers`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
     if made is not None:
         yield analysed_views(made, controls, visible)
         return
     model = prompted(models.get(spec), controls.prompts)
-    staged = answers_in_stages(model)
+    staged = answers_twice(model)
     session = first_session(models, model, upload, spec, controls, explain=not staged)
     if staged:
         yield analysed_views(session, controls, visible)
@@ -208,7 +208,7 @@ def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, c
     yield analysed_views(session, controls, visible)
 
 
-def answers_in_stages(model: LoadedModel) -> bool:
+def answers_twice(model: LoadedModel) -> bool:
     """Whether an upload shows this model's maps before its evidence: a classifier dearer than ``STAGED_FLOPS``."""
     return bool(model.num_classes) and model.forward_flops > STAGED_FLOPS
 
@@ -297,13 +297,13 @@ def waiting_outputs(session: Session | None, visible: str, target: int | str | N
         yield in_order({**unchanged(outputs), **kept, **views}, outputs)
 
 
-def controls_stages(session: Session | None, visible: str, *control_values) -> Iterator[tuple]:
+def controls_answers(session: Session | None, visible: str, *control_values) -> Iterator[tuple]:
     """``on_controls`` as the page runs it: the views that wait for the model cleared first (``waiting_outputs``)."""
     yield from waiting_outputs(session, visible, None, control_values, TAB_OUTPUTS)
     yield on_controls(session, visible, *control_values)
 
 
-def target_stages(models: ModelCache, session: Session | None, target: int | str | None, visible: str,
+def target_answers(models: ModelCache, session: Session | None, target: int | str | None, visible: str,
                   *control_values) -> Iterator[tuple]:
     """``on_target`` as the page runs it: the views that wait for the target's pass cleared first (``waiting_outputs``),
     and then drawn again whoever chose the target meanwhile."""
@@ -334,16 +334,16 @@ def opener(tab: Tab) -> Callable[..., tuple]:
     return on_open
 
 
-def opening_stages(tab: Tab) -> Callable[..., Iterator[tuple]]:
+def opening_answers(tab: Tab) -> Callable[..., Iterator[tuple]]:
     """``opener(tab)`` as the page runs it: the views that wait for the model cleared first (``waiting_outputs``)."""
     on_open = opener(tab)
 
-    def stages(session: Session | None, *control_values) -> Iterator[tuple]:
+    def answers(session: Session | None, *control_values) -> Iterator[tuple]:
         for early in waiting_outputs(session, tab.title, None, control_values, tab.outputs):
             yield (tab.title, *early)
         yield on_open(session, *control_values)
 
-    return stages
+    return answers
 
 
 def follow_query(session: Session, visible: str, control_values: tuple) -> tuple:
