@@ -152,6 +152,36 @@ def readout_slope(module: nn.Module, adapter: CaptureAdapter, last: torch.Tensor
     return slope[0].double()
 
 
+@contextmanager
+def held_norms(norms: list[nn.Module]) -> Iterator[None]:
+    """While active, each of ``norms`` (LayerNorms, and a cosine's ``UnitNorm``) divides by the scale it had on the first
+    input it met once this began (a LayerNorm's standard deviation per token, a unit norm's length): read the image's own
+    last stream first, and the read-out is then affine in the stream, the read-out the decomposition splits. A read-out of
+    zeros without it would scale a cosine's unit norm by the zero stream's length, not the image's."""
+    scales: dict[nn.Module, torch.Tensor] = {}
+
+    def held(norm: nn.Module, inputs: tuple, _output: torch.Tensor) -> torch.Tensor:
+        x = inputs[0]
+        layer_norm = isinstance(norm, nn.LayerNorm)
+        centred = x - x.mean(dim=-1, keepdim=True) if layer_norm else x
+        if norm not in scales:
+            scales[norm] = ((centred.pow(2).mean(dim=-1, keepdim=True) + norm.eps).sqrt() if layer_norm
+                            else x.norm(dim=-1, keepdim=True).clamp_min(norm.eps)).detach()
+        result = centred / scales[norm]
+        if layer_norm and norm.weight is not None:
+            result = result * norm.weight
+        if layer_norm and norm.bias is not None:
+            result = result + norm.bias
+        return result
+
+    handles = [norm.register_forward_hook(held) for norm in norms]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 Reader = Callable[[torch.Tensor, list[torch.Tensor], int], "Decomposition | VitExplorerError"]
 
 
@@ -205,6 +235,8 @@ def read_graph(module: nn.Module, adapter: CaptureAdapter, layout: TokenLayout, 
     mlps = [along(streams["after", layer]) - along(before) - writes[layer] for layer, before in enumerate(befores)]
     with torch.no_grad():
         lens_logits = adapter.classify(module, torch.cat([streams["after", layer].detach()[:1] for layer in range(num_layers)]))
+    with torch.no_grad(), held_norms(adapter.layer_norms(module)):
+        adapter.classify(module, streams["after", num_layers - 1].detach()[:1])  # the image's own scales, held
         readout_bias = float(adapter.classify(module, torch.zeros_like(entry.detach()[:1]))[0, target])
     embeddings = float(along(entry))
     biases = (zero_writes.double() * slope).sum(dim=(1, 2))  # [layers]
