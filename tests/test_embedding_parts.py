@@ -69,3 +69,20 @@ def test_siglip_attention_pooling_is_refused_with_its_reason():
     model, _ = tiny_hf("siglip")
     with pytest.raises(VitExplorerError, match="do not add up|not affine"):
         embedding_parts(model, pixels_for(model, 1))
+
+
+def test_a_classifier_s_answer_splits_per_image_as_the_decomposition_splits_it():
+    """``score_readout``: each image's top-class logit, split for a batch at once, equals the decomposition of that
+    image alone."""
+    from vit_explorer.core.embedding_parts import score_readout
+
+    model = load_model("builtin:shapes", device="cpu")
+    analyses = [analyze(model, photo((90, 70), seed=seed), decompose=True) for seed in range(3)]
+    parts = embedding_parts(model, torch.cat([pixels_of(model, analysis) for analysis in analyses]), score_readout)
+    for index, analysis in enumerate(analyses):
+        evidence = class_evidence(model, analysis, decompose=True)
+        assert int(parts.targets[index]) == evidence.target == int(analysis.probs.argmax())
+        np.testing.assert_allclose(parts.heads[index, :, :, 0].numpy(), evidence.decomposition.heads.double().numpy(),
+                                   atol=1e-4 * float(evidence.decomposition.heads.abs().max()))
+        assert float(parts.embedding[index, 0]) == pytest.approx(evidence.decomposition.score, rel=1e-5)
+    assert parts.maps.shape == (3, *model.map_shape, model.layout.num_tokens, model.layout.num_tokens)

@@ -19,8 +19,7 @@ parts. The embedding is the one before a CLIP model's unit normalisation (a cosi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -46,7 +45,9 @@ class EmbeddingParts:
         attention_biases: each layer's attention write with its map at zero ``[b, layers, dim]``.
         embeddings: what entered the first layer (patch embeddings, prefix tokens, position embedding) ``[b, dim]``.
         readout_bias: the read-out's own bias (its norms' and projection's) ``[b, dim]``.
-        embedding: the image embedding as the model computes it ``[b, dim]``.
+        embedding: what is read out, the image embedding by default, as the model computes it ``[b, dim]``.
+        targets: each image's class whose score was read ``[b]`` (``score_readout``); None where none was.
+        maps: the pass's attention maps ``[b, layers, heads, n, n]``.
     """
 
     heads: torch.Tensor
@@ -55,6 +56,8 @@ class EmbeddingParts:
     embeddings: torch.Tensor
     readout_bias: torch.Tensor
     embedding: torch.Tensor
+    targets: torch.Tensor | None = None
+    maps: torch.Tensor | None = None
 
     @property
     def rest(self) -> torch.Tensor:
@@ -67,23 +70,37 @@ class EmbeddingParts:
         return self.heads.sum(dim=(1, 2)) + self.rest
 
 
-@contextmanager
-def held_readout(module: nn.Module, adapter: CaptureAdapter, last: torch.Tensor) -> Iterator[Callable]:
-    """While active, the yielded read-out maps a stream ``[b, n, dim]`` to the embedding ``[b, dim']`` with every norm's
-    scale held at its value on ``last`` ``[b, n, dim]`` (each image's own, ``decomposition.held_norms``): an affine map."""
-
-    def read(stream: torch.Tensor) -> torch.Tensor:
-        return adapter.pool(module, adapter.final_tokens(module, stream))
-
-    with held_norms(adapter.layer_norms(module)):
-        read(last.detach())
-        yield read
+# what the parts are parts of: given the model, its adapter and the last stream ``[b, n, dim]`` of a pass, the read-out
+# from a stream ``[b, n, dim]`` to what is split ``[b, dim']``, and each image's target class (None where none is read)
+Readout = Callable[[nn.Module, CaptureAdapter, torch.Tensor], tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor | None]]
 
 
-def embedding_parts(model: LoadedModel, pixels: torch.Tensor) -> EmbeddingParts:
-    """The embedding of each image of ``pixels`` ``[b, 3, H, W]`` split over the model's parts (module doc): one forward
-    pass, and per layer one backward pass per ``DIMS_PER_PASS`` embedding dimensions. Raises, with the reason, for a model
-    whose attention writes cannot be read (``CaptureAdapter.attention_writes``) or whose parts do not add up."""
+def embedding_readout(module: nn.Module, adapter: CaptureAdapter,
+                      last: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], None]:
+    """The image embedding ``[b, dim']``: the model's final norm, pooling and projection (before a cosine's unit norm)."""
+    return (lambda stream: adapter.pool(module, adapter.final_tokens(module, stream))), None
+
+
+def score_readout(module: nn.Module, adapter: CaptureAdapter,
+                  last: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor | None]:
+    """Each image's own answer ``[b, 1]``: its top class's logit (a CLIP model's best prompt, given as its classes), or
+    for a backbone the projection of its embedding on its own embedding's direction."""
+    with torch.no_grad():
+        logits = adapter.classify(module, last.detach())
+    if logits.shape[1]:
+        targets = logits.argmax(dim=1)
+        return (lambda stream: adapter.classify(module, stream).gather(1, targets[:, None])), targets
+    read, _ = embedding_readout(module, adapter, last)
+    with torch.no_grad():
+        direction = torch.nn.functional.normalize(read(last.detach()), dim=-1)  # [b, dim']
+    return (lambda stream: (read(stream) * direction).sum(dim=-1, keepdim=True)), None
+
+
+def embedding_parts(model: LoadedModel, pixels: torch.Tensor, readout: Readout = embedding_readout) -> EmbeddingParts:
+    """What ``readout`` reads of each image of ``pixels`` ``[b, 3, H, W]`` (by default its embedding; ``score_readout``:
+    its own answer) split over the model's parts (module doc), with the pass's attention maps: one forward pass, and per
+    layer one backward pass per ``DIMS_PER_PASS`` dimensions read. Raises, with the reason, for a model whose attention
+    writes cannot be read (``CaptureAdapter.attention_writes``) or whose parts do not add up."""
     module, adapter = model.module, model.adapter
     adapter.stream_entries(module)
     adapter.attention_writes(module)  # refuses a family whose writes are unknown, before any pass
@@ -94,23 +111,26 @@ def embedding_parts(model: LoadedModel, pixels: torch.Tensor) -> EmbeddingParts:
         inputs: dict[int, torch.Tensor] = {}
         handles = [projection.register_forward_pre_hook(partial(record_input, inputs, layer))
                    for layer, projection in enumerate(projections)]
+        graph = LayerSink()
         try:
             # the capture's path: a family's fused attention may not call its out-projection as a module
-            with recording_streams(module, adapter) as streams, adapter.attached(module, LayerSink()) as forward, \
+            with recording_streams(module, adapter) as streams, adapter.attached(module, graph) as forward, \
                     torch.enable_grad():
                 forward(pixels.detach().requires_grad_(True))
                 last = streams["after", len(projections) - 1]
-                with held_readout(module, adapter, last) as read:
+                read, targets = readout(module, adapter, last)
+                with held_norms(adapter.layer_norms(module)):
+                    whole = read(last.detach()).double()  # the image's own scales, held from here on
                     parts = read_parts(read, streams, [inputs[layer] for layer in range(len(projections))], heads,
                                        zero_writes)
-                embedding = adapter.pool(module, adapter.final_tokens(module, last.detach())).double()
         finally:
             for handle in handles:
                 handle.remove()
-    result = EmbeddingParts(*parts, embedding=embedding.detach())
+    maps = torch.stack([attention.detach() for attention in graph.in_layer_order()], dim=1)  # [b, layers, heads, n, n]
+    result = EmbeddingParts(*parts, embedding=whole.detach(), targets=targets, maps=maps)
     error = (result.total - result.embedding).abs().max()
     if error > 1e-3 * max(1.0, float(result.embedding.abs().max())):
-        raise VitExplorerError(f"{model.name}'s parts do not add up to its embedding (off by {float(error):.3g}): its "
+        raise VitExplorerError(f"{model.name}'s parts do not add up to what it reads out (off by {float(error):.3g}): its "
                                "read-out is not affine once its norms' scale is held, or its attention write is not affine "
                                "in its heads' outputs")
     return result
