@@ -174,6 +174,23 @@ def run_evaluate(args: argparse.Namespace) -> None:
     progress(f"wrote {written}")
 
 
+def run_atlas(args: argparse.Namespace) -> None:
+    from vit_explorer.draw import files, terminal
+    from vit_explorer.methods.text_bank import read_bank
+    from vit_explorer.run import atlas
+
+    bank = read_bank(args.text_bank) if args.text_bank else None
+    prompts = [prompt.strip() for prompt in args.prompts.split(",") if prompt.strip()] if args.prompts else None
+    with ProgressLines() as lines:
+        found = atlas(args.model, args.source, prompts=prompts, bank=bank, texts_per_head=args.texts_per_head,
+                      late_layers=args.late_layers, batch_size=args.batch_size, limit=args.limit, fit=args.fit,
+                      input_hw=args.input_size, device=args.device, progress=lines)
+    written = files.write_atlas(found, Path(args.out))
+    for line in terminal.atlas_lines(found):
+        print(line)
+    progress(f"wrote {', '.join(path.name for path in written)} to {args.out}")
+
+
 def run_make_shapes(args: argparse.Namespace) -> None:
     from vit_explorer.shapes.generator import write_set
 
@@ -268,6 +285,7 @@ def parser() -> argparse.ArgumentParser:
     add_train(commands)
     add_stats(commands, spec_help)
     add_evaluate(commands, spec_help)
+    add_atlas(commands, spec_help)
     add_make_shapes(commands)
     return main
 
@@ -434,6 +452,36 @@ def add_evaluate(commands: argparse._SubParsersAction, spec_help: str) -> None:
                                "deletion is ROAD's MoRF and insertion its LeRF)")
     add_input_options(evaluate)
     evaluate.set_defaults(run=run_evaluate)
+
+
+def add_atlas(commands: argparse._SubParsersAction, spec_help: str) -> None:
+    """The command atlas SOURCE: what each head does across a folder."""
+    from vit_explorer.methods.atlas import TEXTS_PER_HEAD
+
+    atlas = commands.add_parser(
+        "atlas", formatter_class=HelpFormatter,
+        help="what each head does across a folder of images: its statistics, its share of each answer, its top images, "
+             "and for a model that reads text its descriptions (TextSpan)",
+        description="Streams SOURCE through the model and writes atlas.json (one entry per head) and heads.npz (the "
+                    "per-image arrays) to --out. For a CLIP-like model each head is described by the texts its outputs vary "
+                    "along (TextSpan, Gandelsman et al. 2024) over the project's text bank or --text-bank, with the "
+                    "completeness check (zero-shot accuracy with the early heads mean-ablated and the late ones replaced "
+                    "by their descriptions).")
+    atlas.add_argument("source", help="a folder (one sub-folder per class gives labels), a text file of image paths, or a glob")
+    atlas.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
+    atlas.add_argument("--out", required=True, help="output folder")
+    atlas.add_argument("--prompts", default=None,
+                       help="a model that reads text: comma-separated prompts it answers among (default: 'a CLASS' per "
+                            "class folder)")
+    atlas.add_argument("--text-bank", default=None, help="a file of descriptions, one per line (default: the project's own)")
+    atlas.add_argument("--texts-per-head", type=int, default=TEXTS_PER_HEAD, help="TextSpan descriptions per head")
+    atlas.add_argument("--late-layers", type=int, default=None,
+                       help="layers whose heads the completeness check replaces by their descriptions (default: the last "
+                            "third; the others are mean-ablated)")
+    atlas.add_argument("--batch-size", type=int, default=16, help="images per pass")
+    atlas.add_argument("--limit", type=int, default=None, help="only the first N images")
+    add_input_options(atlas)
+    atlas.set_defaults(run=run_atlas)
 
 
 def add_make_shapes(commands: argparse._SubParsersAction) -> None:

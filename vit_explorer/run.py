@@ -14,8 +14,9 @@ before it starts.
 
 from __future__ import annotations
 
+import math
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ from vit_explorer.core.curves import (
     forward_passes,
 )
 from vit_explorer.core.decomposition import Decomposition
+from vit_explorer.core.head_atlas import Atlas
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
 from vit_explorer.core.interventions import HeadAblation, Patching, patching_passes
 from vit_explorer.core.ranking import Scoreboard
@@ -56,7 +58,8 @@ from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw import words
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import ablation as ablations
-from vit_explorer.methods import dataset, evaluation, faithfulness, norms, patching, scoreboard
+from vit_explorer.methods import atlas as atlas_method
+from vit_explorer.methods import dataset, evaluation, faithfulness, norms, patching, scoreboard, text_bank
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel
@@ -269,6 +272,31 @@ def evaluate(spec: str, source: str | Path, methods: tuple[str, ...], *, protoco
             "steps": steps, "random_orders": random_orders, "baseline": protocol.name,
             "curves": dict(zip(("deletion", "insertion"), protocol.curve_names, strict=True)),
             "scores": list(evaluation.SCORES), "table": evaluation.score_table(scores, methods), "per_image": scores}
+
+
+def atlas(spec: str, source: str | Path, *, prompts: Sequence[str] | None = None, bank: Sequence[str] | None = None,
+          texts_per_head: int = atlas_method.TEXTS_PER_HEAD, late_layers: int | None = None, batch_size: int = 16,
+          limit: int | None = None, fit: str = "stretch", input_hw: tuple[int, int] | None = None, device: str | None = None,
+          progress: Progress = silent) -> Atlas:
+    """The head atlas of the model ``spec`` over the images of ``source`` (``methods.atlas``): every head's statistics,
+    its direct share of each image's answer, and for a model with a text tower its TextSpan descriptions over ``bank``
+    (default: the project's, ``text_bank.default_bank``) with the completeness check."""
+    images = dataset.list_images(source)
+    if limit:
+        images = dataset.ImageList(images.paths[:limit], images.labels[:limit] if images.labels else None, images.classes)
+    model = load_model(spec, input_hw=input_hw, device=device)
+    parts = "each head's output vector in the joint space" if model.text is not None else "each head's share of the answer"
+    step = progress(f"atlas of {model.name} over {len(images.paths)} images from {source}: the attention statistics and "
+                    f"{parts}, one forward and {model.map_shape[0]} short backward passes per batch",
+                    math.ceil(len(images.paths) / batch_size), "batch")
+    found = atlas_method.collect(model, images, prompts=prompts, batch_size=batch_size, fit=fit, step=step)
+    if model.text is not None:
+        texts = list(bank) if bank is not None else text_bank.default_bank(model.labels)
+        step = progress(f"TextSpan: {texts_per_head} descriptions for each of {model.map_shape[0] * model.map_shape[1]} "
+                        f"heads from a bank of {len(texts)}, and the completeness check", model.map_shape[0], "layer")
+        atlas_method.describe(found, texts, model.text.embed(texts), texts_per_head=texts_per_head, late_layers=late_layers,
+                              step=step)
+    return found
 
 
 def check_full_maps(model: LoadedModel, memory_budget: int) -> None:

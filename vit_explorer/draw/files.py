@@ -22,6 +22,7 @@ from PIL import Image
 from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.curves import FaithfulnessCurves, SanityCurves
 from vit_explorer.core.decomposition import Decomposition
+from vit_explorer.core.head_atlas import Atlas
 from vit_explorer.core.interventions import HeadAblation
 from vit_explorer.core.maps import CLASS_METHODS, HeadsView
 from vit_explorer.core.request import Run
@@ -269,6 +270,45 @@ def write_dataset_outputs(out: Path, rows: list[dict], summary: dict) -> list[Pa
                                                    summary["analysed"])
             save_png(chart, str(staging / file_name))
     return sorted(out / name for name in names)
+
+
+def atlas_record(atlas: Atlas) -> dict:
+    """``atlas.json``'s content: the model, the images, the completeness figures, and one entry per head in layer-major
+    order (its descriptions, mean |contribution|, top-5 share, sign, the answers it pushes up, its top images and its
+    attention statistics' mean and spread)."""
+    layers, heads = atlas.shape
+    mean_abs, top_share, positive, top_images = (atlas.mean_abs(), atlas.top_share(), atlas.positive_share(),
+                                                 atlas.top_images())
+    pushes = atlas.pushes_up()
+    entries = []
+    for layer in range(layers):
+        for head in range(heads):
+            entries.append({
+                "layer": layer, "head": head, "texts": None if atlas.texts is None else atlas.texts[layer][head],
+                "variance_explained": None if atlas.explained is None else float(atlas.explained[layer, head]),
+                "mean_abs_contribution": float(mean_abs[layer, head]), "top_share": float(top_share[layer, head]),
+                "positive_share": float(positive[layer, head]),
+                "pushes_up": [{"answer": name, "mean_contribution": value} for name, value in pushes[layer][head]],
+                "top_images": [atlas.paths[int(index)] for index in top_images[layer, head]],
+                "statistics": {name: {"mean": float(values[:, layer, head].mean()), "std": float(values[:, layer, head].std())}
+                               for name, values in atlas.statistics.items()}})
+    return {"model": atlas.model, "images": len(atlas.paths), "layers": layers, "heads_per_layer": heads,
+            "answers": atlas.answer_names, "completeness": atlas.completeness, "skipped": atlas.skipped, "heads": entries}
+
+
+def write_atlas(atlas: Atlas, out: Path) -> list[Path]:
+    """``atlas.json`` (``atlas_record``) and ``heads.npz`` (the per-image arrays: each statistic and the contributions
+    ``[images, layers, heads]``, the answers and labels ``[images]``, and for a text model the head vectors ``[images,
+    layers, heads, dim]``), in ``out`` (``staged``)."""
+    arrays = {f"statistic_{name.replace(' ', '_')}": values.float().numpy() for name, values in atlas.statistics.items()}
+    arrays.update(contributions=atlas.contributions.float().numpy(), answers=atlas.answers.numpy(),
+                  labels=atlas.labels.numpy(), paths=np.array(atlas.paths))
+    if atlas.vectors is not None:
+        arrays["vectors"] = atlas.vectors.numpy()
+    with staged(out) as staging:
+        (staging / "atlas.json").write_text(json.dumps(atlas_record(atlas), indent=2, ensure_ascii=False))
+        np.savez_compressed(staging / "heads.npz", **arrays)
+    return [out / "atlas.json", out / "heads.npz"]
 
 
 def write_evaluation(report: dict, out: Path) -> Path:

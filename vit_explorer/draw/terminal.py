@@ -8,6 +8,7 @@ import math
 
 from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.curves import PROBABILITY, Protocol
+from vit_explorer.core.head_atlas import TOP_HEADS, Atlas
 from vit_explorer.core.maps import CLASS_SPECIFIC
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Run
@@ -128,3 +129,24 @@ def evaluation_lines(report: dict) -> tuple[list[str], list[str]]:
                  "*_relative: the AUC over the unperturbed image's probability of the target (1: as sure as on the whole "
                  "image)" + (f"; skipped {len(report['skipped'])} unreadable files" if report["skipped"] else ""))
     return notes, table
+
+
+def atlas_lines(atlas: Atlas) -> list[str]:
+    """What ``vit-explorer atlas`` prints: the images and the completeness figures, then the heads that write most into
+    the answers, a line each, with their descriptions (a text model) or the answers they push up."""
+    layers, heads = atlas.shape
+    lines = [f"{atlas.model}: {len(atlas.paths)} images, {layers} layers × {heads} heads"
+             + (f", {len(atlas.skipped)} unreadable files skipped" if atlas.skipped else "")]
+    if atlas.completeness is not None:
+        done = atlas.completeness
+        lines.append(f"completeness: zero-shot accuracy {done['accuracy']:.1%} with every head; {done['replaced_accuracy']:.1%} "
+                     f"with the first {layers - done['late_layers']} layers' heads mean-ablated and the last "
+                     f"{done['late_layers']} layers' heads replaced by their descriptions ({done['images']} labelled images)")
+    mean_abs, share, pushes = atlas.mean_abs(), atlas.top_share(), atlas.pushes_up()
+    for index in mean_abs.flatten().argsort(descending=True)[:10].tolist():
+        layer, head = divmod(index, heads)
+        said = ("; ".join(atlas.texts[layer][head][:3]) if atlas.texts is not None
+                else ", ".join(name for name, _ in pushes[layer][head]) or "no answer raised")
+        lines.append(f"L{layer} h{head}: mean |share| {float(mean_abs[layer, head]):.3g}, among the top {TOP_HEADS} heads on "
+                     f"{float(share[layer, head]):.0%} of the images: {said}")
+    return lines

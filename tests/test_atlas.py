@@ -1,0 +1,101 @@
+"""The head atlas (``methods.atlas``, ``vit-explorer atlas``): over a folder the project's generator draws, every head's
+entry in ``atlas.json``; its figures checked against each image analysed on its own."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from vit_explorer import load_model
+from vit_explorer.cli import main
+from vit_explorer.core.analysis import analyze, class_evidence
+from vit_explorer.core.statistics import head_statistics
+from vit_explorer.core.targets import Prompts, prompt_model
+from vit_explorer.methods.dataset import list_images
+
+
+@pytest.fixture(scope="module")
+def shapes_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("atlas")
+    assert main(["make-shapes", str(folder / "set"), "--count", "24", "--seed", "17"]) in (0, None)
+    return folder / "set" / "images"
+
+
+def read_atlas(out):
+    record = json.loads((out / "atlas.json").read_text(encoding="utf-8"))
+    with np.load(out / "heads.npz") as arrays:
+        return record, {name: arrays[name] for name in arrays.files}
+
+
+def test_the_atlas_of_the_shipped_classifier_matches_each_image_analysed_alone(shapes_folder, tmp_path, capsys):
+    out = tmp_path / "atlas"
+    assert main(["atlas", str(shapes_folder), "--model", "builtin:shapes", "--out", str(out), "--batch-size", "5"]) in (0, None)
+    record, arrays = read_atlas(out)
+    model = load_model("builtin:shapes", device="cpu")
+    layers, heads = model.map_shape
+    assert (record["layers"], record["heads_per_layer"], record["images"]) == (layers, heads, 24)
+    assert [(entry["layer"], entry["head"]) for entry in record["heads"]] == [(layer, head) for layer in range(layers)
+                                                                            for head in range(heads)]
+    assert all(entry["texts"] is None for entry in record["heads"]) and record["completeness"] is None
+    paths = [str(path) for path in list_images(shapes_folder).paths]
+    assert list(arrays["paths"]) == paths
+    for index in (0, 13, 23):  # batches of 5: the first, a middle and the last batch
+        analysis = analyze(model, paths[index], decompose=True)
+        decomposition = class_evidence(model, analysis, decompose=True).decomposition
+        assert arrays["answers"][index] == int(analysis.probs.argmax())
+        np.testing.assert_allclose(arrays["contributions"][index], decomposition.heads.numpy(), rtol=1e-3, atol=1e-5)
+        statistics = head_statistics(analysis.attentions, model.layout)
+        np.testing.assert_allclose(arrays["statistic_entropy"][index], statistics["entropy"].numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(arrays["statistic_distance"][index], statistics["distance"].numpy(), rtol=1e-4)
+    contributions = np.abs(arrays["contributions"])
+    for entry in record["heads"]:
+        values = contributions[:, entry["layer"], entry["head"]]
+        assert entry["mean_abs_contribution"] == pytest.approx(values.mean(), rel=1e-5)
+        assert entry["top_images"][0] == paths[int(values.argmax())]
+        ranks = (contributions.reshape(24, -1) > values[:, None]).sum(axis=1)  # heads above this one, per image
+        assert entry["top_share"] == pytest.approx(np.mean(ranks < 5))
+    printed = capsys.readouterr().out
+    assert printed.startswith("builtin:shapes: 24 images, 6 layers × 4 heads") and printed.count("\nL") == 10
+
+
+def test_the_atlas_of_the_shapes_clip_describes_every_head_and_checks_completeness(shapes_folder, tmp_path):
+    out = tmp_path / "atlas"
+    assert main(["atlas", str(shapes_folder), "--model", "builtin:shapes-clip", "--out", str(out), "--texts-per-head", "3"]) \
+        in (0, None)
+    record, arrays = read_atlas(out)
+    model = load_model("builtin:shapes-clip", device="cpu")
+    layers, heads = model.map_shape
+    assert all(len(entry["texts"]) == 3 and 0 <= entry["variance_explained"] <= 1 for entry in record["heads"])
+    completeness = record["completeness"]
+    assert completeness["late_layers"] == 2 and completeness["images"] == 24
+    assert 0 <= completeness["replaced_accuracy"] <= 1 and completeness["accuracy"] > 0.5
+    classes = sorted(path.name for path in shapes_folder.iterdir())
+    assert record["answers"] == [f"a {name}" for name in classes]
+    # an image's head vectors, read along its best prompt, are that prompt logit's decomposition
+    prompted = prompt_model(model, Prompts(tuple(record["answers"])))
+    index = 7
+    analysis = analyze(prompted, str(arrays["paths"][index]), decompose=True)
+    assert arrays["answers"][index] == int(analysis.probs.argmax())
+    decomposition = class_evidence(prompted, analysis, decompose=True).decomposition
+    np.testing.assert_allclose(arrays["contributions"][index], decomposition.heads.numpy(), rtol=1e-3,
+                               atol=1e-4 * float(decomposition.heads.abs().max()))
+    assert arrays["vectors"].shape == (24, layers, heads, prompted.adapter.texts.shape[1])
+    accuracy = np.mean(arrays["answers"] == arrays["labels"])
+    assert completeness["accuracy"] == pytest.approx(accuracy)
+
+
+def test_a_model_that_reads_text_needs_something_to_answer_with(tmp_path):
+    from vit_explorer.errors import VitExplorerError
+    from vit_explorer.methods.atlas import collect
+
+    folder = tmp_path / "flat"
+    folder.mkdir()
+    from conftest import photo
+
+    photo((40, 40), seed=1).save(folder / "one.png")
+    with pytest.raises(VitExplorerError, match="needs prompts"):
+        collect(load_model("builtin:shapes-clip", device="cpu"), list_images(folder))
+    atlas = collect(load_model("builtin:shapes-clip", device="cpu"), list_images(folder), prompts=["a star", "a ring"])
+    assert atlas.answer_names == ["a star", "a ring"] and atlas.labels.tolist() == [-1]
+    assert torch.isfinite(atlas.vectors).all()
