@@ -99,3 +99,12 @@ def test_a_model_that_reads_text_needs_something_to_answer_with(tmp_path):
     atlas = collect(load_model("builtin:shapes-clip", device="cpu"), list_images(folder), prompts=["a star", "a ring"])
     assert atlas.answer_names == ["a star", "a ring"] and atlas.labels.tolist() == [-1]
     assert torch.isfinite(atlas.vectors).all()
+
+
+def test_the_public_atlas_is_the_command_s(shapes_folder, tmp_path):
+    import vit_explorer
+
+    found = vit_explorer.atlas(shapes_folder, "builtin:shapes", limit=6, batch_size=4)
+    assert main(["atlas", str(shapes_folder), "--out", str(tmp_path / "a"), "--limit", "6"]) in (0, None)
+    _, arrays = read_atlas(tmp_path / "a")
+    np.testing.assert_allclose(found.contributions.numpy(), arrays["contributions"], rtol=1e-5, atol=1e-7)

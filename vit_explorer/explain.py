@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,12 +12,14 @@ from PIL import Image
 
 from vit_explorer.core.analysis import Analysis
 from vit_explorer.core.decomposition import Decomposition
+from vit_explorer.core.head_atlas import Atlas
 from vit_explorer.core.images import ImageSource
 from vit_explorer.core.maps import RolloutOptions
 from vit_explorer.core.request import Request
 from vit_explorer.core.targets import OtherImage, Target
 from vit_explorer.draw import report
 from vit_explorer.models import DEFAULT_MODEL, LoadedModel, load_model
+from vit_explorer.run import atlas as run_atlas
 from vit_explorer.run import run
 
 
@@ -107,3 +110,12 @@ def decompose(image: ImageSource | np.ndarray, model: str | LoadedModel | None =
     what a direct contribution does and does not show."""
     loaded, image = loaded_inputs(image, model)
     return run(loaded, image, Request(target=Target.of(target, loaded), decompose=True)).decomposition
+
+
+def atlas(folder: str | Path, model: str | LoadedModel | None = None, **options: Any) -> Atlas:
+    """What each head of ``model`` (a spec, a loaded model, or None for the built-in one) does across the images of
+    ``folder`` (a folder, one sub-folder per class giving labels; a text file of paths; a glob): its statistics, its
+    direct share of each image's answer, its top images, and for a model that reads text its TextSpan descriptions with
+    the completeness check. ``options``: ``run.atlas``'s (``prompts``, ``bank``, ``texts_per_head``, ``late_layers``,
+    ``batch_size``, ``limit``, ``fit``). ``draw.files.write_atlas`` writes it as ``vit-explorer atlas`` does."""
+    return run_atlas(model or DEFAULT_MODEL, folder, **options)

@@ -274,17 +274,18 @@ def evaluate(spec: str, source: str | Path, methods: tuple[str, ...], *, protoco
             "scores": list(evaluation.SCORES), "table": evaluation.score_table(scores, methods), "per_image": scores}
 
 
-def atlas(spec: str, source: str | Path, *, prompts: Sequence[str] | None = None, bank: Sequence[str] | None = None,
+def atlas(spec: str | LoadedModel, source: str | Path, *, prompts: Sequence[str] | None = None, bank: Sequence[str] | None = None,
           texts_per_head: int = atlas_method.TEXTS_PER_HEAD, late_layers: int | None = None, batch_size: int = 16,
           limit: int | None = None, fit: str = "stretch", input_hw: tuple[int, int] | None = None, device: str | None = None,
           progress: Progress = silent) -> Atlas:
-    """The head atlas of the model ``spec`` over the images of ``source`` (``methods.atlas``): every head's statistics,
+    """The head atlas of the model ``spec`` (or a loaded model) over the images of ``source`` (``methods.atlas``): every
+    head's statistics,
     its direct share of each image's answer, and for a model with a text tower its TextSpan descriptions over ``bank``
     (default: the project's, ``text_bank.default_bank``) with the completeness check."""
     images = dataset.list_images(source)
     if limit:
         images = dataset.ImageList(images.paths[:limit], images.labels[:limit] if images.labels else None, images.classes)
-    model = load_model(spec, input_hw=input_hw, device=device)
+    model = spec if isinstance(spec, LoadedModel) else load_model(spec, input_hw=input_hw, device=device)
     parts = "each head's output vector in the joint space" if model.text is not None else "each head's share of the answer"
     step = progress(f"atlas of {model.name} over {len(images.paths)} images from {source}: the attention statistics and "
                     f"{parts}, one forward and {model.map_shape[0]} short backward passes per batch",
