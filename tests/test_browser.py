@@ -577,3 +577,32 @@ def test_text_prompts_on_the_shipped_shapes_clip_in_chromium(tmp_path):
             page.wait_for_timeout(500)
             page.screenshot(path=str(OUTPUT / f"clip-{prompt.replace(' ', '-')}.png"), full_page=True)
         assert errors == []
+
+
+def test_the_head_atlas_tab_loads_an_atlas_and_a_click_shows_a_head(served, tmp_path):
+    from vit_explorer.cli import main
+    from vit_explorer.draw import files
+
+    url, _ = served
+    assert main(["make-shapes", str(tmp_path / "set"), "--count", "12", "--seed", "8"]) in (0, None)
+    assert main(["atlas", str(tmp_path / "set" / "images"), "--model", "builtin:shapes-clip", "--out",
+                 str(tmp_path / "atlas"), "--texts-per-head", "3"]) in (0, None)
+    geometry = pictures.atlas_picture(files.read_atlas(tmp_path / "atlas"))[1]
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with chromium_page() as (page, errors):
+        page.goto(url)
+        page.get_by_role("tab", name="Head atlas").wait_for(timeout=30_000)
+        open_tab(page, "Head atlas")  # no image needed: the atlas is the folder's
+        folder = page.locator("#atlas-folder textarea, #atlas-folder input").first
+        folder.fill(str(tmp_path / "atlas"))
+        folder.press("Enter")
+        page.wait_for_selector("#atlas-grid img", timeout=30_000)
+        page.locator("#atlas-summary >> text=over 12 images").wait_for(timeout=30_000)
+        page.locator("#atlas-images img").first.wait_for(timeout=30_000)
+        assert shown_scale(page, "atlas-grid") >= LEGIBLE_SCALE and not scrolls_sideways(page)
+        page.screenshot(path=str(OUTPUT / "1280x800-head-atlas.png"), full_page=True)
+        y, x = geometry.tile_origin(1, 2)
+        click_natural(page, "atlas-grid", x + geometry.tile / 2, y + geometry.tile / 2)
+        page.locator("#atlas-head >> text=Layer 1, head h2").wait_for(timeout=30_000)
+        page.screenshot(path=str(OUTPUT / "1280x800-head-atlas-clicked.png"), full_page=True)
+    assert errors == []

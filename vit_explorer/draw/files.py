@@ -311,6 +311,19 @@ def write_atlas(atlas: Atlas, out: Path) -> list[Path]:
     return [out / "atlas.json", out / "heads.npz"]
 
 
+def read_atlas(folder: str | Path) -> dict:
+    """The ``atlas.json`` record ``vit-explorer atlas`` wrote into ``folder`` (``atlas_record``)."""
+    path = Path(folder).expanduser() / "atlas.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise VitExplorerError(f"no atlas in {folder}: {error}; write one with vit-explorer atlas FOLDER --out DIR") from None
+    if not {"model", "layers", "heads_per_layer", "heads"} <= set(record) or \
+            len(record["heads"]) != record["layers"] * record["heads_per_layer"]:
+        raise VitExplorerError(f"{path} is not an atlas written by vit-explorer atlas")
+    return record
+
+
 def write_evaluation(report: dict, out: Path) -> Path:
     """``evaluation.json`` in ``out`` (made if needed), written beside and moved in place, so that no reader sees half of it."""
     out.mkdir(parents=True, exist_ok=True)

@@ -293,6 +293,34 @@ def contribution_picture(decomposition: Decomposition, *, selected: tuple[int, i
                                3 if bound < 1 else (2 if bound < 10 else 1), DIFFERENCE_CMAP, selected=selected, tile_px=tile_px)
 
 
+def atlas_picture(record: dict, selected: tuple[int, int] | None = None) -> tuple[np.ndarray, render.GridGeometry]:
+    """A head atlas (``files.atlas_record``) as a layers × heads grid: each tile coloured by the head's mean |direct
+    contribution| to the images' answers and named by its first description (a model that reads text) or the answer it
+    pushes up most; and its geometry, which maps a click to (layer, head). ``selected`` is outlined."""
+    layers, heads = record["layers"], record["heads_per_layer"]
+    values = np.array([entry["mean_abs_contribution"] for entry in record["heads"]], np.float32).reshape(layers, heads)
+    colours = render.colorize(values / max(float(values.max()), 1e-12), "Blues")  # [layers, heads, 3]
+    tile_px = render.grid_tile_px(heads, GRID_PX, high=ATLAS_TILE_PX)
+    picture, geometry = render.tile_grid(np.broadcast_to(colours[:, :, None, None, :], (layers, heads, tile_px, tile_px, 3)),
+                                         row_labels=[f"L{layer}" for layer in range(layers)],
+                                         col_labels=[f"h{head}" for head in range(heads)], highlight=selected)
+    names = [[atlas_name(record["heads"][layer * heads + head]) for head in range(heads)] for layer in range(layers)]
+    picture = render.label_tiles(picture, geometry, names, colours)
+    return render.with_colorbar(picture, "Blues", 0.0, float(values.max()), "mean |direct contribution| to the answers"), \
+        geometry
+
+
+ATLAS_TILE_PX = 132  # wide enough for a short description on two lines
+
+
+def atlas_name(entry: dict) -> str:
+    """A head's name on its tile: its first description, or the answer it pushes up most, on at most two lines."""
+    name = (entry["texts"] or [""])[0] if entry.get("texts") else (entry["pushes_up"][0]["answer"] if entry["pushes_up"] else "")
+    words = name.split()
+    half = (len(words) + 1) // 2
+    return name if len(name) <= 14 or len(words) < 2 else " ".join(words[:half]) + "\n" + " ".join(words[half:])
+
+
 PATCH_UNIT = "Δ A's score"
 
 

@@ -404,7 +404,8 @@ def label_tiles(picture: np.ndarray, geometry: GridGeometry, texts: list[list[st
     which the widest text fits its tile (no text on tiles too small for it)."""
     image = Image.fromarray(picture)
     draw = ImageDraw.Draw(image)
-    widest = max((text for row in texts for text in row), key=len, default="")
+    lines = [line for row in texts for text in row for line in text.split("\n")]  # a text may take two lines
+    widest = max(lines, key=len, default="")
     label_font = next((font(size) for size in (LABEL_PX, NOTE_PX)
                        if draw.textlength(widest, font=font(size)) <= geometry.tile - 4), None)
     if label_font is None:
@@ -414,5 +415,6 @@ def label_tiles(picture: np.ndarray, geometry: GridGeometry, texts: list[list[st
         for col, text in enumerate(row_texts):
             y, x = geometry.tile_origin(row, col)
             colour = TEXT if luminance[row, col] > 140 else BACKGROUND
-            draw.text((x + geometry.tile / 2, y + geometry.tile / 2), text, fill=colour, font=label_font, anchor="mm")
+            draw.multiline_text((x + geometry.tile / 2, y + geometry.tile / 2), text, fill=colour, font=label_font, anchor="mm",
+                                align="center")
     return np.asarray(image)

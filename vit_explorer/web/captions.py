@@ -520,3 +520,33 @@ def statistic_note(statistic: str, a: Side, b: Side, shown: tuple[str, ...]) -> 
     missing = [name for name in ("A", "B") if name not in shown]
     return text + (f" {' and '.join(missing)}: no classifier head, so no gradient importance." if missing else "")
 
+
+def atlas_summary(record: dict) -> str:
+    """What an atlas is of, and what its completeness check found."""
+    text = (f"**{record['model']}** over **{record['images']} images**: each head's mean |direct contribution| to the "
+            "images' answers (the tile's colour) and its first description or the answer it pushes up most (its name). "
+            "Click a head.")
+    done = record.get("completeness")
+    if done:
+        text += (f" Completeness: zero-shot accuracy {done['accuracy']:.1%} with every head, {done['replaced_accuracy']:.1%} "
+                 f"with the early layers' heads mean-ablated and the last {done['late_layers']} layers' heads replaced by "
+                 "their descriptions.")
+    return text
+
+
+def atlas_head_text(record: dict, entry: dict) -> str:
+    """One head of an atlas in words: its descriptions (TextSpan: the bank's nearest directions to what it writes, not its
+    meaning), its share of the answers, the answers it pushes up, and its attention statistics over the folder."""
+    lines = [f"**Layer {entry['layer']}, head h{entry['head']}**: mean |direct contribution| "
+             f"{entry['mean_abs_contribution']:.3g}, among the 5 heads that write most on {entry['top_share']:.0%} of the "
+             f"images, positive on {entry['positive_share']:.0%}."]
+    if entry.get("texts"):
+        lines.append(f"Its outputs vary most along (TextSpan, {entry['variance_explained']:.0%} of their variance): "
+                     + "; ".join(f"“{text}”" for text in entry["texts"]) + ". These are the bank's nearest directions to "
+                     "what the head writes directly, not what it means.")
+    if entry["pushes_up"]:
+        lines.append("Pushes up most: " + ", ".join(f"{push['answer']} ({signed(push['mean_contribution'], 3)})"
+                                                    for push in entry["pushes_up"]) + ".")
+    lines.append("Attention over the folder: " + ", ".join(f"{name} {values['mean']:.3g} ± {values['std']:.2g}"
+                                                            for name, values in entry["statistics"].items()) + ".")
+    return "\n\n".join(lines)

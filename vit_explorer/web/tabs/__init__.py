@@ -13,6 +13,7 @@ from vit_explorer.web.tabs import (
     contributions,
     export,
     head_ablation,
+    head_atlas,
     head_statistics,
     layers_heads,
     overview,
@@ -24,4 +25,4 @@ from vit_explorer.web.tabs.base import Tab
 
 TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB,
                          head_ablation.TAB,
-                         contributions.TAB, token_norms.TAB, tokens.TAB, compare.TAB, export.TAB)
+                         contributions.TAB, token_norms.TAB, tokens.TAB, compare.TAB, head_atlas.TAB, export.TAB)

@@ -1,0 +1,46 @@
+"""The Head atlas tab: an atlas folder loaded, its grid, a head clicked."""
+
+import gradio as gr
+import numpy as np
+import pytest
+from app_support import click
+
+from vit_explorer.cli import main
+from vit_explorer.draw import files
+from vit_explorer.web.tabs import head_atlas
+
+
+@pytest.fixture(scope="module")
+def atlas_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tab-atlas")
+    assert main(["make-shapes", str(folder / "set"), "--count", "10", "--seed", "3"]) in (0, None)
+    assert main(["atlas", str(folder / "set" / "images"), "--model", "builtin:shapes-clip", "--out", str(folder / "atlas"),
+                 "--texts-per-head", "2"]) in (0, None)
+    return folder / "atlas"
+
+
+def test_loading_an_atlas_selects_the_head_that_writes_most_and_a_click_selects_another(atlas_folder):
+    loaded, summary, grid, head_text, gallery = head_atlas.on_load(f"  {atlas_folder}  ")
+    record = files.read_atlas(atlas_folder)
+    strongest = max(record["heads"], key=lambda entry: entry["mean_abs_contribution"])
+    assert loaded.head == (strongest["layer"], strongest["head"]) and "over **10 images**" in summary
+    assert "Completeness" in summary and f"Layer {strongest['layer']}, head h{strongest['head']}" in head_text
+    assert f"“{strongest['texts'][0]}”" in head_text and "not what it means" in head_text
+    assert isinstance(grid, np.ndarray) and len(gallery["value"]) == len(strongest["top_images"])
+    thumbnails = [picture for picture, _ in gallery["value"]]
+    assert all(picture.ndim == 3 and max(picture.shape[:2]) <= head_atlas.THUMBNAIL_PX for picture in thumbnails)
+
+    y, x = loaded.geometry.tile_origin(0, 1)
+    again, _, regrid, other_text, _ = head_atlas.on_select(click(x + 3, y + 3), loaded)
+    assert again.head == (0, 1) and "Layer 0, head h1" in other_text and not np.array_equal(regrid, grid)
+    unchanged = head_atlas.on_select(click(0, 0), loaded)  # the corner: a label
+    assert unchanged[0] is loaded and unchanged[1] == gr.update()
+    assert head_atlas.on_select(click(5, 5), None)[0] is None  # nothing loaded yet
+
+
+def test_a_folder_without_an_atlas_is_a_message(tmp_path):
+    with pytest.raises(gr.Error, match="no atlas in"):
+        head_atlas.on_load(str(tmp_path))
+    (tmp_path / "atlas.json").write_text('{"model": "m"}')
+    with pytest.raises(gr.Error, match="not an atlas written by vit-explorer atlas"):
+        head_atlas.on_load(str(tmp_path))

@@ -1,0 +1,104 @@
+"""The Head atlas tab: what each head does across a folder of images (``vit-explorer atlas``), not the image at hand. A
+layers × heads grid named by each head's first description (a model that reads text) or the answer it pushes up most,
+coloured by how much it writes into the answers; a click on a head shows its descriptions, its figures, its statistics
+and the images where it writes most. The atlas is loaded from the folder ``vit-explorer atlas`` wrote, and stays
+through uploads: the tab's views follow its own events only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from vit_explorer.core.images import load_image
+from vit_explorer.draw import files, pictures
+from vit_explorer.draw.render import GridGeometry
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.web.captions import atlas_head_text, atlas_summary
+from vit_explorer.web.session import Controls, Session
+from vit_explorer.web.tabs.base import Tab, Wiring, map_image, user_errors
+
+
+@dataclass(frozen=True)
+class LoadedAtlas:
+    """The atlas the tab shows (``files.atlas_record``), the grid as drawn (for clicks) and the head selected."""
+
+    record: dict
+    geometry: GridGeometry
+    head: tuple[int, int]
+
+
+def layout() -> dict:
+    with gr.Row():
+        folder = gr.Textbox("", label="Atlas folder", placeholder="a folder written by vit-explorer atlas, then Enter",
+                            info="what each head does across a folder of images: vit-explorer atlas FOLDER --model M --out DIR",
+                            elem_id="atlas-folder", scale=4)
+        load = gr.Button("Load", size="sm", scale=1, elem_id="atlas-load")
+    summary = gr.Markdown("", elem_id="atlas-summary")
+    with gr.Row(equal_height=False):
+        grid = map_image("atlas-grid", "Heads across the folder", scale=3)
+        with gr.Column(scale=2, min_width=300):
+            head = gr.Markdown("", elem_id="atlas-head")
+            images = gr.Gallery(label="Where it writes most", columns=2, height=300, visible=False, elem_id="atlas-images")
+    return {"atlas_folder": folder, "atlas_load": load, "atlas_summary": summary, "atlas_grid": grid, "atlas_head": head,
+            "atlas_images": images, "atlas_state": gr.State(None)}
+
+
+SHOWN = ("atlas_state", "atlas_summary", "atlas_grid", "atlas_head", "atlas_images")
+
+
+def shown(record: dict, head: tuple[int, int]) -> tuple:
+    """The tab's views of ``record`` with ``head`` selected (``SHOWN``)."""
+    picture, geometry = pictures.atlas_picture(record, head)
+    entry = record["heads"][head[0] * record["heads_per_layer"] + head[1]]
+    gallery = gr.update(value=[thumbnail(path, rank) for rank, path in enumerate(entry["top_images"])], visible=True)
+    return LoadedAtlas(record, geometry, head), atlas_summary(record), picture, atlas_head_text(record, entry), gallery
+
+
+THUMBNAIL_PX = 160
+
+
+def thumbnail(path: str, rank: int) -> tuple[np.ndarray, str]:
+    """One of a head's top images, small, with its rank and name (grey where it can no longer be read)."""
+    try:
+        image = load_image(path)
+    except VitExplorerError:
+        return np.full((THUMBNAIL_PX, THUMBNAIL_PX, 3), 200, np.uint8), f"{rank + 1}. {Path(path).name} (unreadable now)"
+    image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
+    return np.asarray(image.convert("RGB")), f"{rank + 1}. {Path(path).name}"
+
+
+@user_errors
+def on_load(folder: str) -> tuple:
+    """An atlas folder given: its grid, with the head that writes most into the answers selected."""
+    record = files.read_atlas(folder.strip())
+    strongest = max(record["heads"], key=lambda entry: entry["mean_abs_contribution"])
+    return shown(record, (strongest["layer"], strongest["head"]))
+
+
+def on_select(evt: gr.SelectData, loaded: LoadedAtlas | None) -> tuple:
+    """A head clicked in the grid: its views; nothing on a label, the colour bar, or before an atlas is loaded."""
+    hit = None if loaded is None else loaded.geometry.hit(evt.index[0], evt.index[1])
+    if hit is None:
+        return (loaded, *(gr.update() for _ in SHOWN[1:]))
+    return shown(loaded.record, hit)
+
+
+def wire(app: Wiring) -> None:
+    outputs = app.all(SHOWN)
+    app["atlas_folder"].submit(on_load, app["atlas_folder"], outputs, api_name="load_atlas")
+    app["atlas_load"].click(on_load, app["atlas_folder"], outputs, api_name=False)
+    app["atlas_grid"].select(on_select, app["atlas_state"], outputs, api_name="select_atlas_head", show_progress="hidden")
+
+
+def render(session: Session, controls: Controls) -> dict:
+    return {}  # the atlas is not the image's: its own events draw it
+
+
+def depends(session: Session, controls: Controls) -> tuple:
+    return ()
+
+
+TAB = Tab("Head atlas", (), layout, render, depends, wire)
