@@ -108,3 +108,48 @@ def test_the_public_atlas_is_the_command_s(shapes_folder, tmp_path):
     assert main(["atlas", str(shapes_folder), "--out", str(tmp_path / "a"), "--limit", "6"]) in (0, None)
     _, arrays = read_atlas(tmp_path / "a")
     np.testing.assert_allclose(found.contributions.numpy(), arrays["contributions"], rtol=1e-5, atol=1e-7)
+
+
+def test_shards_give_the_same_atlas_and_resume_loads_them_instead_of_computing(shapes_folder, tmp_path, monkeypatch):
+    from vit_explorer.errors import VitExplorerError
+    from vit_explorer.methods import atlas as atlas_method
+
+    model = load_model("builtin:shapes", device="cpu")
+    images = list_images(shapes_folder)
+    whole = atlas_method.collect(model, images, batch_size=4)
+    sharded = atlas_method.collect(model, images, batch_size=4, shard_folder=tmp_path / "shards", shard_size=5)
+    assert sorted(path.name for path in (tmp_path / "shards").glob("atlas-*.pt")) == [f"atlas-{shard:06d}.pt"
+                                                                                        for shard in range(5)]
+    assert sharded.paths == whole.paths
+    np.testing.assert_allclose(sharded.contributions.numpy(), whole.contributions.numpy(), rtol=1e-5, atol=1e-7)
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("a saved shard was computed again")
+
+    monkeypatch.setattr(atlas_method, "embedding_parts", no_pass)
+    resumed = atlas_method.collect(model, images, batch_size=4, shard_folder=tmp_path / "shards", shard_size=5, resume=True)
+    assert torch.equal(resumed.contributions, sharded.contributions) and resumed.paths == sharded.paths
+    with pytest.raises(VitExplorerError, match="made by another atlas run"):
+        atlas_method.collect(model, images, batch_size=4, shard_folder=tmp_path / "shards", shard_size=6, resume=True)
+
+
+@pytest.mark.slow
+def test_two_torchrun_processes_make_the_atlas_one_makes(shapes_folder, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    common = ["--model", "builtin:shapes-clip", "--texts-per-head", "2", "--shard-size", "5", "--batch-size", "3"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread each: the same arithmetic, bit for bit
+    one = subprocess.run([sys.executable, "-m", "vit_explorer", "atlas", str(shapes_folder), "--out", str(tmp_path / "one"),
+                          *common], capture_output=True, text=True, timeout=600, env=env)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29541",
+                          "-m", "vit_explorer", "atlas", str(shapes_folder), "--out", str(tmp_path / "two"), *common],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "in 2 processes" in two.stderr and two.stdout.count("completeness:") == 1  # only the first process writes
+    (expected, expected_arrays), (found, found_arrays) = read_atlas(tmp_path / "one"), read_atlas(tmp_path / "two")
+    assert found == expected
+    for name, values in expected_arrays.items():
+        np.testing.assert_array_equal(found_arrays[name], values, err_msg=name)

@@ -184,7 +184,11 @@ def run_atlas(args: argparse.Namespace) -> None:
     with ProgressLines() as lines:
         found = atlas(args.model, args.source, prompts=prompts, bank=bank, texts_per_head=args.texts_per_head,
                       late_layers=args.late_layers, batch_size=args.batch_size, limit=args.limit, fit=args.fit,
-                      input_hw=args.input_size, device=args.device, progress=lines)
+                      shard_folder=Path(args.out) / ".shards", shard_size=args.shard_size, resume=args.resume,
+                      input_hw=args.input_size,
+                      device=args.device, progress=lines)
+    if found is None:  # another process of a torchrun: the first one writes and says it
+        return
     written = files.write_atlas(found, Path(args.out))
     for line in terminal.atlas_lines(found):
         print(line)
@@ -463,10 +467,11 @@ def add_atlas(commands: argparse._SubParsersAction, spec_help: str) -> None:
         help="what each head does across a folder of images: its statistics, its share of each answer, its top images, "
              "and for a model that reads text its descriptions (TextSpan)",
         description="Streams SOURCE through the model and writes atlas.json (one entry per head) and heads.npz (the "
-                    "per-image arrays) to --out. For a CLIP-like model each head is described by the texts its outputs vary "
-                    "along (TextSpan, Gandelsman et al. 2024) over the project's text bank or --text-bank, with the "
-                    "completeness check (zero-shot accuracy with the early heads mean-ablated and the late ones replaced "
-                    "by their descriptions).")
+                    "per-image arrays) to --out; `torchrun --nproc-per-node N -m vit_explorer atlas …` shares the images "
+                    "over N processes (the same atlas as one process makes). For a CLIP-like model each head is "
+                    "described by the texts its outputs vary along (TextSpan, Gandelsman et al. 2024) over the project's "
+                    "text bank or --text-bank, with the completeness check (zero-shot accuracy with the early heads "
+                    "mean-ablated and the late ones replaced by their descriptions).")
     atlas.add_argument("source", help="a folder (one sub-folder per class gives labels), a text file of image paths, or a glob")
     atlas.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
     atlas.add_argument("--out", required=True, help="output folder")
@@ -480,6 +485,9 @@ def add_atlas(commands: argparse._SubParsersAction, spec_help: str) -> None:
                             "third; the others are mean-ablated)")
     atlas.add_argument("--batch-size", type=int, default=16, help="images per pass")
     atlas.add_argument("--limit", type=int, default=None, help="only the first N images")
+    atlas.add_argument("--shard-size", type=int, default=SHARD_SIZE, help="images per resumable shard")
+    atlas.add_argument("--resume", action="store_true", help="load the finished shards in --out/.shards instead of computing "
+                                                             "them again")
     add_input_options(atlas)
     atlas.set_defaults(run=run_atlas)
 

@@ -112,7 +112,7 @@ def decompose(image: ImageSource | np.ndarray, model: str | LoadedModel | None =
     return run(loaded, image, Request(target=Target.of(target, loaded), decompose=True)).decomposition
 
 
-def atlas(folder: str | Path, model: str | LoadedModel | None = None, **options: Any) -> Atlas:
+def atlas(folder: str | Path, model: str | LoadedModel | None = None, **options: Any) -> Atlas | None:
     """What each head of ``model`` (a spec, a loaded model, or None for the built-in one) does across the images of
     ``folder`` (a folder, one sub-folder per class giving labels; a text file of paths; a glob): its statistics, its
     direct share of each image's answer, its top images, and for a model that reads text its TextSpan descriptions with

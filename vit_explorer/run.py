@@ -274,23 +274,32 @@ def evaluate(spec: str, source: str | Path, methods: tuple[str, ...], *, protoco
             "scores": list(evaluation.SCORES), "table": evaluation.score_table(scores, methods), "per_image": scores}
 
 
-def atlas(spec: str | LoadedModel, source: str | Path, *, prompts: Sequence[str] | None = None, bank: Sequence[str] | None = None,
-          texts_per_head: int = atlas_method.TEXTS_PER_HEAD, late_layers: int | None = None, batch_size: int = 16,
-          limit: int | None = None, fit: str = "stretch", input_hw: tuple[int, int] | None = None, device: str | None = None,
-          progress: Progress = silent) -> Atlas:
-    """The head atlas of the model ``spec`` (or a loaded model) over the images of ``source`` (``methods.atlas``): every
-    head's statistics,
-    its direct share of each image's answer, and for a model with a text tower its TextSpan descriptions over ``bank``
-    (default: the project's, ``text_bank.default_bank``) with the completeness check."""
-    images = dataset.list_images(source)
-    if limit:
-        images = dataset.ImageList(images.paths[:limit], images.labels[:limit] if images.labels else None, images.classes)
-    model = spec if isinstance(spec, LoadedModel) else load_model(spec, input_hw=input_hw, device=device)
-    parts = "each head's output vector in the joint space" if model.text is not None else "each head's share of the answer"
-    step = progress(f"atlas of {model.name} over {len(images.paths)} images from {source}: the attention statistics and "
-                    f"{parts}, one forward and {model.map_shape[0]} short backward passes per batch",
-                    math.ceil(len(images.paths) / batch_size), "batch")
-    found = atlas_method.collect(model, images, prompts=prompts, batch_size=batch_size, fit=fit, step=step)
+def atlas(spec: str | LoadedModel, source: str | Path, *, prompts: Sequence[str] | None = None,
+          bank: Sequence[str] | None = None, texts_per_head: int = atlas_method.TEXTS_PER_HEAD,
+          late_layers: int | None = None, batch_size: int = 16, limit: int | None = None, fit: str = "stretch",
+          shard_folder: Path | None = None, shard_size: int = dataset.SHARD_SIZE, resume: bool = False,
+          input_hw: tuple[int, int] | None = None, device: str | None = None, progress: Progress = silent) -> Atlas | None:
+    """The head atlas of the model ``spec`` (or a loaded model) over the images of ``source`` (``methods.atlas``):
+    every head's statistics, its direct share of each image's answer, and for a model with a text tower its TextSpan
+    descriptions over ``bank`` (default: the project's, ``text_bank.default_bank``) with the completeness check. Under
+    torchrun the images are shared out and the first process gathers them (it returns the atlas; the others None);
+    ``shard_folder`` keeps each finished shard, which ``resume`` loads instead of computing it again."""
+    with dataset.process_group(device) as (device, rank, world):
+        said = progress if rank == 0 else silent
+        images = dataset.list_images(source)
+        if limit:
+            images = dataset.ImageList(images.paths[:limit], images.labels[:limit] if images.labels else None,
+                                       images.classes)
+        model = spec if isinstance(spec, LoadedModel) else load_model(spec, input_hw=input_hw, device=device)
+        parts = "each head's output vector in the joint space" if model.text is not None else "each head's share of the answer"
+        step = said(f"atlas of {model.name} over {len(images.paths)} images from {source}"
+                    + (f" in {world} processes" if world > 1 else "") + f": the attention statistics and {parts}, one "
+                    f"forward and {model.map_shape[0]} short backward passes per batch",
+                    math.ceil(len(images.paths) / batch_size / world), "batch")
+        found = atlas_method.collect(model, images, prompts=prompts, batch_size=batch_size, fit=fit, shard_folder=shard_folder,
+                                     shard_size=shard_size, resume=resume, step=step)
+    if rank != 0:
+        return None
     if model.text is not None:
         texts = list(bank) if bank is not None else text_bank.default_bank(model.labels)
         step = progress(f"TextSpan: {texts_per_head} descriptions for each of {model.map_shape[0] * model.map_shape[1]} "

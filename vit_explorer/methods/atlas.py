@@ -16,17 +16,20 @@ text model, each head's output vector ``[layers, heads, dim]``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from vit_explorer.core.embedding_parts import embedding_parts, embedding_readout, score_readout
 from vit_explorer.core.head_atlas import Atlas
 from vit_explorer.core.statistics import HEAD_STATISTICS, head_statistics
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.methods.dataset import ImageDataset, ImageList
+from vit_explorer.methods import dataset
+from vit_explorer.methods.dataset import SHARD_SIZE, ImageDataset, ImageList
 from vit_explorer.methods.text_span import text_span
 from vit_explorer.models.base import LoadedModel
 
@@ -34,63 +37,120 @@ TEXTS_PER_HEAD = 5  # TextSpan descriptions per head (the authors take 10 of ViT
 SPAN_RANK = 80  # the rank of a head's output span TextSpan projects the bank onto (the authors' ``w_ov_rank``)
 
 
-def collect(model: LoadedModel, images: ImageList, *, prompts: Sequence[str] | None = None, batch_size: int = 16,
-            fit: str = "stretch", step: Callable[[], None] | None = None) -> Atlas:
-    """Stream ``images`` through ``model`` in batches and keep what the atlas needs per image (module doc). For a model
-    with a text tower, ``prompts`` (default: "a CLASS" for each class folder) are what its answer is chosen among; a
-    model without one answers with its top class (or, a backbone, its own embedding). ``step`` after each batch."""
-    layers, heads = model.map_shape
-    reads_text = model.text is not None
-    names = list(model.labels or [])
-    texts = None
-    if reads_text:
-        texts = list(prompts) if prompts else [f"a {name}" for name in images.classes or []]
-        if not texts:
+def answers_of(model: LoadedModel, images: ImageList,
+               prompts: Sequence[str] | None) -> tuple[list[str], torch.Tensor | None, list[int] | None]:
+    """What the model answers among (its classes; for a model with a text tower ``prompts``, by default "a CLASS" per
+    class folder), their unit text embeddings for a text model ``[answers, dim]``, and each class folder's answer
+    (-1: none; None without class folders)."""
+    if model.text is None:
+        names, unit_prompts = list(model.labels or []), None
+    else:
+        names = list(prompts) if prompts else [f"a {name}" for name in images.classes or []]
+        if not names:
             raise VitExplorerError("a model that reads text needs prompts to answer with: give --prompts, or a folder "
                                    "with one sub-folder per class")
-        names = texts
-        unit_prompts = model.text.embed(texts).double()  # [prompts, dim], unit rows
-    class_of_folder = ([names.index(f"a {name}" if reads_text else name) if (f"a {name}" if reads_text else name) in names
-                        else -1 for name in images.classes] if images.classes else None)
-    statistics: dict[str, list[torch.Tensor]] = {name: [] for name in HEAD_STATISTICS}
-    contributions, answers, labels, vectors, rests, kept, skipped = [], [], [], [], [], [], []
-    loader = DataLoader(ImageDataset(images, model.preprocess, fit), batch_size=batch_size)
-    for indices, pixels, folder_labels, errors in loader:
+        unit_prompts = model.text.embed(names).double()
+    folder_names = [f"a {name}" if unit_prompts is not None else name for name in images.classes or []]
+    return names, unit_prompts, ([names.index(name) if name in names else -1 for name in folder_names]
+                                 if images.classes else None)
+
+
+def batch_record(model: LoadedModel, pixels: torch.Tensor, unit_prompts: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """One batch's per-image values ``[b, ...]``: each statistic, each head's share of the answer, the answer, and for a
+    text model each head's output vector and the rest of the embedding."""
+    parts = embedding_parts(model, pixels, embedding_readout if unit_prompts is not None else score_readout)
+    record = {f"statistic {name}": values.double().cpu() for name, values in head_statistics(parts.maps, model.layout).items()}
+    if unit_prompts is None:
+        record["contributions"] = parts.heads[..., 0].cpu()
+        record["answers"] = parts.targets.cpu() if parts.targets is not None else torch.full((pixels.shape[0],), -1)
+        return record
+    chosen = (torch.nn.functional.normalize(parts.embedding, dim=-1) @ unit_prompts.T).argmax(dim=1)  # [b]
+    length = parts.embedding.norm(dim=-1)[:, None, None]
+    record["contributions"] = (model.text.logit_scale * (parts.heads @ unit_prompts[chosen][:, None, :, None])[..., 0]
+                               / length).cpu()
+    record.update(answers=chosen.cpu(), vectors=parts.heads.float().cpu(), rest=parts.rest.cpu())
+    return record
+
+
+def shard_record(model: LoadedModel, images: ImageList, indices: range, unit_prompts: torch.Tensor | None,
+                 class_of_folder: list[int] | None, batch_size: int, fit: str, step: Callable[[], None] | None) -> dict:
+    """The per-image values of the images ``indices`` of ``images``, in order, batch by batch (``batch_record``), with
+    their paths, folder labels and the files that could not be read."""
+    batches, paths, skipped, labels = [], [], [], []
+    loader = DataLoader(Subset(ImageDataset(images, model.preprocess, fit), list(indices)), batch_size=batch_size)
+    for numbers, pixels, folder_labels, errors in loader:
         good = torch.tensor([error == "" for error in errors])
-        skipped += [{"path": str(images.paths[int(index)]), "reason": error}
-                    for index, error in zip(indices, errors, strict=True) if error]
+        skipped += [{"path": str(images.paths[int(number)]), "reason": error}
+                    for number, error in zip(numbers, errors, strict=True) if error]
         if good.any():
-            parts = embedding_parts(model, pixels[good].to(model.device), embedding_readout if reads_text else score_readout)
-            for name, values in head_statistics(parts.maps, model.layout).items():
-                statistics[name].append(values.double().cpu())
-            if reads_text:
-                unit = torch.nn.functional.normalize(parts.embedding, dim=-1)  # [b, dim]
-                chosen = (unit @ unit_prompts.T).argmax(dim=1)  # [b]
-                length = parts.embedding.norm(dim=-1)[:, None, None]
-                shares = model.text.logit_scale * (parts.heads @ unit_prompts[chosen][:, None, :, None])[..., 0] / length
-                contributions.append(shares.cpu())
-                answers.append(chosen.cpu())
-                vectors.append(parts.heads.float().cpu())
-                rests.append(parts.rest.cpu())
-            else:
-                contributions.append(parts.heads[..., 0].cpu())
-                answers.append(parts.targets.cpu() if parts.targets is not None else torch.full((int(good.sum()),), -1))
-            labels.append(torch.tensor([class_of_folder[int(label)] if class_of_folder is not None and label >= 0 else -1
-                                        for label in folder_labels[good]]))
-            kept += [str(images.paths[int(index)]) for index in indices[good]]
+            batches.append(batch_record(model, pixels[good].to(model.device), unit_prompts))
+            paths += [str(images.paths[int(number)]) for number in numbers[good]]
+            labels += [class_of_folder[int(label)] if class_of_folder is not None and label >= 0 else -1
+                       for label in folder_labels[good]]
         if step is not None:
             step()
-    if not kept:
+    record = {key: torch.cat([batch[key] for batch in batches]) for key in (batches[0] if batches else {})}
+    return {**record, "labels": torch.tensor(labels, dtype=torch.long), "paths": paths, "skipped": skipped}
+
+
+def collect(model: LoadedModel, images: ImageList, *, prompts: Sequence[str] | None = None, batch_size: int = 16,
+            fit: str = "stretch", shard_folder: Path | None = None, shard_size: int = SHARD_SIZE, resume: bool = False,
+            step: Callable[[], None] | None = None) -> Atlas:
+    """Stream ``images`` through ``model`` in batches and keep what the atlas needs per image (module doc). For a model
+    with a text tower, ``prompts`` (default: "a CLASS" for each class folder) are what its answer is chosen among; a
+    model without one answers with its top class (or, a backbone, its own embedding). ``step`` after each batch.
+
+    The images go in shards of ``shard_size``, under torchrun shared out over the processes (each process's share in
+    turn, gathered in shard order: the same atlas, number for number, as one process makes); with ``shard_folder``
+    each finished shard is saved there, and with ``resume`` a saved shard is loaded instead of computed again."""
+    names, unit_prompts, class_of_folder = answers_of(model, images, prompts)
+    rank, world = dataset.process_rank()
+    count = len(images.paths)
+    manifest = {"model": model.name, "images": count, "shard_size": shard_size, "answers": names,
+                "first": str(images.paths[0]) if count else "", "last": str(images.paths[-1]) if count else ""}
+    if shard_folder is not None:
+        check_manifest(shard_folder, manifest, resume, rank)
+    mine = {}
+    for shard in range(rank, math.ceil(count / shard_size), world):
+        path = None if shard_folder is None else shard_folder / f"atlas-{shard:06d}.pt"
+        if resume and path is not None and path.is_file():
+            mine[shard] = torch.load(path, weights_only=False)
+            continue
+        indices = range(shard * shard_size, min(count, (shard + 1) * shard_size))
+        mine[shard] = shard_record(model, images, indices, unit_prompts, class_of_folder, batch_size, fit, step)
+        if path is not None:
+            torch.save(mine[shard], path)
+    shards = [record for _, record in sorted(dataset.gather_in_rank_order(list(mine.items())), key=lambda pair: pair[0])]
+    return assembled(model, names, unit_prompts, shards)
+
+
+def check_manifest(shard_folder: Path, manifest: dict, resume: bool, rank: int) -> None:
+    """Refuse to resume from shards another run made; note this run's."""
+    shard_folder.mkdir(parents=True, exist_ok=True)
+    path = shard_folder / "atlas-manifest.json"
+    if resume and path.is_file() and json.loads(path.read_text()) != manifest:
+        raise VitExplorerError(f"the shards in {shard_folder} were made by another atlas run ({path.read_text()}); drop "
+                               "--resume to start over, or choose another --out")
+    if rank == 0:
+        path.write_text(json.dumps(manifest))
+
+
+def assembled(model: LoadedModel, names: list[str], unit_prompts: torch.Tensor | None, shards: list[dict]) -> Atlas:
+    """The atlas of the shards' per-image values, in shard order."""
+    filled = [shard for shard in shards if shard["paths"]]
+    skipped = [entry for shard in shards for entry in shard["skipped"]]
+    if not filled:
         raise VitExplorerError("no image of the folder could be read: " + "; ".join(entry["reason"] for entry in skipped[:3]))
-    atlas = Atlas(model=model.name, paths=kept, answer_names=names,
-                  statistics={name: torch.cat(values) for name, values in statistics.items()},
-                  contributions=torch.cat(contributions), answers=torch.cat(answers), labels=torch.cat(labels),
-                  skipped=skipped)
-    if reads_text:
-        atlas.vectors, atlas.rest = torch.cat(vectors), torch.cat(rests)
+
+    def joined(key: str) -> torch.Tensor:
+        return torch.cat([shard[key] for shard in filled])
+
+    atlas = Atlas(model=model.name, paths=[path for shard in filled for path in shard["paths"]], answer_names=names,
+                  statistics={name: joined(f"statistic {name}") for name in HEAD_STATISTICS},
+                  contributions=joined("contributions"), answers=joined("answers"), labels=joined("labels"), skipped=skipped)
+    if unit_prompts is not None:
+        atlas.vectors, atlas.rest = joined("vectors"), joined("rest")
         atlas.prompts, atlas.scale = unit_prompts, float(model.text.logit_scale)
-    if atlas.contributions.shape[1:] != (layers, heads):
-        raise VitExplorerError(f"the atlas has {atlas.contributions.shape[1:]} heads; the model {layers} × {heads}")
     return atlas
 
 

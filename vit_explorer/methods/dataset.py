@@ -245,7 +245,8 @@ def _shard_batches(count: int, shards: list[int], shard_size: int, batch_size: i
             yield list(range(start, min(start + batch_size, stop)))
 
 
-def _world() -> tuple[int, int]:
+def process_rank() -> tuple[int, int]:
+    """This process's rank and the number of processes (0, 1 outside torchrun)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
@@ -271,7 +272,7 @@ def process_group(device: str | None) -> Iterator[tuple[str | None, int, int]]:
 
 def gather_in_rank_order(part: list) -> list:
     """Every process's ``part`` (picklable) concatenated in rank order; ``part`` itself in one process."""
-    rank, world = _world()
+    rank, world = process_rank()
     if world == 1:
         return part
     gathered: list = [None] * world
@@ -282,7 +283,7 @@ def gather_in_rank_order(part: list) -> list:
 def contiguous_share(count: int) -> range:
     """This process's block of ``range(count)``: blocks in rank order, so concatenating the processes'
     results in rank order gives one process's order."""
-    rank, world = _world()
+    rank, world = process_rank()
     size = math.ceil(count / world)
     return range(min(count, rank * size), min(count, (rank + 1) * size))
 
@@ -299,7 +300,7 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
     would count them twice, and its order does not follow resumable shards)."""
     from tqdm import tqdm
 
-    rank, world = _world()
+    rank, world = process_rank()
     layers, heads = model.map_shape
     classes = len(images.classes or [])
     ranges = statistic_ranges(model.layout)
