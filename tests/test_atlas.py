@@ -153,3 +153,20 @@ def test_two_torchrun_processes_make_the_atlas_one_makes(shapes_folder, tmp_path
     assert found == expected
     for name, values in expected_arrays.items():
         np.testing.assert_array_equal(found_arrays[name], values, err_msg=name)
+
+
+def test_the_atlas_page_and_the_report_of_an_image_show_the_atlas(shapes_folder, tmp_path, capsys):
+    out = tmp_path / "atlas"
+    assert main(["atlas", str(shapes_folder), "--model", "builtin:shapes", "--out", str(out), "--limit", "8"]) in (0, None)
+    page = (out / "atlas.html").read_text(encoding="utf-8")
+    record, _ = read_atlas(out)
+    strongest = max(record["heads"], key=lambda entry: entry["mean_abs_contribution"])
+    assert "<h2>Head atlas: builtin:shapes</h2>" in page and "data:image/png;base64," in page
+    assert f"<td>L{strongest['layer']} h{strongest['head']}</td>" in page  # the table leads with the head that writes most
+    image = next(shapes_folder.rglob("*.png"))
+    assert main(["analyze", str(image), "--out", str(tmp_path / "one"), "--atlas", str(out), "--no-faithfulness"]) in (0, None)
+    report = (tmp_path / "one" / "report.html").read_text(encoding="utf-8")  # --atlas implies the report
+    assert "<h2>Head atlas: builtin:shapes</h2>" in report and "<h2>Class maps" in report
+    assert main(["analyze", str(image), "--out", str(tmp_path / "two"), "--atlas", str(tmp_path)]) == 1  # no atlas there
+    assert not (tmp_path / "two").exists()  # refused before anything is written
+    assert "no atlas in" in capsys.readouterr().err

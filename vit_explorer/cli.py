@@ -69,7 +69,9 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.run import run
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
-    request = Request(method=args.method, target=Target.parse(args.target), every_map=args.html, score=not args.no_faithfulness,
+    atlas = files.read_atlas(args.atlas) if args.atlas else None
+    report = args.html or atlas is not None
+    request = Request(method=args.method, target=Target.parse(args.target), every_map=report, score=not args.no_faithfulness,
                       protocol=Protocol(args.baseline), steps=args.steps, random_orders=args.random_orders,
                       scoreboard=args.scoreboard,
                       sanity=args.sanity, ablation=args.ablation_mode if args.ablation else None, norms=args.norms,
@@ -87,8 +89,8 @@ def run_analyze(args: argparse.Namespace) -> None:
     for line in notes:
         progress(line)
     settings = {"image": str(args.image), "steps": args.steps, "random_orders": args.random_orders, "baseline": args.baseline}
-    written, npz_note = files.write_analysis(result, args.out, cmap=args.cmap, scale=args.scale, html=args.html,
-                                             settings=settings)
+    written, npz_note = files.write_analysis(result, args.out, cmap=args.cmap, scale=args.scale,
+                                             html=report, settings=settings, atlas=atlas)
     for line in results:
         print(line, flush=True)
     progress(npz_note)
@@ -369,6 +371,9 @@ def add_analyze(commands: argparse._SubParsersAction, spec_help: str) -> None:
                          help="above this, maps are kept in float16 or compactly")
     analyze.add_argument("--html", action="store_true", help="also write report.html: one self-contained page (pictures "
                          "embedded, opens offline) of everything written, with the model and its provenance at the top")
+    analyze.add_argument("--atlas", default=None, metavar="DIR",
+                         help="add the head atlas in DIR (written by vit-explorer atlas for this model) to report.html, which "
+                              "it implies")
     analyze.add_argument("--full-maps", action="store_true", help="also write every head's full [layers, heads, n, n] map to "
                          "attention.npz (by default it holds the compact form: head means, prefix rows, statistics)")
     analyze.set_defaults(run=run_analyze)

@@ -29,7 +29,7 @@ from vit_explorer.core.request import Run
 from vit_explorer.core.statistics import HEAD_STATISTICS, STATISTIC_UNITS
 from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw import charts, pictures
-from vit_explorer.draw.report import report_html
+from vit_explorer.draw.report import atlas_html, report_html
 from vit_explorer.errors import VitExplorerError
 
 
@@ -220,7 +220,7 @@ def staged(out: Path) -> Iterator[Path]:
 
 
 def write_analysis(run: Run, out: Path, *, cmap: str = "inferno", scale: str = "linear", html: bool = False,
-                   settings: dict | None = None) -> tuple[list[Path], str]:
+                   settings: dict | None = None, atlas: dict | None = None) -> tuple[list[Path], str]:
     """Every file of one ``analyze`` run, in ``out`` (``staged``): the run's overview and ``attention.npz`` (``write_views``,
     every head's full map in it with ``Request.full_maps``); the map asked for unless it is the rollout; and the results
     that ran: faithfulness (with ``settings``, e.g. image, steps, random orders, baseline), sanity, ``scoreboard.json``,
@@ -249,7 +249,7 @@ def write_analysis(run: Run, out: Path, *, cmap: str = "inferno", scale: str = "
         if run.decomposition is not None:
             written += write_decomposition(analysis, run.decomposition, staging)
         if html:
-            written.append(write_report(run, staging, cmap))
+            written.append(write_report(run, staging, cmap, atlas))
     return [out / path.name for path in written], note
 
 
@@ -297,18 +297,20 @@ def atlas_record(atlas: Atlas) -> dict:
 
 
 def write_atlas(atlas: Atlas, out: Path) -> list[Path]:
-    """``atlas.json`` (``atlas_record``) and ``heads.npz`` (the per-image arrays: each statistic and the contributions
-    ``[images, layers, heads]``, the answers and labels ``[images]``, and for a text model the head vectors ``[images,
-    layers, heads, dim]``), in ``out`` (``staged``)."""
+    """``atlas.json`` (``atlas_record``), ``atlas.html`` (``report.atlas_html``) and ``heads.npz`` (the per-image
+    arrays: each statistic and the contributions ``[images, layers, heads]``, the answers and labels ``[images]``, and for
+    a text model the head vectors ``[images, layers, heads, dim]``), in ``out`` (``staged``)."""
     arrays = {f"statistic_{name.replace(' ', '_')}": values.float().numpy() for name, values in atlas.statistics.items()}
     arrays.update(contributions=atlas.contributions.float().numpy(), answers=atlas.answers.numpy(),
                   labels=atlas.labels.numpy(), paths=np.array(atlas.paths))
     if atlas.vectors is not None:
         arrays["vectors"] = atlas.vectors.numpy()
+    record = atlas_record(atlas)
     with staged(out) as staging:
-        (staging / "atlas.json").write_text(json.dumps(atlas_record(atlas), indent=2, ensure_ascii=False))
+        (staging / "atlas.json").write_text(json.dumps(record, indent=2, ensure_ascii=False))
         np.savez_compressed(staging / "heads.npz", **arrays)
-    return [out / "atlas.json", out / "heads.npz"]
+        (staging / "atlas.html").write_text(atlas_html(record), encoding="utf-8")
+    return [out / "atlas.json", out / "heads.npz", out / "atlas.html"]
 
 
 def read_atlas(folder: str | Path) -> dict:
@@ -332,8 +334,9 @@ def write_evaluation(report: dict, out: Path) -> Path:
     return partial.replace(out / "evaluation.json")
 
 
-def write_report(run: Run, out_dir: Path, cmap: str = "inferno") -> Path:
-    """``report.html`` in ``out_dir`` (``report.report_html``): one self-contained page."""
+def write_report(run: Run, out_dir: Path, cmap: str = "inferno", atlas: dict | None = None) -> Path:
+    """``report.html`` in ``out_dir`` (``report.report_html``, with the head ``atlas`` where one is given): one
+    self-contained page."""
     path = out_dir / "report.html"
-    path.write_text(report_html(run, cmap), encoding="utf-8")
+    path.write_text(report_html(run, cmap, atlas), encoding="utf-8")
     return path

@@ -9,6 +9,7 @@ import html
 import io
 import math
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -108,10 +109,11 @@ def overview_html(analysis: Analysis, overview: Overview, cmap: str = "inferno")
             f"{figure(rollout, 'attention rollout of the class token')}{figure(last, 'last layer, mean over heads')}</div>")
 
 
-def report_html(run: Run, cmap: str = "inferno") -> str:
+def report_html(run: Run, cmap: str = "inferno", atlas: dict | None = None) -> str:
     """The whole report of one image: provenance at the top, then the overview, the layers × heads grid, the class maps
     (the scored one with its deletion and insertion curves), and the scoreboard, sanity check, token norms, head ablation
-    and decomposition where they ran. Every result carries its own target, and each section is named by it."""
+    and decomposition where they ran, and a head atlas of the model where one is given (``files.read_atlas``). Every
+    result carries its own target, and each section is named by it."""
     analysis, evidence, overview = run.analysis, run.evidence, run.overview
     if overview is None:
         raise VitExplorerError("this run has no overview to report: ask for it (Request(overview=True))")
@@ -160,7 +162,40 @@ def report_html(run: Run, cmap: str = "inferno") -> str:
         sections.append(f"<h2>Head ablation for {html.escape(label)}</h2>{figure(pictures.ablation_picture(ablation)[0], words)}")
     if run.decomposition is not None:
         sections.append(decomposition_section(run.decomposition, analysis.labels))
+    if atlas is not None:
+        sections.append(atlas_section(atlas))
     return page(f"vit_explorer: {analysis.model_name}", "".join(sections))
+
+
+ATLAS_ROWS = 12  # heads listed in an atlas's table, those that write most into the answers first
+
+
+def atlas_section(record: dict) -> str:
+    """A head atlas (``files.atlas_record``): the layers × heads grid named by each head's first description, and the
+    heads that write most into the answers in a table with their descriptions, figures and top images."""
+    done = record.get("completeness")
+    words = (f"{record['model']} over {record['images']} images: each head's mean |direct contribution| to the images' "
+             "answers (colour) and its first description or the answer it pushes up most")
+    if done:
+        words += (f"; completeness: zero-shot accuracy {done['accuracy']:.1%} with every head, {done['replaced_accuracy']:.1%} "
+                  f"with the early heads mean-ablated and the last {done['late_layers']} layers' heads replaced by their "
+                  "descriptions")
+    strongest = sorted(record["heads"], key=lambda entry: -entry["mean_abs_contribution"])[:ATLAS_ROWS]
+    rows = "".join(
+        f"<tr><td>L{entry['layer']} h{entry['head']}</td><td>{entry['mean_abs_contribution']:.3g}</td>"
+        f"<td>{entry['top_share']:.0%}</td>"
+        f"<td>{html.escape('; '.join(entry['texts'] or []) or ', '.join(push['answer'] for push in entry['pushes_up']))}</td>"
+        f"<td>{html.escape(', '.join(Path(path).name for path in entry['top_images']))}</td></tr>" for entry in strongest)
+    described = "descriptions (TextSpan)" if any(entry["texts"] for entry in record["heads"]) else "answers it pushes up"
+    return (f"<h2>Head atlas: {html.escape(record['model'])}</h2>{figure(pictures.atlas_picture(record)[0], words)}"
+            f"<table><tr><th>head</th><th>mean |share|</th><th>top-5 share</th><th>{described}</th><th>top images</th></tr>"
+            f"{rows}</table><p>The descriptions are the text bank's nearest directions to what a head writes directly, not "
+            "what it means (docs/atlas.md).</p>")
+
+
+def atlas_html(record: dict) -> str:
+    """``atlas.html``: the atlas on a page of its own, self-contained."""
+    return page(f"vit_explorer atlas: {record['model']}", atlas_section(record))
 
 
 def decomposition_section(decomposition: Decomposition, labels: list[str] | None) -> str:
