@@ -1,12 +1,18 @@
 """The Head atlas tab: an atlas folder loaded, its grid, a head clicked."""
 
+import json
+
 import gradio as gr
 import numpy as np
 import pytest
 from app_support import click
 
+from vit_explorer import load_model
 from vit_explorer.cli import main
-from vit_explorer.draw import files
+from vit_explorer.core.analysis import analyze, class_evidence
+from vit_explorer.core.targets import Prompts, prompt_model
+from vit_explorer.draw import files, pictures
+from vit_explorer.web.session import ModelCache
 from vit_explorer.web.tabs import head_atlas
 
 
@@ -20,7 +26,8 @@ def atlas_folder(tmp_path_factory):
 
 
 def test_loading_an_atlas_selects_the_head_that_writes_most_and_a_click_selects_another(atlas_folder):
-    loaded, summary, grid, head_text, gallery = head_atlas.on_load(f"  {atlas_folder}  ")
+    models = ModelCache()
+    loaded, summary, grid, head_text, gallery = head_atlas.on_load(models, f"  {atlas_folder}  ")
     record = files.read_atlas(atlas_folder)
     strongest = max(record["heads"], key=lambda entry: entry["mean_abs_contribution"])
     assert loaded.head == (strongest["layer"], strongest["head"]) and "over **10 images**" in summary
@@ -29,18 +36,33 @@ def test_loading_an_atlas_selects_the_head_that_writes_most_and_a_click_selects_
     assert isinstance(grid, np.ndarray) and len(gallery["value"]) == len(strongest["top_images"])
     thumbnails = [picture for picture, _ in gallery["value"]]
     assert all(picture.ndim == 3 and max(picture.shape[:2]) <= head_atlas.THUMBNAIL_PX for picture in thumbnails)
+    # each top image with the patches the head writes from: its own decomposition of its best prompt, made apart
+    prompted = prompt_model(load_model("builtin:shapes-clip", device="cpu"), Prompts(tuple(record["answers"])))
+    analysis = analyze(prompted, strongest["top_images"][0], decompose=True)
+    decomposition = class_evidence(prompted, analysis, decompose=True).decomposition
+    expected = pictures.head_split_thumbnail(analysis, decomposition, *loaded.head, head_atlas.THUMBNAIL_PX)
+    np.testing.assert_array_equal(thumbnails[0], expected)
 
     y, x = loaded.geometry.tile_origin(0, 1)
-    again, _, regrid, other_text, _ = head_atlas.on_select(click(x + 3, y + 3), loaded)
+    again, _, regrid, other_text, _ = head_atlas.on_select(models, click(x + 3, y + 3), loaded)
     assert again.head == (0, 1) and "Layer 0, head h1" in other_text and not np.array_equal(regrid, grid)
-    unchanged = head_atlas.on_select(click(0, 0), loaded)  # the corner: a label
+    unchanged = head_atlas.on_select(models, click(0, 0), loaded)  # the corner: a label
     assert unchanged[0] is loaded and unchanged[1] == gr.update()
-    assert head_atlas.on_select(click(5, 5), None)[0] is None  # nothing loaded yet
+    assert head_atlas.on_select(models, click(5, 5), None)[0] is None  # nothing loaded yet
 
 
 def test_a_folder_without_an_atlas_is_a_message(tmp_path):
     with pytest.raises(gr.Error, match="no atlas in"):
-        head_atlas.on_load(str(tmp_path))
+        head_atlas.on_load(ModelCache(), str(tmp_path))
     (tmp_path / "atlas.json").write_text('{"model": "m"}')
     with pytest.raises(gr.Error, match="not an atlas written by vit-explorer atlas"):
-        head_atlas.on_load(str(tmp_path))
+        head_atlas.on_load(ModelCache(), str(tmp_path))
+
+
+def test_an_atlas_whose_model_does_not_load_shows_its_images_alone(atlas_folder, tmp_path):
+    record = json.loads((atlas_folder / "atlas.json").read_text(encoding="utf-8"))
+    record["model"] = str(tmp_path / "gone.safetensors")
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "moved" / "atlas.json").write_text(json.dumps(record), encoding="utf-8")
+    _, _, _, head_text, gallery = head_atlas.on_load(ModelCache(), str(tmp_path / "moved"))
+    assert "does not load here" in head_text and len(gallery["value"]) == len(record["heads"][0]["top_images"])

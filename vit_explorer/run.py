@@ -200,6 +200,16 @@ def patch(model: LoadedModel, a: Analysis, b: Analysis, target: int, *, tokens: 
     return patching.patch(model, pixels_of(model, a), pixels_of(model, b), target, a.label(target), tokens=tokens, step=step)
 
 
+def answer_split(model: LoadedModel, image: ImageSource, *, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                 fit: str = "stretch") -> tuple[Analysis, Decomposition]:
+    """One image's answer (its top class, or a backbone's own embedding) split over the model's parts, each head's share
+    over the patches it writes from too: one forward and backward pass (the head atlas's top images)."""
+    analysis = analyse(model, image, memory_budget=memory_budget, fit=fit, decompose=True)
+    if not analysis.num_classes:
+        model, analysis, _ = retarget(model, analysis, Target(), memory_budget, fit, decompose=True)
+    return analysis, decompose(evidence(model, analysis, decompose=True))
+
+
 def token_norms(analysis: Analysis) -> TokenNorms:
     """Every layer's token norms and their high-norm patches, with the attention they draw; no pass
     (``methods.norms``)."""

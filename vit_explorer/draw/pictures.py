@@ -372,6 +372,17 @@ def head_split_picture(analysis: Analysis, decomposition: Decomposition, layer: 
                        unit=f"{unit}: red adds to the score, blue takes from it", muted=True)
 
 
+def head_split_thumbnail(analysis: Analysis, decomposition: Decomposition, layer: int, head: int, px: int) -> np.ndarray:
+    """``head_split_picture`` small (``px`` on the longer side) and without its colour bar: the patches a head writes
+    from on one of the images where it writes most (the head atlas), red adding to the answer, blue taking from it, on a
+    scale symmetric about 0 of its own."""
+    split = decomposition.head_patches[layer, head]  # [grid_h, grid_w]
+    bound = max(float(split.abs().max()), 1e-12)
+    height, width = view_hw(analysis)
+    size = (round(height * px / max(height, width)), round(width * px / max(height, width)))
+    return render.heat(split, size, DIFFERENCE_CMAP, image=render.greyed(analysis.image), bounds=(-bound, bound))
+
+
 def signed(value: float, decimals: int) -> str:
     """``value`` with its sign (a true minus), none when it rounds to zero."""
     text = f"{value:+.{decimals}f}"

@@ -1,8 +1,9 @@
 """The Head atlas tab: what each head does across a folder of images (``vit-explorer atlas``), not the image at hand. A
 layers × heads grid named by each head's first description (a model that reads text) or the answer it pushes up most,
 coloured by how much it writes into the answers; a click on a head shows its descriptions, its figures, its statistics
-and the images where it writes most. The atlas is loaded from the folder ``vit-explorer atlas`` wrote, and stays
-through uploads: the tab's views follow its own events only."""
+and the images where it writes most, each with the patches the head writes from (where the atlas's model loads). The
+atlas is loaded from the folder ``vit-explorer atlas`` wrote, and stays through uploads: the tab's views follow its own
+events only."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ import gradio as gr
 import numpy as np
 
 from vit_explorer.core.images import load_image
+from vit_explorer.core.targets import prompted
 from vit_explorer.draw import files, pictures
 from vit_explorer.draw.render import GridGeometry
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import LoadedModel
+from vit_explorer.run import answer_split
 from vit_explorer.web.captions import atlas_head_text, atlas_summary
-from vit_explorer.web.session import Controls, Session
+from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, map_image, user_errors
 
 
@@ -49,48 +53,76 @@ def layout() -> dict:
 SHOWN = ("atlas_state", "atlas_summary", "atlas_grid", "atlas_head", "atlas_images")
 
 
-def shown(record: dict, head: tuple[int, int]) -> tuple:
-    """The tab's views of ``record`` with ``head`` selected (``SHOWN``)."""
+def shown(models: ModelCache, record: dict, head: tuple[int, int]) -> tuple:
+    """The tab's views of ``record`` with ``head`` selected (``SHOWN``): its top images with the patches it writes from,
+    where the atlas's model loads here (one forward and backward pass each), else the images alone."""
     picture, geometry = pictures.atlas_picture(record, head)
     entry = record["heads"][head[0] * record["heads_per_layer"] + head[1]]
-    gallery = gr.update(value=[thumbnail(path, rank) for rank, path in enumerate(entry["top_images"])], visible=True)
-    return LoadedAtlas(record, geometry, head), atlas_summary(record), picture, atlas_head_text(record, entry), gallery
+    model = atlas_model(models, record)
+    gallery = gr.update(value=[top_image(model, path, rank, head) for rank, path in enumerate(entry["top_images"])],
+                        visible=True)
+    note = "" if model is not None else (f"\n\n(The atlas's model {record['model']} does not load here, so its top images "
+                                         "are shown without the patches the head writes from.)")
+    return (LoadedAtlas(record, geometry, head), atlas_summary(record), picture, atlas_head_text(record, entry) + note,
+            gallery)
+
+
+def atlas_model(models: ModelCache, record: dict) -> LoadedModel | None:
+    """The model the atlas was made with, answering among its answers as it did (a text model: its prompts); None where
+    it does not load here."""
+    try:
+        model = models.get(record["model"])
+    except VitExplorerError:
+        return None
+    return prompted(model, "\n".join(record["answers"])) if model.text is not None else model
+
+
+def top_image(model: LoadedModel | None, path: str, rank: int, head: tuple[int, int]) -> tuple[np.ndarray, str]:
+    """One of a head's top images, small, with the patches the head writes from over it (red adds to the image's
+    answer) where the model is at hand, its rank and name; grey where the image can no longer be read."""
+    name = f"{rank + 1}. {Path(path).name}"
+    try:
+        if model is not None:
+            analysis, split = answer_split(model, path)
+            return pictures.head_split_thumbnail(analysis, split, *head, THUMBNAIL_PX), name
+        image = load_image(path)
+    except VitExplorerError:
+        return np.full((THUMBNAIL_PX, THUMBNAIL_PX, 3), 200, np.uint8), f"{name} (unreadable now)"
+    image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
+    return np.asarray(image.convert("RGB")), name
 
 
 THUMBNAIL_PX = 160
 
 
-def thumbnail(path: str, rank: int) -> tuple[np.ndarray, str]:
-    """One of a head's top images, small, with its rank and name (grey where it can no longer be read)."""
-    try:
-        image = load_image(path)
-    except VitExplorerError:
-        return np.full((THUMBNAIL_PX, THUMBNAIL_PX, 3), 200, np.uint8), f"{rank + 1}. {Path(path).name} (unreadable now)"
-    image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
-    return np.asarray(image.convert("RGB")), f"{rank + 1}. {Path(path).name}"
-
-
 @user_errors
-def on_load(folder: str) -> tuple:
+def on_load(models: ModelCache, folder: str) -> tuple:
     """An atlas folder given: its grid, with the head that writes most into the answers selected."""
     record = files.read_atlas(folder.strip())
     strongest = max(record["heads"], key=lambda entry: entry["mean_abs_contribution"])
-    return shown(record, (strongest["layer"], strongest["head"]))
+    return shown(models, record, (strongest["layer"], strongest["head"]))
 
 
-def on_select(evt: gr.SelectData, loaded: LoadedAtlas | None) -> tuple:
+def on_select(models: ModelCache, evt: gr.SelectData, loaded: LoadedAtlas | None) -> tuple:
     """A head clicked in the grid: its views; nothing on a label, the colour bar, or before an atlas is loaded."""
     hit = None if loaded is None else loaded.geometry.hit(evt.index[0], evt.index[1])
     if hit is None:
         return (loaded, *(gr.update() for _ in SHOWN[1:]))
-    return shown(loaded.record, hit)
+    return shown(models, loaded.record, hit)
 
 
 def wire(app: Wiring) -> None:
     outputs = app.all(SHOWN)
-    app["atlas_folder"].submit(on_load, app["atlas_folder"], outputs, api_name="load_atlas")
-    app["atlas_load"].click(on_load, app["atlas_folder"], outputs, api_name=False)
-    app["atlas_grid"].select(on_select, app["atlas_state"], outputs, api_name="select_atlas_head", show_progress="hidden")
+
+    def load(folder):
+        return on_load(app.models, folder)
+
+    def select(evt: gr.SelectData, loaded):
+        return on_select(app.models, evt, loaded)
+
+    app["atlas_folder"].submit(load, app["atlas_folder"], outputs, api_name="load_atlas")
+    app["atlas_load"].click(load, app["atlas_folder"], outputs, api_name=False)
+    app["atlas_grid"].select(select, app["atlas_state"], outputs, api_name="select_atlas_head")
 
 
 def render(session: Session, controls: Controls) -> dict:
