@@ -129,7 +129,7 @@ def test_shards_give_the_same_atlas_and_resume_loads_them_instead_of_computing(s
     monkeypatch.setattr(atlas_method, "embedding_parts", no_pass)
     resumed = atlas_method.collect(model, images, batch_size=4, shard_folder=tmp_path / "shards", shard_size=5, resume=True)
     assert torch.equal(resumed.contributions, sharded.contributions) and resumed.paths == sharded.paths
-    with pytest.raises(VitExplorerError, match="made by another atlas run"):
+    with pytest.raises(VitExplorerError, match="made by another run"):
         atlas_method.collect(model, images, batch_size=4, shard_folder=tmp_path / "shards", shard_size=6, resume=True)
 
 

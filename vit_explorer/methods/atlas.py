@@ -16,7 +16,6 @@ text model, each head's output vector ``[layers, heads, dim]``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -109,7 +108,7 @@ def collect(model: LoadedModel, images: ImageList, *, prompts: Sequence[str] | N
     manifest = {"model": model.name, "images": count, "shard_size": shard_size, "answers": names,
                 "first": str(images.paths[0]) if count else "", "last": str(images.paths[-1]) if count else ""}
     if shard_folder is not None:
-        check_manifest(shard_folder, manifest, resume, rank)
+        dataset.check_manifest(shard_folder / "atlas-manifest.json", manifest, resume, rank)
     mine = {}
     for shard in range(rank, math.ceil(count / shard_size), world):
         path = None if shard_folder is None else shard_folder / f"atlas-{shard:06d}.pt"
@@ -122,17 +121,6 @@ def collect(model: LoadedModel, images: ImageList, *, prompts: Sequence[str] | N
             torch.save(mine[shard], path)
     shards = [record for _, record in sorted(dataset.gather_in_rank_order(list(mine.items())), key=lambda pair: pair[0])]
     return assembled(model, names, unit_prompts, shards)
-
-
-def check_manifest(shard_folder: Path, manifest: dict, resume: bool, rank: int) -> None:
-    """Refuse to resume from shards another run made; note this run's."""
-    shard_folder.mkdir(parents=True, exist_ok=True)
-    path = shard_folder / "atlas-manifest.json"
-    if resume and path.is_file() and json.loads(path.read_text()) != manifest:
-        raise VitExplorerError(f"the shards in {shard_folder} were made by another atlas run ({path.read_text()}); drop "
-                               "--resume to start over, or choose another --out")
-    if rank == 0:
-        path.write_text(json.dumps(manifest))
 
 
 def assembled(model: LoadedModel, names: list[str], unit_prompts: torch.Tensor | None, shards: list[dict]) -> Atlas:

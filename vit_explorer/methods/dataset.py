@@ -288,6 +288,17 @@ def contiguous_share(count: int) -> range:
     return range(min(count, rank * size), min(count, (rank + 1) * size))
 
 
+def check_manifest(path: Path, manifest: dict, resume: bool, rank: int) -> None:
+    """Refuse to resume from the shards beside ``path`` where another run made them (its manifest there differs from
+    ``manifest``); the first process notes this run's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if resume and path.is_file() and json.loads(path.read_text()) != manifest:
+        raise VitExplorerError(f"the shards in {path.parent} were made by another run ({path.read_text()}); drop --resume to "
+                               "start over, or choose another --out")
+    if rank == 0:
+        path.write_text(json.dumps(manifest))
+
+
 def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_size: int = 32, workers: int = 0,
             fit: str = "stretch", shard_size: int = SHARD_SIZE, resume: bool = False,
             show_progress: bool = True) -> tuple[HeadTotals, dict]:
@@ -308,16 +319,10 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
     folder_of_class = None
     if images.classes and model.labels and all(name in model.labels for name in images.classes):
         folder_of_class = torch.tensor([images.classes.index(name) if name in images.classes else -1 for name in model.labels])
-    shard_folder.mkdir(parents=True, exist_ok=True)
     count = len(images.paths)
-    manifest = {"model": model.name, "images": count, "shard_size": shard_size, "first": str(images.paths[0]),
-                "last": str(images.paths[-1])}
-    manifest_path = shard_folder / "manifest.json"
-    if resume and manifest_path.is_file() and json.loads(manifest_path.read_text()) != manifest:
-        raise VitExplorerError(f"the shards in {shard_folder} were made by another run ({manifest_path.read_text()}); "
-                               "drop --resume to start over, or choose another --out")
-    if rank == 0:
-        manifest_path.write_text(json.dumps(manifest))
+    check_manifest(shard_folder / "manifest.json", {"model": model.name, "images": count, "shard_size": shard_size,
+                                                    "first": str(images.paths[0]), "last": str(images.paths[-1])},
+                   resume, rank)
     mine = list(range(rank, math.ceil(count / shard_size), world))
     totals = HeadTotals.zeros(layers, heads, classes)
     todo = []
