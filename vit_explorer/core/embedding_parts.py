@@ -176,6 +176,10 @@ def head_outputs(write: torch.Tensor, head_input: torch.Tensor, heads: int) -> t
     for start in range(0, dims, DIMS_PER_PASS):
         chosen = torch.eye(dims, dtype=write.dtype, device=write.device)[start : start + DIMS_PER_PASS]  # [k, dim']
         directions = chosen[:, None, :].expand(-1, write.shape[0], -1)  # [k, b, dim']: each image's own sum
-        (gradient,) = torch.autograd.grad(write, head_input, directions, retain_graph=True, is_grads_batched=True)
+        if dims == 1:  # one score per image: one plain backward pass, no batching over directions
+            (gradient,) = torch.autograd.grad(write, head_input, directions[0], retain_graph=True)
+            gradient = gradient[None]
+        else:
+            (gradient,) = torch.autograd.grad(write, head_input, directions, retain_graph=True, is_grads_batched=True)
         shares.append((by_head[None] * gradient.unflatten(-1, (heads, -1))).sum(dim=(2, 4)))  # [k, b, heads]
     return torch.cat(shares).permute(1, 2, 0)  # [b, heads, dim']
