@@ -170,3 +170,26 @@ def test_the_atlas_page_and_the_report_of_an_image_show_the_atlas(shapes_folder,
     assert main(["analyze", str(image), "--out", str(tmp_path / "two"), "--atlas", str(tmp_path)]) == 1  # no atlas there
     assert not (tmp_path / "two").exists()  # refused before anything is written
     assert "no atlas in" in capsys.readouterr().err
+
+
+@pytest.mark.timm
+def test_the_atlas_of_a_backbone_splits_its_own_embedding_score(shapes_folder, tmp_path):
+    """A backbone has no answer to choose: each head's share is of the projection of the image's embedding on its own
+    direction, as ``decompose`` splits it with no target."""
+    pytest.importorskip("timm")
+    import vit_explorer
+
+    spec = "timm:vit_small_patch14_reg4_dinov2@random"
+    torch.manual_seed(3)
+    model = load_model(spec, input_hw=(56, 56), device="cpu")
+    out = tmp_path / "atlas"
+    found = vit_explorer.atlas(shapes_folder, model, limit=4, batch_size=2)
+    from vit_explorer.draw import files
+
+    files.write_atlas(found, out)
+    record, arrays = read_atlas(out)
+    assert all(entry["texts"] is None and entry["pushes_up"] == [] for entry in record["heads"])
+    assert record["completeness"] is None and list(arrays["answers"]) == [-1] * 4
+    parts = vit_explorer.decompose(str(arrays["paths"][1]), model)
+    np.testing.assert_allclose(arrays["contributions"][1], parts.heads.numpy(), rtol=1e-3,
+                               atol=1e-4 * float(parts.heads.abs().max()))
