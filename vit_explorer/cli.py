@@ -300,8 +300,7 @@ def add_analyze(commands: argparse._SubParsersAction, spec_help: str) -> None:
     """The command analyze IMAGE: the maps of one image, their scores and report, to files."""
     from vit_explorer.core.curves import DEFAULT_RANDOM_ORDERS, DEFAULT_STEPS, PROTOCOLS
     from vit_explorer.core.interventions import ABLATION_MODES
-    from vit_explorer.core.maps import CLASS_METHODS, RolloutOptions
-    from vit_explorer.core.rollout import HEAD_FUSIONS
+    from vit_explorer.core.maps import CLASS_METHODS
     from vit_explorer.draw.render import COLORMAPS, COLOUR_SCALES
 
     analyze = commands.add_parser(
@@ -348,14 +347,7 @@ def add_analyze(commands: argparse._SubParsersAction, spec_help: str) -> None:
                          "embeddings and biases (direct contributions), and the score read after every layer (logit lens)")
     analyze.add_argument("--ablation-mode", default="zero", choices=list(ABLATION_MODES),
                          help="zero: the head's output set to 0; mean: its map replaced by uniform attention")
-    rollout = RolloutOptions()  # the defaults, stated once there
-    analyze.add_argument("--head-fusion", default=rollout.head_fusion, choices=list(HEAD_FUSIONS),
-                         help="how rollout combines the heads of a layer")
-    analyze.add_argument("--discard-ratio", type=float, default=rollout.discard_ratio,
-                         help="share of the weakest attention links rollout drops per layer")
-    analyze.add_argument("--start-layer", type=int, default=rollout.start_layer, help="first layer rollout multiplies in")
-    analyze.add_argument("--residual-weight", type=float, default=rollout.residual_weight,
-                         help="weight of the identity (the skip connection) in rollout")
+    add_rollout_options(analyze)
     analyze.add_argument("--cmap", default="inferno", choices=list(COLORMAPS), help="colour map of the pictures")
     analyze.add_argument("--scale", default="linear", choices=list(COLOUR_SCALES),
                          help="what the colour map's ends stand for: "
@@ -377,6 +369,21 @@ def add_analyze(commands: argparse._SubParsersAction, spec_help: str) -> None:
     analyze.add_argument("--full-maps", action="store_true", help="also write every head's full [layers, heads, n, n] map to "
                          "attention.npz (by default it holds the compact form: head means, prefix rows, statistics)")
     analyze.set_defaults(run=run_analyze)
+
+
+def add_rollout_options(command: argparse.ArgumentParser) -> None:
+    """The rollout's options, their defaults ``RolloutOptions``'s."""
+    from vit_explorer.core.maps import RolloutOptions
+    from vit_explorer.core.rollout import HEAD_FUSIONS
+
+    rollout = RolloutOptions()  # the defaults, stated once there
+    command.add_argument("--head-fusion", default=rollout.head_fusion, choices=list(HEAD_FUSIONS),
+                         help="how rollout combines the heads of a layer")
+    command.add_argument("--discard-ratio", type=float, default=rollout.discard_ratio,
+                         help="share of the weakest attention links rollout drops per layer")
+    command.add_argument("--start-layer", type=int, default=rollout.start_layer, help="first layer rollout multiplies in")
+    command.add_argument("--residual-weight", type=float, default=rollout.residual_weight,
+                         help="weight of the identity (the skip connection) in rollout")
 
 
 def add_serve(commands: argparse._SubParsersAction, spec_help: str) -> None:
