@@ -85,4 +85,5 @@ def test_a_classifier_s_answer_splits_per_image_as_the_decomposition_splits_it()
         np.testing.assert_allclose(parts.heads[index, :, :, 0].numpy(), evidence.decomposition.heads.double().numpy(),
                                    atol=1e-4 * float(evidence.decomposition.heads.abs().max()))
         assert float(parts.embedding[index, 0]) == pytest.approx(evidence.decomposition.score, rel=1e-5)
-    assert parts.maps.shape == (3, *model.map_shape, model.layout.num_tokens, model.layout.num_tokens)
+    assert len(parts.maps) == model.map_shape[0]
+    assert parts.maps[0].shape == (3, model.map_shape[1], model.layout.num_tokens, model.layout.num_tokens)

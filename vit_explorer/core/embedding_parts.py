@@ -47,7 +47,7 @@ class EmbeddingParts:
         readout_bias: the read-out's own bias (its norms' and projection's) ``[b, dim]``.
         embedding: what is read out, the image embedding by default, as the model computes it ``[b, dim]``.
         targets: each image's class whose score was read ``[b]`` (``score_readout``); None where none was.
-        maps: the pass's attention maps ``[b, layers, heads, n, n]``.
+        maps: the pass's attention maps, per layer ``[b, heads, n, n]``.
     """
 
     heads: torch.Tensor
@@ -57,7 +57,7 @@ class EmbeddingParts:
     readout_bias: torch.Tensor
     embedding: torch.Tensor
     targets: torch.Tensor | None = None
-    maps: torch.Tensor | None = None
+    maps: tuple[torch.Tensor, ...] = ()
 
     @property
     def rest(self) -> torch.Tensor:
@@ -126,7 +126,7 @@ def embedding_parts(model: LoadedModel, pixels: torch.Tensor, readout: Readout =
         finally:
             for handle in handles:
                 handle.remove()
-    maps = torch.stack([attention.detach() for attention in graph.in_layer_order()], dim=1)  # [b, layers, heads, n, n]
+    maps = tuple(attention.detach() for attention in graph.in_layer_order())  # per layer [b, heads, n, n], not copied
     result = EmbeddingParts(*parts, embedding=whole.detach(), targets=targets, maps=maps)
     error = (result.total - result.embedding).abs().max()
     if error > 1e-3 * max(1.0, float(result.embedding.abs().max())):

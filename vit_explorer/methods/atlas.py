@@ -58,7 +58,9 @@ def batch_record(model: LoadedModel, pixels: torch.Tensor, unit_prompts: torch.T
     """One batch's per-image values ``[b, ...]``: each statistic, each head's share of the answer, the answer, and for a
     text model each head's output vector and the rest of the embedding."""
     parts = embedding_parts(model, pixels, embedding_readout if unit_prompts is not None else score_readout)
-    record = {f"statistic {name}": values.double().cpu() for name, values in head_statistics(parts.maps, model.layout).items()}
+    by_layer = [head_statistics(attention, model.layout) for attention in parts.maps]  # each {name: [b, heads]}
+    record = {f"statistic {name}": torch.stack([values[name] for values in by_layer], dim=1).double().cpu()
+              for name in HEAD_STATISTICS}
     if unit_prompts is None:
         record["contributions"] = parts.heads[..., 0].cpu()
         record["answers"] = parts.targets.cpu() if parts.targets is not None else torch.full((pixels.shape[0],), -1)
