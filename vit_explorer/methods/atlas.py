@@ -32,7 +32,7 @@ from vit_explorer.methods.dataset import SHARD_SIZE, ImageDataset, ImageList
 from vit_explorer.methods.text_span import text_span
 from vit_explorer.models.base import LoadedModel
 
-TEXTS_PER_HEAD = 5  # TextSpan descriptions per head (the authors take 10 of ViT-H's heads; the shipped model is small)
+TEXTS_PER_HEAD = 5  # TextSpan descriptions per head (the authors take 10 for ViT-H's; the shipped models are small)
 SPAN_RANK = 80  # the rank of a head's output span TextSpan projects the bank onto (the authors' ``w_ov_rank``)
 
 
@@ -162,14 +162,15 @@ def describe(atlas: Atlas, bank: Sequence[str], bank_features: torch.Tensor, *, 
     for layer in range(layers):
         row = []
         for head in range(heads):
-            data = atlas.vectors[:, layer, head].float().numpy()
-            reconstruction, chosen = text_span(data, features, list(bank), min(texts_per_head, len(bank)), rank)
+            data = atlas.vectors[:, layer, head].float()  # [images, dim]
+            # text_span's interface is the authors' (numpy arrays), so that it reads line by line against theirs
+            rebuilt, chosen = text_span(data.numpy(), features, list(bank), min(texts_per_head, len(bank)), rank)
+            reconstruction = torch.from_numpy(rebuilt)
             row.append(chosen)
-            centred = data - data.mean(axis=0, keepdims=True)
-            total = float((centred**2).sum())
-            explained[layer, head] = 1.0 - float(((data - reconstruction) ** 2).sum()) / total if total > 0 else 0.0
+            total = float((data - data.mean(dim=0, keepdim=True)).pow(2).sum())
+            explained[layer, head] = 1.0 - float((data - reconstruction).pow(2).sum()) / total if total > 0 else 0.0
             if layer >= layers - late:
-                replaced[:, layer, head] = torch.from_numpy(reconstruction).double()
+                replaced[:, layer, head] = reconstruction.double()
             else:  # the early layers' heads mean-ablated, as the authors do
                 replaced[:, layer, head] = atlas.vectors[:, layer, head].double().mean(dim=0)
         texts.append(row)
