@@ -583,7 +583,7 @@ def test_the_head_atlas_tab_loads_an_atlas_and_a_click_shows_a_head(served, tmp_
     from vit_explorer.cli import main
     from vit_explorer.draw import files
 
-    url, _ = served
+    url, checkpoint = served
     assert main(["make-shapes", str(tmp_path / "set"), "--count", "12", "--seed", "8"]) in (0, None)
     assert main(["atlas", str(tmp_path / "set" / "images"), "--model", "builtin:shapes-clip", "--out",
                  str(tmp_path / "atlas"), "--texts-per-head", "3"]) in (0, None)
@@ -605,4 +605,17 @@ def test_the_head_atlas_tab_loads_an_atlas_and_a_click_shows_a_head(served, tmp_
         click_natural(page, "atlas-grid", x + geometry.tile / 2, y + geometry.tile / 2)
         page.locator("#atlas-head >> text=Layer 1, head h2").wait_for(timeout=30_000)
         page.screenshot(path=str(OUTPUT / "1280x800-head-atlas-clicked.png"), full_page=True)
+        # computed in the page, by the page's model (the served checkpoint) over the same folder
+        source = page.locator("#atlas-source textarea, #atlas-source input").first
+        source.fill(str(tmp_path / "set" / "images"))
+        page.locator("#atlas-compute").click()
+        # the new summary, not the progress line (which names the model and the folder too)
+        page.wait_for_function("""(name) => {
+            const text = document.querySelector('#atlas-summary').innerText;
+            return text.includes(name) && text.includes('Click a head') && !text.includes('batch');
+        }""", arg=checkpoint.name, timeout=60_000)
+        assert "over 12 images" in page.locator("#atlas-summary").inner_text()
+        head_text = page.locator("#atlas-head").inner_text()
+        assert head_text.startswith("Layer") and "does not load here" not in head_text  # the page's model: the splits shown
+        page.screenshot(path=str(OUTPUT / "1280x800-head-atlas-computed.png"), full_page=True)
     assert errors == []

@@ -61,8 +61,31 @@ def test_a_folder_without_an_atlas_is_a_message(tmp_path):
 
 def test_an_atlas_whose_model_does_not_load_shows_its_images_alone(atlas_folder, tmp_path):
     record = json.loads((atlas_folder / "atlas.json").read_text(encoding="utf-8"))
-    record["model"] = str(tmp_path / "gone.safetensors")
+    record["model"] = record["spec"] = str(tmp_path / "gone.safetensors")
     (tmp_path / "moved").mkdir()
     (tmp_path / "moved" / "atlas.json").write_text(json.dumps(record), encoding="utf-8")
     _, _, _, head_text, gallery = head_atlas.on_load(ModelCache(), str(tmp_path / "moved"))
     assert "does not load here" in head_text and len(gallery["value"]) == len(record["heads"][0]["top_images"])
+
+
+def test_an_atlas_computed_in_the_page_is_the_command_s_and_old_ones_are_removed(atlas_folder, tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    images = atlas_folder.parent / "set" / "images"
+    models = ModelCache()
+    loaded, summary, *_ = head_atlas.on_compute(models, "builtin:shapes", str(images), "")
+    assert "**builtin:shapes** over **10 images**" in summary and loaded.record["spec"] == "builtin:shapes"
+    assert main(["atlas", str(images), "--model", "builtin:shapes", "--out", str(tmp_path / "cli")]) in (0, None)
+    expected = files.read_atlas(tmp_path / "cli")
+    assert [entry["mean_abs_contribution"] for entry in loaded.record["heads"]] == pytest.approx(
+        [entry["mean_abs_contribution"] for entry in expected["heads"]], rel=1e-5)
+    written = list((tmp_path / "temp" / "vit-explorer-exports").glob("atlas-*"))
+    assert len(written) == 1 and (written[0] / "atlas.json").is_file()
+    os.utime(written[0], (0, 0))  # an hour past its time: the next use of the folder removes it
+    head_atlas.on_compute(models, "builtin:shapes", str(images), "")
+    assert written[0].exists() is False
+    with pytest.raises(gr.Error, match="no image|no images|not a folder|cannot"):
+        head_atlas.on_compute(models, "builtin:shapes", str(tmp_path / "temp"), "")

@@ -288,8 +288,10 @@ def atlas(spec: str | LoadedModel, source: str | Path, *, prompts: Sequence[str]
           bank: Sequence[str] | None = None, texts_per_head: int = atlas_method.TEXTS_PER_HEAD,
           late_layers: int | None = None, batch_size: int = 16, limit: int | None = None, fit: str = "stretch",
           shard_folder: Path | None = None, shard_size: int = dataset.SHARD_SIZE, resume: bool = False,
-          input_hw: tuple[int, int] | None = None, device: str | None = None, progress: Progress = silent) -> Atlas | None:
-    """The head atlas of the model ``spec`` (or a loaded model) over the images of ``source`` (``methods.atlas``):
+          input_hw: tuple[int, int] | None = None, device: str | None = None, loads_as: str | None = None,
+          progress: Progress = silent) -> Atlas | None:
+    """The head atlas of the model ``spec`` (or a loaded model, which ``loads_as`` loads again) over the images of
+    ``source`` (``methods.atlas``):
     every head's statistics, its direct share of each image's answer, and for a model with a text tower its TextSpan
     descriptions over ``bank`` (default: the project's, ``text_bank.default_bank``) with the completeness check. Under
     torchrun the images are shared out and the first process gathers them (it returns the atlas; the others None);
@@ -310,6 +312,7 @@ def atlas(spec: str | LoadedModel, source: str | Path, *, prompts: Sequence[str]
                                      shard_size=shard_size, resume=resume, step=step)
     if rank != 0:
         return None
+    found.spec = spec if isinstance(spec, str) else loads_as
     if model.text is not None:
         texts = list(bank) if bank is not None else text_bank.default_bank(model.labels)
         step = progress(f"TextSpan: {texts_per_head} descriptions for each of {model.map_shape[0] * model.map_shape[1]} "

@@ -39,6 +39,7 @@ class Atlas:
     texts: list[list[list[str]]] | None = None
     explained: torch.Tensor | None = None
     completeness: dict | None = None
+    spec: str | None = None  # what loads the model again (``load_model``), where it is known
 
     @property
     def shape(self) -> tuple[int, int]:

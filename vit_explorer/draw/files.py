@@ -292,7 +292,7 @@ def atlas_record(atlas: Atlas) -> dict:
                 "top_images": [atlas.paths[int(index)] for index in top_images[layer, head]],
                 "statistics": {name: {"mean": float(values[:, layer, head].mean()), "std": float(values[:, layer, head].std())}
                                for name, values in atlas.statistics.items()}})
-    return {"model": atlas.model, "images": len(atlas.paths), "layers": layers, "heads_per_layer": heads,
+    return {"model": atlas.model, "spec": atlas.spec, "images": len(atlas.paths), "layers": layers, "heads_per_layer": heads,
             "answers": atlas.answer_names, "completeness": atlas.completeness, "skipped": atlas.skipped, "heads": entries}
 
 

@@ -4,6 +4,7 @@ export zips."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 import time
@@ -199,13 +200,14 @@ def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | N
 
 
 def export_dir(ttl_s: float = CACHE_TTL_S) -> Path:
-    """The folder of export zips; zips older than ``ttl_s`` are removed each time it is used."""
+    """The folder of what the app writes for a user (export zips, report folders, atlases computed in the page); what is
+    older than ``ttl_s`` is removed each time it is used."""
     folder = Path(tempfile.gettempdir()) / EXPORT_DIR_NAME
     folder.mkdir(exist_ok=True)
     cutoff = time.time() - ttl_s
-    for old in folder.glob("*.zip"):
+    for old in folder.iterdir():
         if old.stat().st_mtime < cutoff:
-            old.unlink(missing_ok=True)
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     return folder
 
 

@@ -2,11 +2,13 @@
 layers × heads grid named by each head's first description (a model that reads text) or the answer it pushes up most,
 coloured by how much it writes into the answers; a click on a head shows its descriptions, its figures, its statistics
 and the images where it writes most, each with the patches the head writes from (where the atlas's model loads). The
-atlas is loaded from the folder ``vit-explorer atlas`` wrote, and stays through uploads: the tab's views follow its own
-events only."""
+atlas is loaded from the folder ``vit-explorer atlas`` wrote, or computed here over a folder of this machine with the
+page's model; it stays through uploads: the tab's views follow its own events only."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +21,10 @@ from vit_explorer.draw import files, pictures
 from vit_explorer.draw.render import GridGeometry
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import LoadedModel
-from vit_explorer.run import answer_split
+from vit_explorer.run import answer_split, atlas
 from vit_explorer.web.captions import atlas_head_text, atlas_summary
-from vit_explorer.web.session import Controls, ModelCache, Session
-from vit_explorer.web.tabs.base import Tab, Wiring, map_image, user_errors
+from vit_explorer.web.session import CACHE_TTL_S, Controls, ModelCache, Session, export_dir
+from vit_explorer.web.tabs.base import Tab, Wiring, map_image, run_progress, user_errors
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,19 @@ def layout() -> dict:
                             info="what each head does across a folder of images: vit-explorer atlas FOLDER --model M --out DIR",
                             elem_id="atlas-folder", scale=4)
         load = gr.Button("Load", size="sm", scale=1, elem_id="atlas-load")
+    with gr.Row():
+        source = gr.Textbox("", label="Or compute one here", placeholder="a folder of images on this machine",
+                            info="the model above over the folder (one sub-folder per class gives labels and prompts); "
+                                 "seconds for a few hundred images on the shipped models", elem_id="atlas-source", scale=4)
+        compute = gr.Button("Compute", size="sm", scale=1, elem_id="atlas-compute")
     summary = gr.Markdown("", elem_id="atlas-summary")
     with gr.Row(equal_height=False):
         grid = map_image("atlas-grid", "Heads across the folder", scale=3)
         with gr.Column(scale=2, min_width=300):
             head = gr.Markdown("", elem_id="atlas-head")
             images = gr.Gallery(label="Where it writes most", columns=2, height=300, visible=False, elem_id="atlas-images")
-    return {"atlas_folder": folder, "atlas_load": load, "atlas_summary": summary, "atlas_grid": grid, "atlas_head": head,
+    return {"atlas_folder": folder, "atlas_load": load, "atlas_source": source, "atlas_compute": compute,
+            "atlas_summary": summary, "atlas_grid": grid, "atlas_head": head,
             "atlas_images": images, "atlas_state": gr.State(None)}
 
 
@@ -71,7 +79,7 @@ def atlas_model(models: ModelCache, record: dict) -> LoadedModel | None:
     """The model the atlas was made with, answering among its answers as it did (a text model: its prompts); None where
     it does not load here."""
     try:
-        model = models.get(record["model"])
+        model = models.get(record.get("spec") or record["model"])
     except VitExplorerError:
         return None
     return prompted(model, "\n".join(record["answers"])) if model.text is not None else model
@@ -103,6 +111,18 @@ def on_load(models: ModelCache, folder: str) -> tuple:
     return shown(models, record, (strongest["layer"], strongest["head"]))
 
 
+@user_errors
+def on_compute(models: ModelCache, spec: str, source: str, prompts: str, ttl_s: float = CACHE_TTL_S,
+               progress: Callable | None = None) -> tuple:
+    """An atlas of the page's model over a folder of this machine (``run.atlas``, a model that reads text answering
+    among the page's prompts where there are any), written beside the app's exports and shown as a loaded one."""
+    found = atlas(models.get(spec), source.strip(), prompts=[line for line in prompts.splitlines() if line.strip()] or None,
+                  loads_as=spec, progress=run_progress(progress))
+    out = export_dir(ttl_s) / f"atlas-{uuid.uuid4().hex[:12]}"
+    files.write_atlas(found, out)
+    return on_load(models, str(out))
+
+
 def on_select(models: ModelCache, evt: gr.SelectData, loaded: LoadedAtlas | None) -> tuple:
     """A head clicked in the grid: its views; nothing on a label, the colour bar, or before an atlas is loaded."""
     hit = None if loaded is None else loaded.geometry.hit(evt.index[0], evt.index[1])
@@ -123,6 +143,13 @@ def wire(app: Wiring) -> None:
     app["atlas_folder"].submit(load, app["atlas_folder"], outputs, api_name="load_atlas")
     app["atlas_load"].click(load, app["atlas_folder"], outputs, api_name=False)
     app["atlas_grid"].select(select, app["atlas_state"], outputs, api_name="select_atlas_head")
+
+    def compute(spec, source, prompts, progress=gr.Progress()):  # Gradio's bar there
+        return on_compute(app.models, spec, source, prompts, ttl_s=app.cache_ttl_s, progress=progress)
+
+    app["atlas_compute"].click(compute, [app["current_model"], app["atlas_source"], app["prompts"]], outputs,
+                               api_name="compute_atlas", concurrency_limit=1, show_progress="full",
+                               show_progress_on=[app["atlas_summary"]])  # one bar, not one over every view
 
 
 def render(session: Session, controls: Controls) -> dict:
