@@ -252,8 +252,7 @@ def evaluate(spec: str, source: str | Path, methods: tuple[str, ...], *, protoco
     with dataset.process_group(device) as (device, rank, world):
         said = progress if rank == 0 else silent
         images = dataset.list_images(source)
-        if limit:
-            images = dataset.ImageList(images.paths[:limit], images.labels[:limit] if images.labels else None, images.classes)
+        images = images.sliced(0, limit or None)
         model = load_model(spec, input_hw=input_hw, device=device)
         root = Path(source) if Path(source).is_dir() else None
         masks = Path(masks) if masks else (root.parent / "masks" if root is not None and (root.parent / "masks").is_dir()
@@ -262,8 +261,7 @@ def evaluate(spec: str, source: str | Path, methods: tuple[str, ...], *, protoco
              + (f" in {world} processes" if world > 1 else "")
              + (f", with masks from {masks}" if masks else ", no masks (no pointing game or energy)"), 0, "")
         share = dataset.contiguous_share(len(images.paths))
-        mine = dataset.ImageList(images.paths[share.start : share.stop],
-                                 images.labels[share.start : share.stop] if images.labels else None, images.classes)
+        mine = images.sliced(share.start, share.stop)
         skipped: list[dict[str, str]] = []
         views = dataset.labelled_views(mine, model, skipped, root=root, masks=masks, fit=fit)
         step = said("evaluate", len(mine.paths), "img")
@@ -299,9 +297,7 @@ def atlas(spec: str | LoadedModel, source: str | Path, *, prompts: Sequence[str]
     with dataset.process_group(device) as (device, rank, world):
         said = progress if rank == 0 else silent
         images = dataset.list_images(source)
-        if limit:
-            images = dataset.ImageList(images.paths[:limit], images.labels[:limit] if images.labels else None,
-                                       images.classes)
+        images = images.sliced(0, limit or None)
         model = spec if isinstance(spec, LoadedModel) else load_model(spec, input_hw=input_hw, device=device)
         parts = "each head's output vector in the joint space" if model.text is not None else "each head's share of the answer"
         step = said(f"atlas of {model.name} over {len(images.paths)} images from {source}"

@@ -55,6 +55,10 @@ class ImageList:
     labels: list[int] | None = None
     classes: list[str] | None = None
 
+    def sliced(self, start: int, stop: int | None) -> ImageList:
+        """The images ``start`` up to ``stop`` (None: to the end), with their labels and the same classes."""
+        return ImageList(self.paths[start:stop], None if self.labels is None else self.labels[start:stop], self.classes)
+
 
 def _images_under(folder: Path) -> list[Path]:
     return sorted(path for path in folder.rglob("*") if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES)
