@@ -167,7 +167,7 @@ class QuickAnswers:
 
     def analysis_event(self, upload: str | None, spec: str, visible: str, *control_values) -> Iterator[tuple]:
         """An upload's event: ``tabs.shared.analysis_answers``, given the session its quick answer made, if there is one."""
-        made = None if upload is None else self.take(upload, spec, upload_controls(control_values))
+        made = None if upload is None else self.take(upload, spec, upload_controls(Controls.from_values(control_values)))
         yield from analysis_answers(self.models, upload, spec, visible, *control_values, made=made)
 
     def analyse_ahead(self, upload: str, spec: str, controls: Controls) -> Session | None:
@@ -199,7 +199,7 @@ class QuickAnswers:
         tab, controls = open_tab(previous)
         if controls is None:
             return {}
-        controls = replace(controls, start_layer=0)  # as the upload's event sets it (``tabs.shared.upload_controls``)
+        controls = upload_controls(controls)  # as the upload's event draws it
         # in Gradio's cache, named as Gradio names an upload: the same image name in the summary, deleted with the rest
         folder = Path(get_upload_folder()) / image_digest(data)
         folder.mkdir(parents=True, exist_ok=True)

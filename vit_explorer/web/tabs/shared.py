@@ -181,15 +181,15 @@ def analysis_answers(models: ModelCache, upload: str | None, spec: str, visible:
         yield empty_outputs()
         return
     try:
-        yield from analysed_outputs(models, upload, spec, visible, upload_controls(control_values), made)
+        yield from analysed_outputs(models, upload, spec, visible, upload_controls(Controls.from_values(control_values)), made)
     except VitExplorerError as error:
         gr.Warning(str(error), title=UNREADABLE)
         yield empty_outputs(f"⚠️ **{UNREADABLE}:** {error}")
 
 
-def upload_controls(control_values: tuple) -> Controls:
+def upload_controls(controls: Controls) -> Controls:
     """The controls an upload is analysed and drawn with: the start-layer slider goes back to 0 (``rollout.set_ranges``)."""
-    return replace(Controls.from_values(control_values), start_layer=0)
+    return replace(controls, start_layer=0)
 
 
 def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, controls: Controls,
