@@ -20,7 +20,7 @@ from vit_explorer.core.maps import CLASS_METHODS, Overview
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Run
 from vit_explorer.draw import charts, pictures
-from vit_explorer.draw.words import RANDOM_WEIGHTS
+from vit_explorer.draw.words import RANDOM_WEIGHTS, completeness
 from vit_explorer.errors import VitExplorerError
 
 STYLE = """body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;color:#282828;max-width:1100px;margin:24px auto;
@@ -177,9 +177,7 @@ def atlas_section(record: dict) -> str:
     words = (f"{record['model']} over {record['images']} images: each head's mean |direct contribution| to the images' "
              "answers (colour) and its first description or the answer it pushes up most")
     if done:
-        words += (f"; completeness: zero-shot accuracy {done['accuracy']:.1%} with every head, {done['replaced_accuracy']:.1%} "
-                  f"with the early heads mean-ablated and the last {done['late_layers']} layers' heads replaced by their "
-                  "descriptions")
+        words += f"; completeness: {completeness(done)}"
     strongest = sorted(record["heads"], key=lambda entry: -entry["mean_abs_contribution"])[:ATLAS_ROWS]
     rows = "".join(
         f"<tr><td>L{entry['layer']} h{entry['head']}</td><td>{entry['mean_abs_contribution']:.3g}</td>"

@@ -12,7 +12,7 @@ from vit_explorer.core.head_atlas import TOP_HEADS, Atlas
 from vit_explorer.core.maps import CLASS_SPECIFIC
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Run
-from vit_explorer.draw.words import RANDOM_WEIGHTS
+from vit_explorer.draw.words import RANDOM_WEIGHTS, completeness
 
 
 def run_lines(run: Run) -> tuple[list[str], list[str]]:
@@ -138,10 +138,7 @@ def atlas_lines(atlas: Atlas) -> list[str]:
     lines = [f"{atlas.model}: {len(atlas.paths)} images, {layers} layers × {heads} heads"
              + (f", {len(atlas.skipped)} unreadable files skipped" if atlas.skipped else "")]
     if atlas.completeness is not None:
-        done = atlas.completeness
-        lines.append(f"completeness: zero-shot accuracy {done['accuracy']:.1%} with every head; {done['replaced_accuracy']:.1%} "
-                     f"with the first {layers - done['late_layers']} layers' heads mean-ablated and the last "
-                     f"{done['late_layers']} layers' heads replaced by their descriptions ({done['images']} labelled images)")
+        lines.append(f"completeness: {completeness(atlas.completeness)}")
     mean_abs, share, pushes = atlas.mean_abs(), atlas.top_share(), atlas.pushes_up()
     for index in mean_abs.flatten().argsort(descending=True)[:10].tolist():
         layer, head = divmod(index, heads)

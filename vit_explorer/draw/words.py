@@ -21,3 +21,11 @@ def ablation_cost(layers: int, heads: int) -> str:
     """A head ablation's cost, and why (``interventions.forward_equivalents``)."""
     return (f"{passes(forward_equivalents(layers, heads))} (1 + {layers} passes; the pass for layer l runs {heads} copies, "
             "one per head, of the layers from l up)")
+
+
+def completeness(done: dict) -> str:
+    """The atlas's completeness check (``methods.atlas.completeness``) in words: the zero-shot accuracy with every head,
+    and with the early layers' heads mean-ablated and the late layers' replaced by their descriptions."""
+    return (f"zero-shot accuracy {done['accuracy']:.1%} with every head, {done['replaced_accuracy']:.1%} with the early "
+            f"layers' heads mean-ablated and the last {done['late_layers']} layers' heads replaced by their descriptions "
+            f"({done['images']} labelled images)")

@@ -26,7 +26,7 @@ from vit_explorer.core.statistics import DatasetStatistics
 from vit_explorer.core.targets import shown_prompt
 from vit_explorer.core.token_norms import TokenNorms
 from vit_explorer.draw.pictures import signed
-from vit_explorer.draw.words import RANDOM_WEIGHTS, ablation_cost, passes, sentence
+from vit_explorer.draw.words import RANDOM_WEIGHTS, ablation_cost, completeness, passes, sentence
 from vit_explorer.web.session import Controls, Session
 
 BACKBONE_NOTE = ("Backbone: no classifier head, so no predictions; attention, rollout and head statistics work, and the target "
@@ -528,9 +528,7 @@ def atlas_summary(record: dict) -> str:
             "Click a head.")
     done = record.get("completeness")
     if done:
-        text += (f" Completeness: zero-shot accuracy {done['accuracy']:.1%} with every head, {done['replaced_accuracy']:.1%} "
-                 f"with the early layers' heads mean-ablated and the last {done['late_layers']} layers' heads replaced by "
-                 "their descriptions.")
+        text += f" Completeness: {completeness(done)}."
     return text
 
 
