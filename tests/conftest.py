@@ -167,3 +167,18 @@ def backbone_models():
     models.put("hf:test-backbone", from_hf_module(transformers.Dinov2Model(config).eval(), "hf:test-backbone"))
     return models
 
+
+
+@pytest.fixture
+def maps_only(monkeypatch):
+    """Every family keeps its maps as one that records no attention inputs does: whole, float16 or compact by the budget."""
+    from vit_explorer.models.base import CaptureAdapter
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    for adapter in subclasses(CaptureAdapter):
+        if isinstance(vars(adapter).get("reads_attention_inputs"), bool):
+            monkeypatch.setattr(adapter, "reads_attention_inputs", False)

@@ -46,9 +46,38 @@ def test_dinov2_large_at_518_would_not_hold_float32_maps():
     assert choose_storage(100, 60) == "float16" and choose_storage(100, 40) == "compact"
 
 
-def test_memory_budget_switches_to_float16_then_to_compact_and_keeps_what_views_need(tiny_checkpoint, image_file):
+def test_above_the_budget_a_classifier_keeps_queries_and_keys_and_every_patch_rows_without_the_model(tiny_checkpoint,
+                                                                                                        image_file):
+    """Maps within the budget are kept whole from the pass with the gradients; above it, the queries and keys of a fused
+    forward (float16 below their own size), from which every view, every patch's rows included, is derived without the
+    model. A family that records no inputs falls back to float16, then compact maps."""
     model = load_model(str(tiny_checkpoint))
     full = analyze(model, image_file)
+    assert full.storage == "float32" and full.queries_keys is None
+    derived = analyze(model, image_file, memory_budget=full.store.full_bytes - 1)
+    assert derived.attentions is None and derived.queries_keys.queries.dtype == torch.float32
+    assert derived.nbytes < full.nbytes and derived.store.full_bytes == full.store.full_bytes
+    half = analyze(model, image_file, memory_budget=derived.store.nbytes // 2 + 1)
+    assert half.queries_keys.queries.dtype == torch.float16 and "float16" in half.storage
+    Exploding.armed = False
+    for analysis, tolerance in ((derived, 1e-6), (half, 2e-3)):  # float16 queries and keys: about 1e-3 of a weight
+        assert analysis.store.keeps_rows_of(9)
+        for query in (0, None, 9):  # class token, mean of patch queries, a patch
+            np.testing.assert_allclose(maps.query_rows(analysis, query), maps.query_rows(full, query), atol=tolerance)
+        for name in ("entropy", "distance", "prefix share"):
+            np.testing.assert_allclose(maps.head_statistic(analysis, name), maps.head_statistic(full, name), rtol=tolerance,
+                                       atol=tolerance)
+        for options in (maps.RolloutOptions(discard_ratio=0.2, start_layer=1), maps.RolloutOptions(head_fusion="max")):
+            np.testing.assert_allclose(maps.rollout_map(analysis, 0, options), maps.rollout_map(full, 0, options), atol=tolerance)
+        assert analysis.evidence.keys() == full.evidence.keys()  # the gradients took their own pass
+        np.testing.assert_allclose(next(iter(analysis.evidence.values())).weighted, next(iter(full.evidence.values())).weighted,
+                                   atol=1e-6)
+
+
+def test_a_family_without_recorded_inputs_keeps_float16_then_compact_maps(tiny_checkpoint, image_file, monkeypatch):
+    model = load_model(str(tiny_checkpoint))
+    full = analyze(model, image_file)
+    monkeypatch.setattr(type(model.adapter), "reads_attention_inputs", False)
     full_bytes = full.attentions.nbytes
     half = analyze(model, image_file, memory_budget=full_bytes - 1)
     assert half.attentions.dtype == torch.float16 and half.storage == "float16"

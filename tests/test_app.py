@@ -373,7 +373,9 @@ def test_a_dear_classifier_shows_its_forward_pass_first_then_its_evidence(models
     session = second["state"]
     assert session.evidence is not None and session.evidence.decomposition is not None
     assert session.evidence.target == int(session.analysis.logits.argmax())
-    np.testing.assert_array_equal(first["overview_rollout"], by_name(once[0], shared.FULL_OUTPUTS)["overview_rollout"])
+    # the first answer's maps are derived from the fused forward's queries and keys, the once path's kept from the explicit
+    # pass: equal within float32 rounding, which moves a pixel's colour by a few levels at most
+    np.testing.assert_allclose(first["overview_rollout"], by_name(once[0], shared.FULL_OUTPUTS)["overview_rollout"], atol=4)
     assert first["target"]["interactive"] is False and second["target"]["interactive"] is True
     # the class-specific controls keep the user's method until the evidence comes; the words say it is coming
     assert first["method"] == gr.update() and "choices" in second["method"]

@@ -1,4 +1,5 @@
-"""The map store: full and compact maps answer the same questions, and a compact one says when it needs the model."""
+"""The map store: full and compact maps answer the same questions, and a compact one says when it needs the model (the
+store derived from queries and keys: test_derived_maps)."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from vit_explorer.core.analysis import recompute_query_rows
 from vit_explorer.core.statistics import HEAD_STATISTICS
 
 
-def test_full_and_compact_stores_give_the_same_rows_statistics_and_head_means(tiny_checkpoint, image_file):
+def test_full_and_compact_stores_give_the_same_rows_statistics_and_head_means(tiny_checkpoint, image_file, maps_only):
     model = load_model(str(tiny_checkpoint))
     full = analyze(model, image_file).store
     compact = analyze(model, image_file, memory_budget=1).store  # above twice the budget: compact
@@ -20,11 +21,10 @@ def test_full_and_compact_stores_give_the_same_rows_statistics_and_head_means(ti
     torch.testing.assert_close(compact.head_means().float(), full.head_means(), atol=1e-3, rtol=0)
     # the full store's compact form is the reduction the compact store kept as its layers arrived
     torch.testing.assert_close(full.compact_form()["head_mean"].float(), compact.head_means().float(), atol=1e-3, rtol=0)
-    with pytest.raises(VitExplorerError, match="mean only"):
-        compact.head_maps("max")
+    assert full.keeps_every_head and not compact.keeps_every_head
 
 
-def test_a_compact_store_asks_for_the_model_once_per_patch_query(tiny_checkpoint, image_file):
+def test_a_compact_store_asks_for_the_model_once_per_patch_query(tiny_checkpoint, image_file, maps_only):
     model = load_model(str(tiny_checkpoint))
     full = analyze(model, image_file)
     compact = analyze(model, image_file, memory_budget=1)

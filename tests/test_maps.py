@@ -138,7 +138,7 @@ def test_a_random_dinov2s_near_uniform_maps_are_drawn_near_uniform_and_called_fl
         assert picture[:height, :width].min() > 200, name  # near white, not stretched over black…white
 
 
-def test_the_analysis_layer_is_torch_and_pictures_are_numpy_from_the_render_boundary(model, analysis, image_file):
+def test_the_analysis_layer_is_torch_and_pictures_are_numpy_from_the_render_boundary(model, analysis, image_file, maps_only):
     evidence = class_evidence(model, analysis)
     compact = analyze(model, image_file, memory_budget=1)
     computed = {

@@ -126,7 +126,7 @@ def test_every_capture_adapter_method_a_readout_does_not_compute_reaches_the_wra
             return lambda *args, **kwargs: calls.append((name, args, kwargs)) or name
 
     readout = SimilarityAdapter(Recording(), torch.ones(4))
-    computed = {"classify", "layer_readout", "logits", "attached", "edited", "matches", "num_classes"}
+    computed = {"classify", "layer_readout", "logits", "attached", "edited", "recorded_inputs", "matches", "num_classes"}
     methods = [name for name, member in vars(CaptureAdapter).items() if inspect.isfunction(member) and not name.startswith("_")]
     assert {"layer_outputs", "branched", "blocks", "pool"} <= set(methods) - computed
     for name in sorted(set(methods) - computed):

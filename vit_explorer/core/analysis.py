@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from vit_explorer.core import attnlrp, decomposition, legrad, relevance
-from vit_explorer.core.capture import TOP, Captured, ReducingSink, RowSink, StackingSink, capture
+from vit_explorer.core.capture import TOP, Captured, InputsSink, ReducingSink, RowSink, StackingSink, capture
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
-from vit_explorer.core.map_store import MapStore, compact_layer, stack_compact
+from vit_explorer.core.map_store import MapStore, QueriesKeys, compact_layer, map_store, stack_compact
 from vit_explorer.core.targets import PromptAdapter, SimilarityAdapter
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
@@ -53,7 +53,7 @@ class Analysis:
     Attributes:
         image: the image as the model saw it ``[H, W, 3]`` uint8 (a numpy picture).
         attentions: softmax attention of every layer and head ``[layers, heads, n, n]`` (float32, or
-            float16 above the memory budget); None when the analysis is compact.
+            float16 above the memory budget), where the maps were kept whole; else None (``store.full_maps`` gives them).
         logits: ``[classes]`` float32 (empty for a backbone without a classifier).
         layout: token layout (prefix tokens, patch grid).
         labels: class names, or None when the model has none.
@@ -64,6 +64,8 @@ class Analysis:
             embedding), for every view of this analysis to show.
         prompt_notes: what the text tower read of each prompt, for a model prompted as a classifier.
         ood: the out-of-distribution verdict, for a model calibrated for one (``ood`` module); else None.
+        queries_keys: each layer's queries and keys (``map_store.QueriesKeys``), where the maps are derived from them (every
+            family that records them: ``CaptureAdapter.reads_attention_inputs``); else None.
         compact: for a compact analysis, ``head_mean`` ``[layers, n, n]``, ``prefix_rows``
             ``[layers, heads, prefix, n]``, ``patch_mean_rows`` ``[layers, heads, n]`` (float16) and the
             statistics ``[layers, heads]`` by name; else None. A patch query's rows are then
@@ -88,6 +90,7 @@ class Analysis:
     labels: list[str] | None
     model_name: str
     compact: dict[str, Any] | None = None
+    queries_keys: QueriesKeys | None = None
     ood: OodVerdict | None = None
     view_note: str = ""
     model_notes: tuple[str, ...] = ()
@@ -110,7 +113,7 @@ class Analysis:
     map_shape: tuple[int, int] = field(init=False)  # (layers, heads)
 
     def __post_init__(self) -> None:
-        self.store = MapStore(self.layout, self.attentions, self.compact)
+        self.store = map_store(self.layout, self.attentions, self.compact, self.queries_keys)
         self.map_shape = self.store.shape
 
     def __repr__(self) -> str:
@@ -304,35 +307,57 @@ def map_bytes(layout: TokenLayout, layers: int, heads: int, itemsize: int = 4) -
     return layers * heads * layout.num_tokens**2 * itemsize
 
 
+def input_bytes(layout: TokenLayout, model: LoadedModel, itemsize: int = 4) -> int:
+    """Bytes of every layer's queries and keys ``2 × [layers, heads, n, head_dim]``."""
+    layers, _ = model.map_shape
+    return 2 * layers * layout.num_tokens * model.adapter.attention_width(model.module) * itemsize
+
+
 def choose_storage(full_bytes: int, memory_budget: int) -> str:
-    """"float32" if the full float32 stack fits the budget, "float16" if half of it does, else "compact"."""
+    """"float32" if the float32 form fits the budget, "float16" if half of it does, else "compact"."""
     if full_bytes <= memory_budget:
         return "float32"
     return "float16" if full_bytes // 2 <= memory_budget else "compact"
 
 
+def map_sink(model: LoadedModel, memory_budget: int, gradients: bool) -> InputsSink | ReducingSink | StackingSink:
+    """Where ``analyze``'s pass keeps the maps (module doc). A pass with ``gradients`` runs the explicit path, which makes
+    every map anyway: they are kept whole where they fit the budget. Otherwise each layer's queries and keys are kept where
+    the family records them (float16 above the budget), from its fused forward; a family that does not keeps its maps
+    float32, float16 or compactly by the budget."""
+    map_storage = choose_storage(map_bytes(model.layout, *model.map_shape), memory_budget)
+    if model.adapter.reads_attention_inputs and not (gradients and map_storage == "float32"):
+        return InputsSink(torch.float16 if choose_storage(input_bytes(model.layout, model), memory_budget) != "float32"
+                          else torch.float32)
+    if map_storage == "compact":
+        return ReducingSink(partial(compact_layer, layout=model.layout), stack_compact)
+    return StackingSink(model.map_shape[0], dtype=torch.float16 if map_storage == "float16" else torch.float32)
+
+
 def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET,
             fit: str = "stretch", explain: bool = True, decompose: bool = False) -> Analysis:
     """Decode ``image``, fit it to the model's input (``images.FITS``), and capture every layer's attention
-    in one forward pass; with ``explain`` (and a classifier head), the backward pass of the same pass
-    gives the top class's evidence for the class-specific maps, and with ``decompose`` its decomposition too.
+    in one forward pass; with ``explain`` (and a classifier head), one backward pass gives the top class's evidence for
+    the class-specific maps, and with ``decompose`` its decomposition too.
 
-    ``memory_budget`` (bytes) decides how the maps are kept: float32, float16 or compact (module doc).
+    Where the maps come from (``map_sink``): with a class to explain and every map within ``memory_budget`` (bytes), the
+    pass with the gradients keeps them whole. Otherwise a family that records its attention inputs runs its own fused
+    forward, keeping each layer's queries and keys (the maps are derived from them when asked: memory linear in the
+    tokens), and the gradients, where wanted, take a pass of their own; another family keeps float16 or compact maps.
     """
     decoded = load_image(image, name)
     view = model_view(decoded, model.preprocess, fit)
     pixels = to_pixels(view, model.preprocess).to(model.device)
-    layers, _ = model.map_shape
-    storage = choose_storage(map_bytes(model.layout, *model.map_shape), memory_budget)
-    sink = (ReducingSink(partial(compact_layer, layout=model.layout), stack_compact) if storage == "compact"
-            else StackingSink(layers, dtype=torch.float16 if storage == "float16" else torch.float32))
     # a backbone has no class to differentiate: no graph is built for it (one forward under inference mode)
-    captured = capture(model, pixels, sink, target=TOP if explain and model.num_classes else None,
-                       reduce_gradients=relevance.layer_evidence, norms=True,
-                       graph_reader=decomposition.reading if decompose else None)
-    compact = captured.kept if storage == "compact" else None
-    result = Analysis(image=view, attentions=captured.kept[0].cpu() if compact is None else None,  # one transfer from the device
-                      compact=compact, logits=captured.logits[0].float().cpu(), layout=model.layout,
+    target = TOP if explain and model.num_classes else None
+    sink = map_sink(model, memory_budget, gradients=target is not None)
+    separate = isinstance(sink, InputsSink)
+    captured = capture(model, pixels, sink, target=None if separate else target, reduce_gradients=relevance.layer_evidence,
+                       norms=True, graph_reader=decomposition.reading if decompose and not separate else None)
+    kept = captured.kept
+    result = Analysis(image=view, attentions=kept[0].cpu() if isinstance(sink, StackingSink) else None,  # one transfer
+                      compact=kept if isinstance(sink, ReducingSink) else None, queries_keys=kept[0] if separate else None,
+                      logits=captured.logits[0].float().cpu(), layout=model.layout,
                       labels=model.labels, model_name=model.name,
                       ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,
                       view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), model_notes=tuple(model.notes),
@@ -341,7 +366,9 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
                       layer_tokens=captured.layer_tokens[0],
                       similarity=isinstance(model.adapter, SimilarityAdapter), prompted=isinstance(model.adapter, PromptAdapter),
                       reads_text=model.text is not None)
-    if captured.targets is not None:
+    if separate and target is not None:
+        class_evidence(model, result, decompose=decompose)
+    elif captured.targets is not None:
         evidence = ClassEvidence.from_capture(captured, result.label)
         result.evidence[evidence.target] = evidence
     return result

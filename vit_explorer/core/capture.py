@@ -24,6 +24,8 @@ from torch import nn
 
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import adapter_for
+from vit_explorer.core.map_store import QueriesKeys
+from vit_explorer.models.attention_inputs import AttentionInputs
 from vit_explorer.models.base import CaptureAdapter, LoadedModel
 from vit_explorer.models.layout import TokenLayout
 
@@ -181,6 +183,37 @@ class StatisticsSink(LayerSink):
         return {name: torch.stack([layer[name] for layer in layers], dim=1) for name in layers[0]}
 
 
+class InputsSink(LayerSink):
+    """Keeps each layer's attention inputs (``AttentionInputs``) instead of its map: the sink of a pass on the model's
+    fused path (``CaptureAdapter.recorded_inputs``), whose maps are derived later (``map_store.DerivedMaps``). Queries and
+    keys are copied to the CPU in ``dtype`` as each layer arrives."""
+
+    reads_inputs = True
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def __setitem__(self, layer: int, inputs: AttentionInputs) -> None:
+        self.layers[layer] = inputs.to(self.dtype)
+
+    def result(self) -> list[QueriesKeys]:
+        """Each image's ``QueriesKeys``."""
+        layers = self.in_layer_order()
+        queries = torch.stack([inputs.queries for inputs in layers], dim=1)  # [b, layers, heads, n, d]
+        keys = torch.stack([inputs.keys for inputs in layers], dim=1)
+
+        def bias_of(inputs: AttentionInputs, image: int) -> torch.Tensor | None:
+            bias = inputs.bias
+            if bias is None:
+                return None
+            bias = bias.expand(len(queries), *bias.shape[1:]) if bias.ndim == 4 else bias[None]
+            return bias[image]  # broadcastable to [heads, n, n]
+
+        return [QueriesKeys(queries[image], keys[image], tuple(bias_of(inputs, image) for inputs in layers))
+                for image in range(len(queries))]
+
+
 class RowSink(LayerSink):
     """Keeps only token ``query``'s row of every head of image 0 ``[heads, n]`` per layer."""
 
@@ -277,12 +310,15 @@ def capture(
     (``GraphReader``; its result is ``reading``). Hooks are removed before this returns or raises.
     """
     module, adapter = resolve(model)
+    reads_inputs = getattr(sink, "reads_inputs", False)
+    if reads_inputs and target is not None:
+        raise ValueError("a pass that records attention inputs runs the fused path, which has no maps to differentiate")
     graph = LayerSink() if target is not None else None
     hooked = graph if graph is not None else (sink if sink is not None else LayerSink())
     targets = gradients = reading = None
     reader = graph_reader(module, adapter, images) if graph_reader is not None and graph is not None else nullcontext()
-    with (capture_lock(module), reader as read, recording_norms(module, adapter, norms) as layer_norms,
-          adapter.attached(module, hooked) as forward):
+    attach = adapter.recorded_inputs(module, hooked.__setitem__) if reads_inputs else adapter.attached(module, hooked)
+    with (capture_lock(module), reader as read, recording_norms(module, adapter, norms) as layer_norms, attach as forward):
         if graph is None:
             with torch.inference_mode():
                 logits = forward(images)

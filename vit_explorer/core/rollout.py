@@ -6,6 +6,8 @@ refused with the one call that converts it, so that no function here has to ask 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import torch
 
 from vit_explorer.errors import VitExplorerError
@@ -52,6 +54,20 @@ def discard_lowest(fused: torch.Tensor, discard_ratio: float, num_protected: int
     return fused.scatter(-1, lowest, 0.0)
 
 
+def mixed_rows(fused: torch.Tensor, first: int = 0, discard_ratio: float = 0.0, residual_weight: float = 0.5,
+               num_protected: int = 1) -> torch.Tensor:
+    """Rows ``first …`` of the factors Â = rownorm((1−w)·discard(fused) + w·I) from the same rows of the head-fused maps
+    ``[..., r, n]``: a layer's whole factor for ``first`` 0 and every row, or one block of its rows."""
+    if not 0.0 <= residual_weight <= 1.0:
+        raise VitExplorerError(f"residual_weight must be in [0, 1], got {residual_weight}")
+    # w·I added to the diagonal in place, the same values as adding the matrix: at 1370 tokens each [layers, n, n]
+    # temporary is 90 MB
+    mixed = (1.0 - residual_weight) * discard_lowest(fused, discard_ratio, num_protected)
+    mixed[..., first : first + mixed.shape[-2]].diagonal(dim1=-2, dim2=-1).add_(residual_weight)
+    # each row is a distribution over keys: normalise along the key axis, keeping it for broadcasting
+    return mixed.div_(mixed.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(mixed.dtype).tiny))
+
+
 def rollout_factors(
     attentions: torch.Tensor,
     head_fusion: str = "mean",
@@ -60,15 +76,25 @@ def rollout_factors(
     num_protected: int = 1,
 ) -> torch.Tensor:
     """The per-layer factors Â_l = rownorm((1−w)·fuse(A_l) + w·I) ``[layers, n, n]``."""
-    if not 0.0 <= residual_weight <= 1.0:
-        raise VitExplorerError(f"residual_weight must be in [0, 1], got {residual_weight}")
-    fused = discard_lowest(fuse_heads(attentions, head_fusion), discard_ratio, num_protected)
-    # w·I added to the diagonal in place, the same values as adding the matrix: at 1370 tokens each [layers, n, n]
-    # temporary is 90 MB
-    mixed = (1.0 - residual_weight) * fused
-    mixed.diagonal(dim1=-2, dim2=-1).add_(residual_weight)
-    # each row is a distribution over keys: normalise along the key axis, keeping it for broadcasting
-    return mixed.div_(mixed.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(mixed.dtype).tiny))
+    return mixed_rows(fuse_heads(attentions, head_fusion), 0, discard_ratio, residual_weight, num_protected)
+
+
+def streamed_rollout_rows(head_blocks: Callable[[int], Iterable[tuple[int, torch.Tensor]]], num_layers: int,
+                          queries: torch.Tensor, head_fusion: str = "mean", discard_ratio: float = 0.0,
+                          residual_weight: float = 0.5, num_protected: int = 1) -> torch.Tensor:
+    """The rollout rows of query weights ``[q, n]`` for every start layer ``[layers, q, n]`` (entry s: ``rollout_rows``
+    with ``start_layer`` s), from each layer's maps read in blocks of rows (``head_blocks(layer)`` yields (first row, every
+    head's rows ``[heads, r, n]``)): no layer's n × n factor is ever held, and one pass down the layers gives every start."""
+    rows = queries.float()
+    by_start = []
+    for layer in range(num_layers - 1, -1, -1):  # the last layer first
+        product = torch.zeros_like(rows)
+        for first, block in head_blocks(layer):
+            factor = mixed_rows(fuse_heads(block[None], head_fusion)[0], first, discard_ratio, residual_weight, num_protected)
+            product.addmm_(rows[:, first : first + factor.shape[0]], factor)
+        rows = product
+        by_start.append(rows)
+    return torch.stack(by_start[::-1])
 
 
 def check_start_layer(start_layer: int, num_layers: int) -> None:

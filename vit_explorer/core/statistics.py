@@ -25,27 +25,39 @@ def _per_map(maps: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor])
     return values.view(-1, *maps.shape[:-2])
 
 
-def _entropy(maps: torch.Tensor) -> torch.Tensor:
+def _entropy(rows: torch.Tensor) -> torch.Tensor:
     # -Σ p·log p as one log pass and one fused dot per row (``torch.special.entr`` is twice as slow); a weight
     # of exactly 0 contributes 0·log(tiny) = 0, as it should
-    logs = maps.clamp_min(torch.finfo(maps.dtype).tiny).log_()
-    return torch.linalg.vecdot(maps, logs).mean(dim=-1).neg_()
+    logs = rows.clamp_min(torch.finfo(rows.dtype).tiny).log_()
+    return torch.linalg.vecdot(rows, logs).neg_()  # [m, r]
 
 
-def _distance(maps: torch.Tensor, distances: torch.Tensor, prefix: int) -> torch.Tensor:
-    patch_to_patch = maps[:, prefix:, prefix:]  # [m, patches, patches]
-    # Σ_k A[q, k]·d(q, k) / Σ_k A[q, k]: the renormalisation divides the sum, not each weight
-    weighted = torch.linalg.vecdot(patch_to_patch, distances)
-    return (weighted / patch_to_patch.sum(dim=-1).clamp_min(1e-12)).mean(dim=-1)
+def block_sums(rows: torch.Tensor, first: int, layout: TokenLayout, distances: torch.Tensor) -> torch.Tensor:
+    """Each statistic of ``HEAD_STATISTICS`` summed over the rows of a block of maps ``[m, r, n]`` (float32) whose rows are
+    the queries ``first … first + r - 1`` ``[3, m]``: the entropy over every row, the distance and the prefix share over
+    the patch rows (what ``statistic_rows`` counts), so that a map read in blocks of rows gives, summed over its blocks, what
+    the whole map gives. ``distances`` are ``patch_distances``."""
+    prefix = layout.num_prefix_tokens
+    entropy = _entropy(rows).sum(dim=-1)
+    patch_rows = rows[:, max(prefix - first, 0):]  # [m, patch queries in the block, n]
+    first_patch = max(first, prefix) - prefix
+    to_patches = patch_rows[:, :, prefix:]
+    # Σ_k A[q, k]·d(q, k) / Σ_k A[q, k]: the renormalisation divides the sum, not each weight, so that attention parked on
+    # prefix tokens does not count as distance zero
+    weighted = torch.linalg.vecdot(to_patches, distances[first_patch : first_patch + patch_rows.shape[1]])
+    distance = (weighted / to_patches.sum(dim=-1).clamp_min(1e-12)).sum(dim=-1)
+    share = patch_rows[:, :, :prefix].sum(dim=(-2, -1))
+    return torch.stack([entropy, distance, share])
 
 
-def _prefix_share(maps: torch.Tensor, prefix: int) -> torch.Tensor:
-    return maps[:, prefix:, :prefix].sum(dim=-1).mean(dim=-1)
+def statistic_rows(layout: TokenLayout) -> torch.Tensor:
+    """How many rows each statistic of ``HEAD_STATISTICS`` averages over ``[3]``: every query, the patch queries twice."""
+    return torch.tensor([layout.num_tokens, layout.num_patches, layout.num_patches], dtype=torch.float32)
 
 
 def attention_entropy(attentions: torch.Tensor) -> torch.Tensor:
     """Mean entropy (nats) of each head's rows ``[..., heads]``; log(n) is uniform, 0 is one-hot."""
-    return _per_map(attentions, lambda maps: _entropy(maps)[None])[0]
+    return _per_map(attentions, lambda maps: _entropy(maps).mean(dim=-1)[None])[0]
 
 
 def patch_distances(layout: TokenLayout, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -63,22 +75,19 @@ def mean_attention_distance(attentions: torch.Tensor, layout: TokenLayout) -> to
     renormalised over patches, so attention parked on prefix tokens does not count as distance
     zero), averaged over queries — the measure of Fig. 7 of the ViT paper.
     """
-    distances, prefix = patch_distances(layout, attentions.device), layout.num_prefix_tokens
-    return _per_map(attentions, lambda maps: _distance(maps, distances, prefix)[None])[0]
+    return head_statistics(attentions, layout)["distance"]
 
 
 def prefix_share(attentions: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     """Share of each head's attention from patch queries that lands on prefix tokens ``[..., heads]``."""
-    prefix = layout.num_prefix_tokens
-    return _per_map(attentions, lambda maps: _prefix_share(maps, prefix)[None])[0]
+    return head_statistics(attentions, layout)["prefix share"]
 
 
 def head_statistics(attentions: torch.Tensor, layout: TokenLayout) -> dict[str, torch.Tensor]:
     """Every statistic of ``HEAD_STATISTICS`` ``{name: [..., heads]}``, from one read of each group of maps
     (what capture's statistics sinks use: a dataset batch's maps come from memory once, not once per statistic)."""
-    distances, prefix = patch_distances(layout, attentions.device), layout.num_prefix_tokens
-    values = _per_map(attentions,
-                      lambda maps: torch.stack([_entropy(maps), _distance(maps, distances, prefix), _prefix_share(maps, prefix)]))
+    distances, counts = patch_distances(layout, attentions.device), statistic_rows(layout).to(attentions.device)
+    values = _per_map(attentions, lambda maps: block_sums(maps, 0, layout, distances) / counts[:, None])
     return dict(zip(HEAD_STATISTICS, values, strict=True))
 
 

@@ -43,6 +43,7 @@ from torch import nn
 from vit_explorer.core.capture import capture_lock
 from vit_explorer.core.images import ImageSource
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.attention_inputs import AttentionInputs
 from vit_explorer.models.base import CaptureAdapter, LoadedModel
 from vit_explorer.models.text import Reading, UnitNorm
 
@@ -274,6 +275,16 @@ class ReadoutAdapter(CaptureAdapter):
     def edited(self, module: nn.Module,
                edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         with self.base.edited(module, edits) as forward:
+            yield self.score_of(module, forward)
+
+    @property
+    def reads_attention_inputs(self) -> bool:
+        return self.base.reads_attention_inputs
+
+    @contextmanager
+    def recorded_inputs(self, module: nn.Module,
+                        record: Callable[[int, AttentionInputs], None]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        with self.base.recorded_inputs(module, record) as forward:
             yield self.score_of(module, forward)
 
 

@@ -114,7 +114,7 @@ def write_npz(analysis: Analysis, path: Path, full_maps: bool = False) -> int:
     if analysis.ood is not None:
         arrays.update(ood_score=np.array(analysis.ood.score), ood_threshold=np.array(analysis.ood.threshold))
     if full_maps:
-        arrays["attentions"] = numpy_of(analysis.attentions)
+        arrays["attentions"] = numpy_of(analysis.store.full_maps())
     if analysis.labels is not None:
         arrays["labels"] = np.array(analysis.labels, dtype=str)
     if analysis.token_norms is not None:

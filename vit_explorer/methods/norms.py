@@ -59,13 +59,6 @@ def outlier_thresholds(patch_norms: torch.Tensor, k: float = K) -> tuple[torch.T
     return middle, middle + k * spread
 
 
-def received_attention(attentions: torch.Tensor) -> torch.Tensor:
-    """Mean attention each token receives ``[layers, n]`` float32 (over heads and queries), from maps
-    ``[layers, heads, n, n]`` or head means ``[layers, n, n]``."""
-    dims = (1, 2) if attentions.ndim == 4 else (1,)
-    return attentions.mean(dim=dims, dtype=torch.float32)
-
-
 def flag_patches(norms: torch.Tensor, layout: TokenLayout, k: float = K) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each layer's median patch norm and outlier threshold ``[layers]``, and the flagged tokens ``[layers, n]`` (patches
     above the threshold; prefix tokens never), from the token norms ``[layers, n]``."""
@@ -110,8 +103,5 @@ def for_analysis(analysis: Analysis, k: float = K) -> TokenNorms:
     if analysis.token_norms is None:
         raise VitExplorerError("this analysis was made without token norms; analyse the image again")
 
-    def received() -> torch.Tensor:
-        return received_attention(analysis.store.head_means())
-
-    shares = memo(analysis, ("received_attention",), received)
+    shares = analysis.store.received_attention()
     return memo(analysis, ("token_norms", float(k)), lambda: token_norms(analysis.token_norms, shares, analysis.layout, k))

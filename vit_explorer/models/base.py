@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.attention_inputs import AttentionInputs, recording_sdpa
 from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.ood import OodCalibration
 from vit_explorer.models.text import TextTower
@@ -73,6 +74,29 @@ class CaptureAdapter(ABC):
         on exit, also when the forward raised.
         """
 
+    # whether ``recorded_inputs`` reads this family: its attention is softmax(q·kᵀ + bias), one SDPA call per layer on the
+    # path ``fused`` switches on (or an adapter's own reading of q and k). A family that is not keeps its maps the way
+    # ``attached`` hands them over.
+    reads_attention_inputs: bool = False
+
+    @contextmanager
+    def fused(self, module: nn.Module) -> Iterator[None]:
+        """Make ``module`` compute each layer's attention with one ``scaled_dot_product_attention`` call (default: it
+        does)."""
+        yield
+
+    @contextmanager
+    def recorded_inputs(self, module: nn.Module,
+                        record: Callable[[int, AttentionInputs], None]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """While active, the yielded function maps pixels ``[b, 3, H, W]`` to logits ``[b, classes]`` by the model's own
+        fused forward, and each layer's attention inputs reach ``record(layer, inputs)`` as it runs (``AttentionInputs``):
+        no map is made. Undone on exit, also when the forward raised."""
+        if not self.reads_attention_inputs:
+            raise VitExplorerError(f"{type(module).__name__}: vit_explorer does not know this family's queries and keys; its "
+                                   "maps are captured whole")
+        with self.fused(module), recording_sdpa(record, self.map_shape(module)[0]):
+            yield partial(self.logits, module)
+
     @abstractmethod
     def num_classes(self, module: nn.Module) -> int:
         """How many class scores ``module`` gives, known before running it; 0 for a backbone without a classifier head."""
@@ -127,6 +151,11 @@ class CaptureAdapter(ABC):
         Activation patching replaces one head's slice there."""
         raise VitExplorerError(f"{type(module).__name__}: vit_explorer does not know where its heads' outputs meet, so it "
                                "cannot patch one head")
+
+    def attention_width(self, module: nn.Module) -> int:
+        """heads × head_dim: the width of one token's queries (and keys) in a layer, known before running ``module``
+        (default: the input width of ``head_projections``)."""
+        return self.head_projections(module)[0].in_features
 
     @abstractmethod
     def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

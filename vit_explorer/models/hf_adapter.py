@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 
 import torch
@@ -111,6 +111,11 @@ class HFAdapter(CaptureAdapter):
         check_input_hw(input_hw, (patch, patch))
         return TokenLayout(prefix_names=tuple(names), grid_hw=(input_hw[0] // patch, input_hw[1] // patch),
                            patch_hw=(patch, patch))
+
+    reads_attention_inputs = True  # transformers' ``sdpa`` attention function calls SDPA once per layer
+
+    def fused(self, module: nn.Module) -> AbstractContextManager[None]:
+        return self.implementation(module, "sdpa")
 
     @contextmanager
     def implementation(self, module: nn.Module, name: str) -> Iterator[None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -36,21 +36,38 @@ def require_open_clip():
     return open_clip
 
 
+def projected(attention: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor,
+              value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``attention``'s queries, keys and values of batch-first ``query`` ``[b, n, dim]``, each ``[b, heads, n, head_dim]``."""
+    if key is not query or value is not query:
+        raise VitExplorerError("this OpenCLIP block attends to another sequence; vit_explorer captures self-attention only")
+    q, k, v = F.linear(query, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)
+    return tuple(rearrange(part, "b n (h d) -> b h n d", h=attention.num_heads) for part in (q, k, v))
+
+
 def explicit_attention(attention: nn.MultiheadAttention, softmax: nn.Module, query: torch.Tensor, key: torch.Tensor,
                        value: torch.Tensor, need_weights: bool = False, attn_mask: torch.Tensor | None = None,
                        **_options) -> tuple[torch.Tensor, None]:
     """``attention``'s self-attention of batch-first ``query`` ``[b, n, dim]`` written out, its post-softmax map the output
     of ``softmax`` ``[b, heads, n, n]``; returns the out-projection's output ``[b, n, dim]`` as ``nn.MultiheadAttention``
     does (the map is not returned: capture reads it at ``softmax``)."""
-    if key is not query or value is not query:
-        raise VitExplorerError("this OpenCLIP block attends to another sequence; vit_explorer captures self-attention only")
-    q, k, v = F.linear(query, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)
-    q, k, v = (rearrange(part, "b n (h d) -> b h n d", h=attention.num_heads) for part in (q, k, v))
+    q, k, v = projected(attention, query, key, value)
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # [b, heads, n, n]
     if attn_mask is not None:
         scores = scores + attn_mask
     weights = F.dropout(softmax(scores), attention.dropout, attention.training)
     return attention.out_proj(rearrange(weights @ v, "b h n d -> b n (h d)")), None
+
+
+def fused_attention(attention: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    need_weights: bool = False, attn_mask: torch.Tensor | None = None, **_options) -> tuple[torch.Tensor, None]:
+    """``attention``'s self-attention as ``nn.MultiheadAttention`` computes it without weights (in-projection, one
+    ``scaled_dot_product_attention``, out-projection), with the SDPA call made here, where a torch function mode sees it
+    (inside ``F.multi_head_attention_forward`` none does)."""
+    q, k, v = projected(attention, query, key, value)
+    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           dropout_p=attention.dropout if attention.training else 0.0)
+    return attention.out_proj(rearrange(heads, "b h n d -> b n (h d)")), None
 
 
 # one softmax module per attention module, made on first use: what the capture hooks
@@ -79,17 +96,26 @@ class OpenClipAdapter(HookAdapter):
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
         return [softmax_of(block.attn) for block in self.blocks(module)]
 
+    reads_attention_inputs = True  # ``fused`` calls SDPA once per block
+
     @contextmanager
-    def unfused(self, module: nn.Module) -> Iterator[None]:
+    def forward_of_attention(self, module: nn.Module, forward: Callable[[nn.Module], Callable]) -> Iterator[None]:
+        """Every block's attention runs ``forward(attention)`` while active."""
         attentions = [block.attn for block in self.blocks(module)]
         try:
             for attention in attentions:
                 # an instance attribute shadows the class's forward for this module only
-                attention.forward = partial(explicit_attention, attention, softmax_of(attention))
+                attention.forward = forward(attention)
             yield
         finally:
             for attention in attentions:
                 attention.__dict__.pop("forward", None)
+
+    def unfused(self, module: nn.Module) -> AbstractContextManager[None]:
+        return self.forward_of_attention(module, lambda attention: partial(explicit_attention, attention, softmax_of(attention)))
+
+    def fused(self, module: nn.Module) -> AbstractContextManager[None]:
+        return self.forward_of_attention(module, lambda attention: partial(fused_attention, attention))
 
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         blocks = self.blocks(module)

@@ -52,6 +52,20 @@ def attention_modules(module: nn.Module) -> list[nn.Module | None]:
     return [getattr(block, "attn", None) for block in getattr(module, "blocks", [])]
 
 
+@contextmanager
+def fused_attention(module: nn.Module, fused: bool) -> Iterator[None]:
+    """Every block's attention on timm's fused path (SDPA) or its explicit one while active; each flag restored on exit."""
+    attentions = attention_modules(module)
+    saved = [attention.fused_attn for attention in attentions]
+    try:
+        for attention in attentions:
+            attention.fused_attn = fused
+        yield
+    finally:
+        for attention, flag in zip(attentions, saved, strict=True):
+            attention.fused_attn = flag
+
+
 class TimmAdapter(HookAdapter):
     """Hooks ``blocks[i].attn.attn_drop`` with fused attention switched off during capture."""
 
@@ -82,17 +96,17 @@ class TimmAdapter(HookAdapter):
     def num_classes(self, module: nn.Module) -> int:
         return int(module.num_classes)
 
+    reads_attention_inputs = True  # every timm attention ``matches`` admits calls SDPA once when ``fused_attn`` is set
+
     @contextmanager
     def unfused(self, module: nn.Module) -> Iterator[None]:
-        attentions = attention_modules(module)
-        saved = [attention.fused_attn for attention in attentions]
-        try:
-            for attention in attentions:
-                attention.fused_attn = False
+        with fused_attention(module, False):
             yield
-        finally:
-            for attention, fused in zip(attentions, saved, strict=True):
-                attention.fused_attn = fused
+
+    @contextmanager
+    def fused(self, module: nn.Module) -> Iterator[None]:
+        with fused_attention(module, True):
+            yield
 
     @contextmanager
     def attached(self, module: nn.Module,

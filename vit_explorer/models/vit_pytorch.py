@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
+from einops import rearrange
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.attention_inputs import AttentionInputs
 from vit_explorer.models.base import HookAdapter
 from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.vit import ViT
@@ -48,6 +53,25 @@ class VitPytorchAdapter(HookAdapter):
 
     def softmax_modules(self, module: nn.Module) -> list[nn.Module]:
         return [attention.attend for attention, _ in module.transformer.layers]
+
+    # its attention is written out (no SDPA to watch), so q and k are read where ``to_qkv`` makes them
+    reads_attention_inputs = True
+
+    @contextmanager
+    def recorded_inputs(self, module: nn.Module,
+                        record: Callable[[int, AttentionInputs], None]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        def read(layer: int, attention: nn.Module, _projection: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
+            # ``Attention.forward``: ``to_qkv(x).chunk(3)``, each ``b n (h d) -> b h n d``, logits (q·kᵀ)·scale
+            queries, keys, _ = (rearrange(part, "b n (h d) -> b h n d", h=attention.heads) for part in output.chunk(3, dim=-1))
+            record(layer, AttentionInputs(queries * attention.scale, keys))
+
+        handles = [attention.to_qkv.register_forward_hook(partial(read, layer, attention))
+                   for layer, (attention, _) in enumerate(module.transformer.layers)]
+        try:
+            yield partial(self.logits, module)
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def num_classes(self, module: nn.Module) -> int:
         head = getattr(module, "mlp_head", None)
@@ -94,6 +118,9 @@ class VitPytorchAdapter(HookAdapter):
         # ``to_out`` is Linear then Dropout; one head as wide as the stream has no projection (an Identity)
         return [attention.to_out[0] if isinstance(attention.to_out, nn.Sequential) else attention.to_out
                 for attention, _ in module.transformer.layers]
+
+    def attention_width(self, module: nn.Module) -> int:
+        return module.transformer.layers[0][0].to_qkv.out_features // 3  # one head as wide as the stream has no projection
 
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         return len(module.transformer.layers), module.transformer.layers[0][0].heads
