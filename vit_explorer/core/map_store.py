@@ -172,8 +172,9 @@ class MapStore(ABC):
                 sums[layer] += statistics.block_sums(rows, first, layout, distances)
                 received[layer] += rows.sum(dim=(0, 1))
                 patch_rows[layer] += rows[:, max(prefix - first, 0):].sum(dim=1)
-                if first < prefix:
-                    prefix_rows[layer, :, first:] = rows[:, : prefix - first]
+                if first < prefix:  # a block may hold some of the prefix rows, or some of them and patch rows
+                    count = min(prefix - first, rows.shape[1])
+                    prefix_rows[layer, :, first : first + count] = rows[:, :count]
         means = (sums / statistics.statistic_rows(layout)[:, None]).unbind(dim=1)  # each [layers, heads]
         return Survey(statistics=dict(zip(statistics.HEAD_STATISTICS, means, strict=True)),
                       patch_mean_rows=patch_rows / layout.num_patches, prefix_rows=prefix_rows, received=received / (heads * n))

@@ -27,13 +27,18 @@ def as_attention_stack(attentions: torch.Tensor) -> torch.Tensor:
 
 def fuse_heads(attentions: torch.Tensor, head_fusion: str = "mean") -> torch.Tensor:
     """``[layers, heads, n, n]`` → ``[layers, n, n]`` by mean, max or min over heads."""
-    stack = as_attention_stack(attentions)
+    return fused_rows(as_attention_stack(attentions), head_fusion, dim=1)
+
+
+def fused_rows(rows: torch.Tensor, head_fusion: str, dim: int = 0) -> torch.Tensor:
+    """Rows of maps fused over their head axis ``dim`` by mean, max or min (``fuse_heads`` of a whole stack, or a block of
+    one layer's rows ``[heads, r, n]`` → ``[r, n]``)."""
     if head_fusion == "mean":
-        return stack.mean(dim=1)
+        return rows.mean(dim=dim)
     if head_fusion == "max":
-        return stack.amax(dim=1)
+        return rows.amax(dim=dim)
     if head_fusion == "min":
-        return stack.amin(dim=1)
+        return rows.amin(dim=dim)
     raise VitExplorerError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
 
 
@@ -90,7 +95,7 @@ def streamed_rollout_rows(head_blocks: Callable[[int], Iterable[tuple[int, torch
     for layer in range(num_layers - 1, -1, -1):  # the last layer first
         product = torch.zeros_like(rows)
         for first, block in head_blocks(layer):
-            factor = mixed_rows(fuse_heads(block[None], head_fusion)[0], first, discard_ratio, residual_weight, num_protected)
+            factor = mixed_rows(fused_rows(block, head_fusion), first, discard_ratio, residual_weight, num_protected)
             product.addmm_(rows[:, first : first + factor.shape[0]], factor)
         rows = product
         by_start.append(rows)
