@@ -103,7 +103,8 @@ def test_a_quick_answer_for_another_patch_is_not_what_a_later_event_sends(checkp
 
 def test_the_quick_answer_leaves_model_work_and_views_that_do_not_follow_the_query_to_the_event(checkpoint, upload,
                                                                                                  maps_only):
-    models = ModelCache(memory_budget=1)  # compact (a family that records no queries and keys): a clicked patch's rows need the model
+    # compact (a family that records no queries and keys): a clicked patch's rows need the model
+    models = ModelCache(memory_budget=1)
     session = by_name(shared.run_analysis(models, upload, checkpoint, GRID, *CONTROLS), shared.FULL_OUTPUTS)["state"]
     height, width = pictures.view_hw(session.analysis)
     assert not session.analysis.store.keeps_rows_of(pictures.token_at(session.analysis, 5, 5, (height, width)))

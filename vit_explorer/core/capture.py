@@ -3,7 +3,9 @@
 ``capture`` is the one call: it runs the model once with hooks on every attention softmax and hands
 each layer's map ``[b, heads, n, n]`` to a *sink* that decides, as the map arrives, what of it to
 keep — the full stack in float32 or float16 (``StackingSink``), a reduction made as each layer arrives (``ReducingSink``),
-one query's rows (``RowSink``) — so that a large model's full stack need never be held. Asked for a
+one query's rows (``RowSink``) — so that a large model's full stack need never be held. Given an ``InputsSink``, the pass is
+the model's own fused forward instead, and what reaches the sink is each layer's queries and keys
+(``CaptureAdapter.recorded_inputs``), from which ``map_store.DerivedMaps`` derives any map later. Asked for a
 target class, it also takes ∂ logit[target] / ∂ A on the per-layer maps the forward used and reduces
 them layer by layer. ``record_attention``, ``record_attention_gradients`` and ``AttentionRecorder``
 are the batch conveniences built on the same pieces.
@@ -22,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from vit_explorer.core.map_store import QueriesKeys
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import adapter_for
-from vit_explorer.core.map_store import QueriesKeys
 from vit_explorer.models.attention_inputs import AttentionInputs
 from vit_explorer.models.base import CaptureAdapter, LoadedModel
 from vit_explorer.models.layout import TokenLayout
