@@ -87,8 +87,8 @@ def test_capture_equals_softmax_recomputed_from_the_real_weights(models, dinov2_
         analysis = analyze(model, photo(name), name=name)
         pixels = pixels_of(model, analysis)
         expected = manual_maps(family, dinov2_weights, layer_inputs(model, pixels))[0].numpy()
-        error = np.abs(analysis.attentions.numpy() - expected).max()
-        assert analysis.attentions.dtype == torch.float32 and error <= 1e-4, (name, error)  # measured ≤ 1.9e-5
+        error = np.abs(analysis.store.full_maps().numpy() - expected).max()
+        assert analysis.queries_keys.queries.dtype == torch.float32 and error <= 1e-4, (name, error)  # measured ≤ 1.9e-5
 
 
 @pytest.mark.parametrize("family", ["timm", "hf"])
@@ -112,7 +112,7 @@ def test_a_backbone_loads_without_a_head_and_says_so(models, family):
 @pytest.mark.parametrize("family", ["timm", "hf"])
 def test_token_layout_at_224_and_518(models, dinov2_weights, family):
     assert models[family].layout.prefix_names == ("cls",) and models[family].layout.grid_hw == (16, 16)
-    assert analyze(models[family], photo("coffee")).attentions.shape == (12, 6, 1 + 16 * 16, 1 + 16 * 16)
+    assert analyze(models[family], photo("coffee")).store.full_maps().shape == (12, 6, 1 + 16 * 16, 1 + 16 * 16)
     large = load_model(specs(dinov2_weights)[family], input_hw=(518, 518), device="cpu")
     assert large.layout.prefix_names == ("cls",) and large.layout.grid_hw == (37, 37) and large.layout.patch_hw == (14, 14)
     # the weights hold a 37×37 position grid: at 224 px it is resampled, and the model says so; at 518 px nothing is said
@@ -131,8 +131,12 @@ def test_timm_and_hf_give_the_same_maps_for_the_same_pixels(dinov2_weights):
     analysis = analyze(large["hf"], photo("chelsea"), memory_budget=2**40)
     pixels = pixels_of(large["hf"], analysis)
     _, timm_maps = record_attention(large["timm"], pixels)
-    difference = np.abs(timm_maps[0].numpy() - analysis.attentions.numpy()).max()
-    assert difference < 1e-5, difference  # measured 0.0: the same float32 operations
+    _, hf_maps = record_attention(large["hf"], pixels)
+    assert np.abs(timm_maps[0].numpy() - hf_maps[0].numpy()).max() < 1e-5  # measured 0.0: the same float32 operations
+    # the analysis's maps are derived from q and k of HF's fused forward, whose activations differ from the explicit
+    # path's in the last bits, layer after layer: measured 2e-5
+    difference = np.abs(timm_maps[0].numpy() - analysis.store.full_maps().numpy()).max()
+    assert difference < 1e-4, difference
 
 
 def test_a_missing_parameter_other_than_the_head_is_refused(dinov2_weights, tmp_path):
