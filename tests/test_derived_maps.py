@@ -112,8 +112,8 @@ def test_derived_maps_equal_the_explicit_path_and_the_pass_is_the_models_own(fam
 def test_the_sink_keeps_float16_queries_and_keys_within_their_stated_error():
     model = load_model()
     pixels = to_model(model)
-    float32 = capture(model, pixels, InputsSink()).kept[0]
-    float16 = capture(model, pixels, InputsSink(torch.float16)).kept[0]
+    float32 = capture(model, pixels, InputsSink(model.map_shape[0])).kept[0]
+    float16 = capture(model, pixels, InputsSink(model.map_shape[0], torch.float16)).kept[0]
     assert float16.queries.dtype == float16.keys.dtype == torch.float16 and float16.nbytes * 2 == float32.nbytes
     layout = model.layout
     exact, rounded = map_store.DerivedMaps(layout, float32), map_store.DerivedMaps(layout, float16)
@@ -131,7 +131,7 @@ def to_model(model):
 def test_a_batch_gives_each_image_its_own_queries_keys_and_bias():
     model = timm_model("beit_base_patch16_224", img_size=64)  # a relative-position bias shared by the batch
     images = torch.stack([to_model(model)[0], torch.zeros(3, 64, 64)])
-    kept = capture(model, images, InputsSink()).kept
+    kept = capture(model, images, InputsSink(model.map_shape[0])).kept
     _, captured = record_attention(model, images)
     for image, inputs in enumerate(kept):
         derived = map_store.DerivedMaps(model.layout, inputs).full_maps()

@@ -327,8 +327,8 @@ def map_sink(model: LoadedModel, memory_budget: int, gradients: bool) -> InputsS
     float32, float16 or compactly by the budget."""
     map_storage = choose_storage(map_bytes(model.layout, *model.map_shape), memory_budget)
     if model.adapter.reads_attention_inputs and not (gradients and map_storage == "float32"):
-        return InputsSink(torch.float16 if choose_storage(input_bytes(model.layout, model), memory_budget) != "float32"
-                          else torch.float32)
+        return InputsSink(model.map_shape[0], torch.float16 if choose_storage(input_bytes(model.layout, model),
+                                                                             memory_budget) != "float32" else torch.float32)
     if map_storage == "compact":
         return ReducingSink(partial(compact_layer, layout=model.layout), stack_compact)
     return StackingSink(model.map_shape[0], dtype=torch.float16 if map_storage == "float16" else torch.float32)

@@ -188,32 +188,40 @@ class StatisticsSink(LayerSink):
 class InputsSink(LayerSink):
     """Keeps each layer's attention inputs (``AttentionInputs``) instead of its map: the sink of a pass on the model's
     fused path (``CaptureAdapter.recorded_inputs``), whose maps are derived later (``map_store.DerivedMaps``). Queries and
-    keys are copied to the CPU in ``dtype`` as each layer arrives."""
+    keys are copied as each layer arrives into one CPU stack each ``[b, layers, heads, n, d]`` in ``dtype``, so that no
+    layer's copy is held beside the stack."""
 
     reads_inputs = True
 
-    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, num_layers: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
+        self.num_layers = num_layers
         self.dtype = dtype
+        self.queries: torch.Tensor | None = None
+        self.keys: torch.Tensor | None = None
 
     def __setitem__(self, layer: int, inputs: AttentionInputs) -> None:
-        self.layers[layer] = inputs.to(self.dtype)
+        if self.queries is None:
+            shape = (inputs.queries.shape[0], self.num_layers, *inputs.queries.shape[1:])
+            self.queries, self.keys = (torch.empty(shape, dtype=self.dtype) for _ in range(2))
+        self.queries[:, layer].copy_(inputs.queries.detach())
+        self.keys[:, layer].copy_(inputs.keys.detach())
+        # the bias stays float32, since its ``-inf`` and its small differences are what it says
+        self.layers[layer] = None if inputs.bias is None else inputs.bias.detach().to("cpu", torch.float32)
 
     def result(self) -> list[QueriesKeys]:
         """Each image's ``QueriesKeys``."""
-        layers = self.in_layer_order()
-        queries = torch.stack([inputs.queries for inputs in layers], dim=1)  # [b, layers, heads, n, d]
-        keys = torch.stack([inputs.keys for inputs in layers], dim=1)
+        biases = self.in_layer_order()
+        images = len(self.queries)
 
-        def bias_of(inputs: AttentionInputs, image: int) -> torch.Tensor | None:
-            bias = inputs.bias
+        def bias_of(bias: torch.Tensor | None, image: int) -> torch.Tensor | None:
             if bias is None:
                 return None
-            bias = bias.expand(len(queries), *bias.shape[1:]) if bias.ndim == 4 else bias[None]
-            return bias[image]  # broadcastable to [heads, n, n]
+            bias = bias.expand(images, *bias.shape[1:]) if bias.ndim == 4 else bias[None]
+            return bias[image].contiguous()  # broadcastable to [heads, n, n]
 
-        return [QueriesKeys(queries[image], keys[image], tuple(bias_of(inputs, image) for inputs in layers))
-                for image in range(len(queries))]
+        return [QueriesKeys(self.queries[image], self.keys[image], tuple(bias_of(bias, image) for bias in biases))
+                for image in range(images)]
 
 
 class RowSink(LayerSink):

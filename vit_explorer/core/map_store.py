@@ -238,24 +238,25 @@ class DerivedMaps(MapStore):
     def nbytes(self) -> int:
         return self.inputs.nbytes
 
-    def logits(self, layer: int, queries: torch.Tensor, first: int) -> torch.Tensor:
-        """The logits of query rows ``first …`` of ``layer`` whose scaled queries are ``queries`` ``[heads, r, d]``
-        ``[heads, r, n]`` float32."""
-        keys = self.inputs.keys[layer].float()  # [heads, n, d]
-        scores = queries.float() @ keys.transpose(-2, -1)
+    def rows(self, layer: int, first: int, count: int, keys: torch.Tensor) -> torch.Tensor:
+        """Every head's map rows ``first … first + count - 1`` of ``layer`` ``[heads, count, n]`` float32, given the layer's
+        keys transposed in float32 ``[heads, d, n]`` (widened once per layer, not once per block)."""
+        scores = self.inputs.queries[layer, :, first : first + count].float() @ keys
         bias = self.inputs.biases[layer]
         if bias is not None:
-            scores += bias[..., first : first + scores.shape[-2], :]
-        return scores
+            scores += bias[..., first : first + count, :]
+        return softmax_in_place(scores)
+
+    def widened_keys(self, layer: int) -> torch.Tensor:
+        return self.inputs.keys[layer].float().transpose(-2, -1)  # [heads, d, n]
 
     def head_blocks(self, layer: int) -> Iterator[tuple[int, torch.Tensor]]:
-        queries = self.inputs.queries[layer]  # [heads, n, d]
+        keys = self.widened_keys(layer)
         for first in range(0, self.layout.num_tokens, self.block_rows):
-            yield first, softmax_in_place(self.logits(layer, queries[:, first : first + self.block_rows], first))
+            yield first, self.rows(layer, first, self.block_rows, keys)
 
     def token_rows(self, token: int) -> torch.Tensor:
-        return torch.stack([softmax_in_place(self.logits(layer, self.inputs.queries[layer, :, token : token + 1], token))[:, 0]
-                            for layer in range(self.shape[0])])
+        return torch.stack([self.rows(layer, token, 1, self.widened_keys(layer))[:, 0] for layer in range(self.shape[0])])
 
 
 class CompactMaps(MapStore):

@@ -15,7 +15,7 @@ import torch
 
 from vit_explorer.core.analysis import MODEL_MAPS, Analysis, ClassEvidence, memo
 from vit_explorer.core.relevance import grad_rollout_factors, relevance_factors
-from vit_explorer.core.rollout import check_start_layer, rollout_rows, streamed_rollout_rows
+from vit_explorer.core.rollout import block_factors, rollout_rows
 from vit_explorer.errors import VitExplorerError
 
 GRADIENT_IMPORTANCE = "gradient importance"
@@ -123,23 +123,21 @@ def top_heads(analysis: Analysis, evidence: ClassEvidence | None, k: int = 5) ->
 
 
 def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) -> torch.Tensor:
-    """The query's rollout over the patches ``[grid_h, grid_w]``. Its rows for every start layer come from one pass over
-    each layer's maps in blocks of rows (``rollout.streamed_rollout_rows``), kept per query and options, so that moving
-    the start layer costs nothing and no layer's n × n factor is held."""
-    layers = analysis.map_shape[0]
-    check_start_layer(options.start_layer, layers)
+    """The query's rollout over the patches ``[grid_h, grid_w]``. The per-layer factors ``[layers, n, n]`` are built from
+    the store's blocks of rows (``rollout.block_factors``) once per options and kept, so that another query or start layer
+    costs only the row's products."""
     if options.head_fusion != "mean" and not analysis.store.keeps_every_head:
         raise VitExplorerError("this analysis kept only head-mean maps to stay within its memory budget, so rollout can fuse "
                                "heads by mean only; raise the memory budget for max or min")
-    rows = memo(  # [layers, n]: entry s starts at layer s
+    factors = memo(
         analysis,
-        ("rollout_rows", query, options.head_fusion, options.discard_ratio, options.residual_weight),
-        lambda: streamed_rollout_rows(
-            analysis.store.head_blocks, layers, query_vector(analysis, query)[None], options.head_fusion,
-            options.discard_ratio, options.residual_weight, num_protected=int(analysis.layout.has_class_token),
-        )[:, 0],
+        ("rollout_factors", options.head_fusion, options.discard_ratio, options.residual_weight),
+        lambda: block_factors(
+            analysis.store.head_blocks, analysis.map_shape[0], options.head_fusion, options.discard_ratio,
+            options.residual_weight, num_protected=int(analysis.layout.has_class_token),
+        ),
     )
-    return analysis.layout.patch_map(rows[options.start_layer])
+    return factors_map(analysis, factors, query, options.start_layer)
 
 
 def factors_map(analysis: Analysis, factors: torch.Tensor, query: int | None, start_layer: int) -> torch.Tensor:

@@ -84,22 +84,19 @@ def rollout_factors(
     return mixed_rows(fuse_heads(attentions, head_fusion), 0, discard_ratio, residual_weight, num_protected)
 
 
-def streamed_rollout_rows(head_blocks: Callable[[int], Iterable[tuple[int, torch.Tensor]]], num_layers: int,
-                          queries: torch.Tensor, head_fusion: str = "mean", discard_ratio: float = 0.0,
-                          residual_weight: float = 0.5, num_protected: int = 1) -> torch.Tensor:
-    """The rollout rows of query weights ``[q, n]`` for every start layer ``[layers, q, n]`` (entry s: ``rollout_rows``
-    with ``start_layer`` s), from each layer's maps read in blocks of rows (``head_blocks(layer)`` yields (first row, every
-    head's rows ``[heads, r, n]``)): no layer's n × n factor is ever held, and one pass down the layers gives every start."""
-    rows = queries.float()
-    by_start = []
-    for layer in range(num_layers - 1, -1, -1):  # the last layer first
-        product = torch.zeros_like(rows)
+def block_factors(head_blocks: Callable[[int], Iterable[tuple[int, torch.Tensor]]], num_layers: int, head_fusion: str = "mean",
+                  discard_ratio: float = 0.0, residual_weight: float = 0.5, num_protected: int = 1) -> torch.Tensor:
+    """``rollout_factors`` from each layer's maps read in blocks of rows (``head_blocks(layer)`` yields (first row, every
+    head's rows ``[heads, r, n]``)): the factors ``[layers, n, n]`` (one n × n per layer, where the maps are one per head)
+    without any layer's every head held at once."""
+    factors = None
+    for layer in range(num_layers):
         for first, block in head_blocks(layer):
-            factor = mixed_rows(fused_rows(block, head_fusion), first, discard_ratio, residual_weight, num_protected)
-            product.addmm_(rows[:, first : first + factor.shape[0]], factor)
-        rows = product
-        by_start.append(rows)
-    return torch.stack(by_start[::-1])
+            rows = mixed_rows(fused_rows(block, head_fusion), first, discard_ratio, residual_weight, num_protected)  # [r, n]
+            if factors is None:
+                factors = rows.new_empty(num_layers, rows.shape[-1], rows.shape[-1])
+            factors[layer, first : first + rows.shape[0]] = rows
+    return factors
 
 
 def check_start_layer(start_layer: int, num_layers: int) -> None:

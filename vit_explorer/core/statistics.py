@@ -116,11 +116,8 @@ def spearman(first: torch.Tensor, second: torch.Tensor) -> float:
     return float((first_ranks * second_ranks).sum() / scale) if scale > 0 else float("nan")
 
 
-HEAD_STATISTICS = {
-    "entropy": lambda attentions, layout: attention_entropy(attentions),
-    "distance": mean_attention_distance,
-    "prefix share": prefix_share,
-}
+# the per-head statistics, in the order ``block_sums`` and ``head_statistics`` give them
+HEAD_STATISTICS = ("entropy", "distance", "prefix share")
 
 
 STATISTIC_UNITS = {"entropy": "nats", "distance": "input pixels", "prefix share": "share of attention"}

@@ -37,12 +37,6 @@ class AttentionInputs:
     keys: torch.Tensor
     bias: torch.Tensor | None = None
 
-    def to(self, dtype: torch.dtype) -> AttentionInputs:
-        """Detached CPU copies of their own (never views of the model's buffers), queries and keys in ``dtype``; the bias
-        stays float32, since its ``-inf`` and its small differences are what it says."""
-        bias = None if self.bias is None else self.bias.detach().to("cpu", torch.float32).contiguous()
-        return AttentionInputs(self.queries.detach().to("cpu", dtype).contiguous(),
-                               self.keys.detach().to("cpu", dtype).contiguous(), bias)
 
 
 def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
