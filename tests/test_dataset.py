@@ -20,7 +20,7 @@ from PIL import Image
 from vit_explorer import load_model
 from vit_explorer.core.capture import StackingSink, capture
 from vit_explorer.core.images import load_image, model_view, to_pixels
-from vit_explorer.core.statistics import HEAD_STATISTICS
+from vit_explorer.core.statistics import HEAD_STATISTICS, head_statistics
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.dataset import HISTOGRAM_BINS, HeadTotals, collect, histogram_quantiles, list_images
 
@@ -47,8 +47,8 @@ def oracle(model, paths: list[Path]) -> dict[str, np.ndarray]:
     for path in paths:
         pixels = to_pixels(model_view(load_image(path), model.preprocess), model.preprocess)
         maps = capture(model, pixels, StackingSink(model.map_shape[0])).kept[0]  # [layers, heads, n, n]
-        for name, compute in HEAD_STATISTICS.items():
-            per_image[name].append(compute(maps, model.layout).numpy())
+        for name, values in head_statistics(maps, model.layout).items():  # each checked on hand-made maps: test_stats
+            per_image[name].append(values.numpy())
     return {name: np.stack(values) for name, values in per_image.items()}
 
 
