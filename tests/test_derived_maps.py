@@ -9,7 +9,7 @@ from conftest import photo
 from vit_explorer import analyze, load_model, record_attention
 from vit_explorer.core import map_store, maps
 from vit_explorer.core.analysis import pixels_of
-from vit_explorer.core.capture import InputsSink, capture
+from vit_explorer.core.capture import InputsSink, InputStatisticsSink, capture
 from vit_explorer.core.rollout import attention_rollout
 from vit_explorer.core.statistics import HEAD_STATISTICS, head_statistics
 
@@ -128,7 +128,7 @@ def to_model(model):
     return to_pixels(model_view(photo((64, 64), seed=1), model.preprocess, "stretch"), model.preprocess)
 
 
-def test_a_batch_gives_each_image_its_own_queries_keys_and_bias():
+def test_a_batch_gives_each_image_its_own_queries_keys_bias_and_statistics(monkeypatch):
     model = timm_model("beit_base_patch16_224", img_size=64)  # a relative-position bias shared by the batch
     images = torch.stack([to_model(model)[0], torch.zeros(3, 64, 64)])
     kept = capture(model, images, InputsSink(model.map_shape[0])).kept
@@ -137,3 +137,8 @@ def test_a_batch_gives_each_image_its_own_queries_keys_and_bias():
         derived = map_store.DerivedMaps(model.layout, inputs).full_maps()
         np.testing.assert_allclose(derived, captured[image], atol=1e-6)
     assert not torch.equal(kept[0].queries, kept[1].queries)
+    # a dataset batch's statistics, derived layer by layer from the fused pass in blocks of 5 rows, equal the maps'
+    monkeypatch.setattr(map_store, "BLOCK_BYTES", 5 * 2 * model.map_shape[1] * model.layout.num_tokens * 4)
+    streamed = capture(model, images, InputStatisticsSink(model.layout)).kept  # {name: [b, layers, heads]}
+    for name, values in head_statistics(captured, model.layout).items():
+        torch.testing.assert_close(streamed[name], values, atol=2e-5, rtol=1e-5)

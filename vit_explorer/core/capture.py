@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit_explorer.core.map_store import QueriesKeys
+from vit_explorer.core.map_store import QueriesKeys, input_statistics
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import adapter_for
 from vit_explorer.models.attention_inputs import AttentionInputs
@@ -176,8 +176,11 @@ class StatisticsSink(LayerSink):
         self.statistics = statistics
 
     def __setitem__(self, layer: int, attention: torch.Tensor) -> None:
-        maps = attention.detach()  # [b, heads, n, n], this layer only, reduced where it is (CPU or GPU)
-        self.layers[layer] = {name: values.float().cpu() for name, values in self.statistics(maps, self.layout).items()}
+        # [b, heads, n, n], this layer only, reduced where it is (CPU or GPU)
+        self.keep(layer, self.statistics(attention.detach(), self.layout))
+
+    def keep(self, layer: int, values: Mapping[str, torch.Tensor]) -> None:
+        self.layers[layer] = {name: value.float().cpu() for name, value in values.items()}
 
     def result(self) -> dict[str, torch.Tensor]:
         """``{name: [b, layers, heads]}`` float32 CPU tensors, like every other sink's."""
@@ -222,6 +225,19 @@ class InputsSink(LayerSink):
 
         return [QueriesKeys(self.queries[image], self.keys[image], tuple(bias_of(bias, image) for bias in biases))
                 for image in range(images)]
+
+
+class InputStatisticsSink(StatisticsSink):
+    """``StatisticsSink`` on the model's fused path: each layer's statistics derived from its queries and keys in blocks of
+    rows as the layer arrives (``map_store.input_statistics``), so that a batch never holds an n × n map."""
+
+    reads_inputs = True
+
+    def __init__(self, layout: TokenLayout) -> None:
+        super().__init__(layout, input_statistics)
+
+    def __setitem__(self, layer: int, inputs: AttentionInputs) -> None:
+        self.keep(layer, self.statistics(inputs, self.layout))
 
 
 class RowSink(LayerSink):

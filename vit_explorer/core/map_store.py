@@ -28,12 +28,38 @@ import torch
 
 from vit_explorer.core import statistics
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.attention_inputs import AttentionInputs
 from vit_explorer.models.base import softmax_in_place
 from vit_explorer.models.layout import TokenLayout
 
 # the bytes of one block of derived rows ``[heads, rows, n]`` float32: small enough to stay in cache while a block's
 # statistics pass over it, large enough that a block's product q·Kᵀ is one efficient matrix product
 BLOCK_BYTES = 2 << 20
+
+
+def attention_rows(queries: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor | None, first: int) -> torch.Tensor:
+    """The map rows ``first …`` of the scaled ``queries`` ``[..., r, d]`` against the ``keys`` transposed and widened to
+    float32 ``[..., d, n]``, with the rows' part of the additive ``bias`` (broadcastable to ``[..., n, n]``): softmax of the
+    logits, ``[..., r, n]`` float32."""
+    scores = queries.float() @ keys
+    if bias is not None:
+        scores += bias[..., first : first + scores.shape[-2], :]
+    return softmax_in_place(scores)
+
+
+def input_statistics(inputs: AttentionInputs, layout: TokenLayout) -> dict[str, torch.Tensor]:
+    """Every statistic of ``statistics.HEAD_STATISTICS`` ``{name: [b, heads]}`` of one layer's maps for a batch, derived
+    from its attention inputs ``[b, heads, n, d]`` in blocks of rows: no image's n × n map is held whole."""
+    images, heads, n, _ = inputs.queries.shape
+    keys = inputs.keys.float().transpose(-2, -1)  # [b, heads, d, n]
+    distances = statistics.patch_distances(layout, keys.device)
+    step = max(1, BLOCK_BYTES // (images * heads * n * 4))
+    sums = torch.zeros(3, images * heads, device=keys.device)
+    for first in range(0, n, step):
+        rows = attention_rows(inputs.queries[:, :, first : first + step], keys, inputs.bias, first)  # [b, heads, r, n]
+        sums += statistics.block_sums(rows.reshape(images * heads, -1, n), first, layout, distances)
+    means = sums / statistics.statistic_rows(layout).to(keys.device)[:, None]
+    return dict(zip(statistics.HEAD_STATISTICS, means.view(3, images, heads), strict=True))
 
 
 def compact_layer(maps: torch.Tensor, layout: TokenLayout) -> dict[str, Any]:
@@ -241,11 +267,7 @@ class DerivedMaps(MapStore):
     def rows(self, layer: int, first: int, count: int, keys: torch.Tensor) -> torch.Tensor:
         """Every head's map rows ``first … first + count - 1`` of ``layer`` ``[heads, count, n]`` float32, given the layer's
         keys transposed in float32 ``[heads, d, n]`` (widened once per layer, not once per block)."""
-        scores = self.inputs.queries[layer, :, first : first + count].float() @ keys
-        bias = self.inputs.biases[layer]
-        if bias is not None:
-            scores += bias[..., first : first + count, :]
-        return softmax_in_place(scores)
+        return attention_rows(self.inputs.queries[layer, :, first : first + count], keys, self.inputs.biases[layer], first)
 
     def widened_keys(self, layer: int) -> torch.Tensor:
         return self.inputs.keys[layer].float().transpose(-2, -1)  # [heads, d, n]

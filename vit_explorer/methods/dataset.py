@@ -2,8 +2,9 @@
 in one process or many (``torchrun``), resumable after a crash; and a folder's images (with their
 classes and masks) for the faithfulness evaluation.
 
-No attention map outlives its layer of its batch: ``capture.StatisticsSink`` turns each layer's maps into
-per-image head statistics ``[b, heads]``, and ``HeadTotals`` keeps only sufficient statistics of those:
+No attention map outlives its layer of its batch: ``capture.InputStatisticsSink`` derives each layer's per-image head
+statistics ``[b, heads]`` from its queries and keys in blocks of rows (no n × n map at all; ``capture.StatisticsSink``
+reduces the maps of a family that records no queries and keys), and ``HeadTotals`` keeps only sufficient statistics of those:
 counts, sums and sums of squares (float64) and fixed-bin histograms, which add up exactly across batches,
 shards, processes and machines. Quantiles come from the histograms (``HISTOGRAM_BINS`` equal bins over
 each statistic's known range, linear within a bin), so they are exact to one bin's width.
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vit_explorer.core.capture import StatisticsSink, capture
+from vit_explorer.core.capture import InputStatisticsSink, StatisticsSink, capture
 from vit_explorer.core.images import load_image, model_view, to_pixels
 from vit_explorer.core.statistics import HEAD_STATISTICS, STATISTIC_UNITS, DatasetStatistics, head_statistics, patch_distances
 from vit_explorer.errors import VitExplorerError
@@ -352,7 +353,10 @@ def collect(model: LoadedModel, images: ImageList, shard_folder: Path, *, batch_
         shard_totals.skipped += [{"path": str(images.paths[int(index)]), "reason": error} for index,
                                  error in zip(indices, errors, strict=True) if error]
         if good.any():
-            captured = capture(model, pixels[good].to(model.device), StatisticsSink(model.layout, head_statistics))
+            # the statistics from the fused forward's queries and keys where the family records them: no n × n map
+            sink = (InputStatisticsSink(model.layout) if model.adapter.reads_attention_inputs
+                    else StatisticsSink(model.layout, head_statistics))
+            captured = capture(model, pixels[good].to(model.device), sink)
             predictions = None if folder_of_class is None else folder_of_class[captured.logits.argmax(-1).cpu()]
             shard_totals.add(captured.kept, ranges, labels[good], predictions)
         bar.update(len(indices))
