@@ -259,28 +259,31 @@ class RowSink(LayerSink):
 
 
 LAST = "last"  # where ``recording_norms`` keeps the last layer's stream
-LAYER_TOKENS = "layer tokens"  # where it keeps every layer's tokens through the final norm, by layer
+LAYER_TOKENS = "layer tokens"  # where it keeps every layer's tokens through the final norm ``[b, layers, n, dim]``
 
 
 @contextmanager
 def recording_norms(module: nn.Module, adapter: CaptureAdapter, active: bool) -> Iterator[dict]:
     """While active, the L2 norm of every token of the residual stream after each layer ``[b, n]`` (float32,
     detached) lands in the yielded dict by layer, the last layer's stream itself ``[b, n, dim]`` under the key
-    ``LAST`` (for the output tokens), and each layer's tokens through the model's final norm ``[b, n, dim]`` (float16,
-    as DINOv2's intermediate features are read) under ``LAYER_TOKENS``, by layer. No other hidden state is held past
-    its layer."""
-    norms: dict = {LAYER_TOKENS: {}}
+    ``LAST`` (for the output tokens), and each layer's tokens through the model's final norm (float16, as DINOv2's
+    intermediate features are read) written into one CPU stack ``[b, layers, n, dim]`` under ``LAYER_TOKENS`` as the
+    layer passes, so that no layer's copy is held beside it. No other hidden state is held past its layer."""
+    norms: dict = {}
     if not active:
         yield norms
         return
+    num_layers = adapter.map_shape(module)[0]
 
     def record(layer: int, hidden: torch.Tensor) -> None:
         hidden = hidden.detach()
         norms[layer] = torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32)
         if layer >= norms.get(LAST, (-1, None))[0]:
             norms[LAST] = (layer, hidden)
+        if LAYER_TOKENS not in norms:
+            norms[LAYER_TOKENS] = torch.empty(hidden.shape[0], num_layers, *hidden.shape[1:], dtype=torch.float16)
         with torch.no_grad():
-            norms[LAYER_TOKENS][layer] = adapter.final_tokens(module, hidden).to(torch.float16)
+            norms[LAYER_TOKENS][:, layer].copy_(adapter.final_tokens(module, hidden))
 
     with adapter.layer_outputs(module, record):
         yield norms
@@ -374,11 +377,10 @@ def capture(
     output_tokens = token_norms = layer_tokens = None
     if norms:
         _, last = layer_norms.pop(LAST)
-        by_layer = layer_norms.pop(LAYER_TOKENS)
+        layer_tokens = layer_norms.pop(LAYER_TOKENS)
         with torch.no_grad():
             output_tokens = adapter.final_tokens(module, last).float().cpu()
         token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu()
-        layer_tokens = torch.stack([by_layer[layer] for layer in range(len(by_layer))], dim=1).cpu()
     return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets,
                     gradients=gradients,
                     token_norms=token_norms, output_tokens=output_tokens, layer_tokens=layer_tokens, reading=reading)
