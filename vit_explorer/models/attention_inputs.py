@@ -38,7 +38,6 @@ class AttentionInputs:
     bias: torch.Tensor | None = None
 
 
-
 def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """SDPA's ``attn_mask`` as a term added to the logits: a boolean mask keeps where True (``-inf`` elsewhere)."""
     if mask is None or mask.dtype != torch.bool:
