@@ -8,7 +8,8 @@ In one process, alternately: the plain fused forward, ``analyze`` as it is (quer
 token's rows, the rollout) and by the head statistics. Reports medians and ratios to the plain forward, and the bytes of
 tensors each ``Analysis`` holds. ``--large`` adds a random model shaped like DINOv2-L/14 at 518 px (24 layers, 16 heads,
 dim 1024) in a fresh process each: its peak RSS through one analysis, a clicked patch's every head and the first screen
-(the high-water mark reset once the model is built, so that timm's initialisation does not stand in for it).
+(the high-water mark reset once the model is built, so that timm's initialisation does not stand in for it), in full and
+above what the process held before the model was built (the imported libraries).
 Writes benchmarks/derived_maps.json.
 """
 
@@ -96,6 +97,9 @@ def large_child(kind: str) -> None:
 
     from vit_explorer.models.timm_adapter import from_timm_module
 
+    # what the process holds before any model: the Python runtime with torch, timm and this package imported (torch's
+    # CUDA wheel alone maps about 690 MiB here, the same for every use of torch), which the model and analysis add to
+    before_the_model = status_mib("VmRSS")
     module = timm.create_model("vit_large_patch14_dinov2", pretrained=False, img_size=518).eval()
     model = from_timm_module(module, "timm:vit_large_patch14_dinov2@random")
     if kind == "kept":
@@ -124,7 +128,8 @@ def large_child(kind: str) -> None:
     print(json.dumps({"storage": analysis.storage, "analysis_mib": analysis.nbytes / 2**20,
                       "every_head_of_a_clicked_patch": rows is not None and tuple(rows.shape) == (24, 16, 1370),
                       "peak_rss_while_building_mib": before / 1024, "rss_of_the_loaded_model_mib": resident,
-                      "peak_rss_of_the_analysis_mib": status_mib("VmHWM"),
+                      "peak_rss_of_the_analysis_mib": status_mib("VmHWM"), "rss_before_the_model_mib": before_the_model,
+                      "peak_rss_above_the_imports_mib": status_mib("VmHWM") - before_the_model,
                       "analyze_s": analysed, "click_s": clicked, "first_screen_s": screen, "plain_forward_s": plain}))
 
 
