@@ -48,6 +48,9 @@ FAMILIES = {
     "timm-relpos": lambda: timm_model("vit_relpos_small_patch16_224", img_size=64),
     "timm-beit-relpos-bias": lambda: timm_model("beit_base_patch16_224", img_size=64),
     "timm-dinov2-registers": lambda: timm_model("vit_small_patch14_reg4_dinov2", img_size=56),
+    # its attention-pooling head makes one more SDPA call, outside every block: not a layer's (it broke the pass once)
+    "timm-siglip-pool-head": lambda: timm_model("vit_base_patch16_siglip_224", img_size=64, embed_dim=64, num_heads=4),
+    "timm-eva-register-no-cls": lambda: timm_model("vit_medium_patch16_rope_reg1_gap_256", img_size=64),
     "hf-vit": lambda: hf_model(transformers.ViTForImageClassification,
                                transformers.ViTConfig(image_size=64, patch_size=16, num_labels=5, **SMALL_HF)),
     "hf-dinov2": lambda: hf_model(transformers.Dinov2Model, transformers.Dinov2Config(image_size=56, patch_size=14, **SMALL_HF)),

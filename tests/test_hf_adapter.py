@@ -199,5 +199,21 @@ def test_a_config_saved_on_its_own_builds_and_another_family_is_refused_in_one_s
     transformers.LevitConfig().save_pretrained(tmp_path / "levit")
     with pytest.raises(VitExplorerError) as refused:
         load_model(f"hf:{tmp_path / 'levit'}@random")
-    assert str(refused.value).startswith(f"hf:{tmp_path / 'levit'}@random: vit_explorer cannot read LevitForImageClassification: "
-                                         "it reads the Hugging Face ViTs of types deit, dinov2")
+    assert str(refused.value).startswith(f"hf:{tmp_path / 'levit'}@random: vit_explorer cannot read LevitForImageClassification, "
+                                         "the LeViT family, which starts from a convolutional stem")
+    assert "; it reads the Hugging Face ViTs of types deit, dinov2" in str(refused.value)
+
+
+# Hugging Face's families that are not its plain ViTs: the config class, and the family the refusal names
+HF_UNREADABLE = {"SwinConfig": "Swin", "Swinv2Config": "Swin", "HieraConfig": "Hiera", "PvtV2Config": "PVT",
+                 "LevitConfig": "LeViT", "MobileViTConfig": "MobileViT", "CvtConfig": "hybrid and hierarchical ViT"}
+
+
+@pytest.mark.parametrize("config", sorted(HF_UNREADABLE))
+def test_a_hierarchical_family_is_refused_by_name_before_any_pass(tmp_path, config):
+    getattr(transformers, config)().save_pretrained(tmp_path / config)
+    with pytest.raises(VitExplorerError) as refused:
+        load_model(f"hf:{tmp_path / config}@random")
+    message = str(refused.value)
+    assert f"ForImageClassification, the {HF_UNREADABLE[config]} family, " in message and "\n" not in message
+    assert "; it reads the Hugging Face ViTs of types" in message

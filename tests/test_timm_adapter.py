@@ -186,22 +186,57 @@ def test_weights_run_at_the_position_grid_they_hold_unless_asked_and_resampling_
 
 
 # every family the issue trackers ask for that is not a plain ViT, and those that crashed the loader with an AttributeError
-# (XCiT's, LeViT's and Hiera's patch embedding; Twins', CrossViT's and TNT's blocks without ``attn``)
-UNREADABLE = {"swin_tiny_patch4_window7_224": "SwinTransformer", "cait_xxs24_224": "Cait",
-              "pit_ti_224": "PoolingVisionTransformer",
-              "xcit_tiny_12_p16_224": "Xcit", "levit_128s": "LevitDistilled", "hiera_tiny_224": "Hiera",
-              "twins_svt_small": "Twins", "crossvit_tiny_240": "CrossVit", "tnt_s_patch16_224": "TNT",
-              "mvitv2_tiny": "MultiScaleVit",
-              "pvt_v2_b0": "PyramidVisionTransformerV2", "vitamin_small_224": "VisionTransformer", "resnet18": "ResNet"}
+# (XCiT's, LeViT's and Hiera's patch embedding; Twins', CrossViT's and TNT's blocks without ``attn``): the class, the
+# family the sentence names, and a word of the reason it gives
+UNREADABLE = {
+    "swin_tiny_patch4_window7_224": ("SwinTransformer", "Swin", "shifted windows"),
+    "swinv2_tiny_window8_256": ("SwinTransformerV2", "Swin", "shifted windows"),
+    "swinv2_cr_tiny_ns_224": ("SwinTransformerV2Cr", "Swin", "shifted windows"),
+    "cait_xxs24_224": ("Cait", "CaiT", "class-attention layers"),
+    "pit_ti_224": ("PoolingVisionTransformer", "PiT", "pools its tokens"),
+    "xcit_tiny_12_p16_224": ("Xcit", "XCiT", "over channels, not tokens"),
+    "levit_128s": ("LevitDistilled", "LeViT", "convolutional stem"),
+    "hiera_tiny_224": ("Hiera", "Hiera", "mask units"),
+    "mvitv2_tiny": ("MultiScaleVit", "MViT", "pools its queries and keys"),
+    "twins_svt_small": ("Twins", "Twins", "subsampled grid"),
+    "crossvit_tiny_240": ("CrossVit", "CrossViT", "two token streams"),
+    "tnt_s_patch16_224": ("TNT", "TNT", "inside each patch"),
+    "convit_tiny": ("ConVit", "ConViT", "gated positional"),
+    "pvt_v2_b0": ("PyramidVisionTransformerV2", "PVT", "spatially reduced grid"),
+    "volo_d1_224": ("VOLO", "VOLO", "outlook attention"),
+    "samvit_base_patch16": ("VisionTransformerSAM", "SAM encoder", "within windows"),
+    "maxvit_tiny_tf_224": ("MaxxVit", "hybrid and hierarchical ViT", "no single patch grid"),
+    "vitamin_small_224": ("VisionTransformer", "hybrid ViT", "convolutional stem's features"),
+    "vit_small_patch16_18x2_224": ("VisionTransformer", "parallel-block ViT", "side by side"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(UNREADABLE))
-def test_a_model_that_is_not_a_plain_vit_is_refused_in_one_sentence(name):
+def test_a_model_that_is_not_a_plain_vit_is_refused_in_one_sentence_that_names_its_family_and_why(name):
+    architecture, family, reason = UNREADABLE[name]
     with pytest.raises(VitExplorerError) as refused:
         load_model(f"timm:{name}@random")
     message = str(refused.value)
-    assert message.startswith(f"timm:{name}@random: vit_explorer cannot read {UNREADABLE[name]}: it reads timm's plain ViTs")
-    assert "not supported yet" in message and "\n" not in message
+    assert message.startswith(f"timm:{name}@random: vit_explorer cannot read {architecture}, the {family} family, ")
+    assert reason in message.split("; it reads")[0]
+    assert "; it reads timm's plain ViTs" in message and "\n" not in message
+
+
+def test_a_model_of_no_known_family_is_refused_with_what_the_loader_reads():
+    with pytest.raises(VitExplorerError, match=r"^timm:resnet18@random: vit_explorer cannot read ResNet, which is not one "
+                                               r"of the families this loader reads; it reads timm's plain ViTs"):
+        load_model("timm:resnet18@random")
+
+
+def test_an_eva_with_a_register_and_no_class_token_loads_with_the_register_as_its_one_prefix_token():
+    """timm's ``Eva`` counts its registers only in ``reg_token``'s shape: the loader stopped on an assertion."""
+    model = load_model("timm:vit_medium_patch16_rope_reg1_gap_256@random", input_hw=(64, 64))
+    assert model.layout.prefix_names == ("reg1",) and model.layout.grid_hw == (4, 4)
+    assert model.notes == ["no class token: maps use the mean over patch queries"]
+    images = torch.randn(1, 3, 64, 64)
+    logits, captured = record_attention(model, images)
+    assert captured.shape[-2:] == (17, 17) and torch.allclose(captured.sum(-1), torch.ones(()), atol=1e-5)
+    torch.testing.assert_close(logits, model.logits(images), atol=1e-5, rtol=1e-5)
 
 
 def test_unknown_timm_name_is_a_user_error():

@@ -33,10 +33,13 @@ from vit_explorer.core.analysis import (
     choose_storage,
     class_evidence,
     map_bytes,
+    memo,
     pixels_of,
+    queries_and_keys,
     recompute_query_rows,
 )
 from vit_explorer.core.comparison import Match, target_b
+from vit_explorer.methods.query_key_embedding import JointEmbedding, joint_embedding
 from vit_explorer.core.curves import (
     BLUR,
     DEFAULT_RANDOM_ORDERS,
@@ -208,6 +211,18 @@ def answer_split(model: LoadedModel, image: ImageSource, *, memory_budget: int =
     if not analysis.num_classes:
         model, analysis, _ = retarget(model, analysis, Target(), memory_budget, fit, decompose=True)
     return analysis, decompose(evidence(model, analysis, decompose=True))
+
+
+def query_key_embedding(model: LoadedModel, analysis: Analysis, layer: int, head: int,
+                        projection: str = "pca") -> JointEmbedding:
+    """One head's queries and keys in one 2-D embedding (``methods.query_key_embedding``), memoised on the analysis; the
+    queries and keys come from the analysis, or from one fused forward pass where it kept its maps whole."""
+    layers, heads = analysis.map_shape
+    if not (0 <= layer < layers and 0 <= head < heads):
+        raise VitExplorerError(f"layer {layer}, head {head} is not one of this model's {layers} layers × {heads} heads")
+    inputs = queries_and_keys(model, analysis)
+    return memo(analysis, ("query-key embedding", layer, head, projection),
+                lambda: joint_embedding(inputs.queries[layer, head], inputs.keys[layer, head], projection))
 
 
 def token_norms(analysis: Analysis) -> TokenNorms:

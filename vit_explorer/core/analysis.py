@@ -382,3 +382,15 @@ def recompute_query_rows(model: LoadedModel, analysis: Analysis, query: int) -> 
     if not analysis.store.keeps_rows_of(query):
         analysis.store.add_patch_rows(query, capture(model, pixels_of(model, analysis), RowSink(query)).kept)
     return analysis.store.query_rows(query)
+
+
+def queries_and_keys(model: LoadedModel, analysis: Analysis) -> QueriesKeys:
+    """Every layer's queries and keys of the analysed image: those the analysis keeps, else recorded by one fused forward
+    pass of ``model`` and memoised on the analysis (one that kept its maps whole, e.g. a classifier's within the budget)."""
+    if analysis.queries_keys is not None:
+        return analysis.queries_keys
+    check_model(model, analysis)
+    if not model.adapter.reads_attention_inputs:
+        raise VitExplorerError(f"{model.name}: its attention's queries and keys are not read by its loader")
+    return memo(analysis, ("queries and keys",), lambda: capture(model, pixels_of(model, analysis),
+                                                                  InputsSink(model.map_shape[0])).kept[0])

@@ -94,7 +94,7 @@ class CaptureAdapter(ABC):
         if not self.reads_attention_inputs:
             raise VitExplorerError(f"{type(module).__name__}: vit_explorer does not know this family's queries and keys; its "
                                    "maps are captured whole")
-        with self.fused(module), recording_sdpa(record, self.map_shape(module)[0]):
+        with self.fused(module), recording_sdpa(record, self.blocks(module)):
             yield partial(self.logits, module)
 
     @abstractmethod
@@ -337,8 +337,3 @@ class LoadedModel:
         with torch.inference_mode():
             return self.adapter.logits(self.module, pixels.to(self.device))
 
-
-def unreadable(name: str, architecture: str, readable: str) -> str:
-    """The one sentence for a model vit_explorer cannot read: what it is, what the loader reads (``readable``)."""
-    return (f"{name}: vit_explorer cannot read {architecture}: it reads {readable}; hierarchical and pooling ViTs (Swin, CaiT, "
-            "PiT, XCiT, LeViT, Hiera, MViT, PVT) are not supported yet")

@@ -27,9 +27,9 @@ from vit_explorer.models.base import (
     Preprocess,
     map_place,
     softmax_in_place,
-    unreadable,
 )
 from vit_explorer.models.layout import TokenLayout, check_input_hw
+from vit_explorer.models.refusals import unreadable
 
 MODEL_TYPES = {"vit", "deit", "dinov2", "dinov2_with_registers"}
 RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's numbers, as image processors store them

@@ -33,10 +33,10 @@ from vit_explorer.models.base import (
     listed,
     map_place,
     softmax_in_place,
-    unreadable,
 )
 from vit_explorer.models.hub import load_cached_or_fetch
 from vit_explorer.models.layout import TokenLayout, check_input_hw
+from vit_explorer.models.refusals import unreadable
 
 
 def require_timm():
@@ -171,8 +171,11 @@ class TimmAdapter(HookAdapter):
             names.append("cls")
         if getattr(module, "dist_token", None) is not None:
             names.append("dist")
-        names += [f"reg{i + 1}" for i in range(getattr(module, "num_reg_tokens", 0))]
-        assert len(names) == module.num_prefix_tokens, f"prefix tokens {names} do not add up to {module.num_prefix_tokens}"
+        names += [f"reg{i + 1}" for i in range(num_registers(module))]
+        if len(names) != module.num_prefix_tokens:
+            raise VitExplorerError(f"{type(module).__name__}: its {module.num_prefix_tokens} prefix tokens are not the class, "
+                                   f"distillation and register tokens vit_explorer knows ({listed(names) or 'none'}), so its "
+                                   "patches cannot be placed on the grid")
         patch_embed = module.patch_embed
         if getattr(module, "dynamic_img_size", False):
             grid = tuple(patch_embed.dynamic_feat_size(input_hw))
@@ -184,6 +187,13 @@ class TimmAdapter(HookAdapter):
                 raise VitExplorerError(f"this timm model takes {expected[0]}×{expected[1]} inputs, not "
                                        f"{input_hw[0]}×{input_hw[1]}")
         return TokenLayout(prefix_names=tuple(names), grid_hw=grid, patch_hw=tuple(patch_embed.patch_size))
+
+
+def num_registers(module: nn.Module) -> int:
+    """The register tokens of a timm model: ``VisionTransformer`` counts them in ``num_reg_tokens``, ``Eva`` only in the
+    shape of its ``reg_token`` ``[1, registers, dim]``."""
+    registers = getattr(module, "reg_token", None)
+    return registers.shape[1] if registers is not None else getattr(module, "num_reg_tokens", 0)
 
 
 def attention_in_place(attention: nn.Module, slot: Callable[..., torch.Tensor | None], x: torch.Tensor,
@@ -237,7 +247,7 @@ def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | N
     timm = require_timm()
     adapter = TimmAdapter()
     if not adapter.matches(module):
-        raise VitExplorerError(unreadable(name, type(module).__name__, TIMM_READABLE))
+        raise VitExplorerError(unreadable(name, type(module).__name__, TIMM_READABLE, variant_reason(module)))
     config = timm.data.resolve_data_config(model=module)
     input_hw = input_hw or tuple(module.patch_embed.img_size)  # the size it was built for (the cfg may say otherwise)
     module.eval()
@@ -249,8 +259,20 @@ def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | N
         layout=adapter.layout(module, input_hw),
         adapter=adapter,
         labels=imagenet_labels(module) if module.num_classes else None,
-        notes=[] if getattr(module, "has_class_token", True) else ["no class token: maps use the mean over patch queries"],
+        notes=[] if getattr(module, "cls_token", None) is not None else ["no class token: maps use the mean over patch queries"],
     )
+
+
+def variant_reason(module: nn.Module) -> tuple[str, str] | None:
+    """``(family, why)`` for a timm ``VisionTransformer`` built in a way the adapter does not read (whose class name
+    alone does not tell it from a plain ViT), else None."""
+    if type(module).__name__ != "VisionTransformer":
+        return None
+    if type(module.patch_embed).__name__ == "HybridEmbed":
+        return "hybrid ViT", "whose patches are a convolutional stem's features, not cut from the image"
+    if any(attention is None for attention in attention_modules(module)):
+        return "parallel-block ViT", "whose blocks run several attentions side by side instead of one"
+    return None
 
 
 TIMM_READABLE = ("timm's plain ViTs, whose patches are cut from the image into one grid and whose every block attends over "
