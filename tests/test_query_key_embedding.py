@@ -3,7 +3,6 @@ the libraries' own."""
 
 import pytest
 import torch
-
 from conftest import photo
 
 from vit_explorer import VitExplorerError, analyze, load_model

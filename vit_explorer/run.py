@@ -39,7 +39,6 @@ from vit_explorer.core.analysis import (
     recompute_query_rows,
 )
 from vit_explorer.core.comparison import Match, target_b
-from vit_explorer.methods.query_key_embedding import JointEmbedding, joint_embedding
 from vit_explorer.core.curves import (
     BLUR,
     DEFAULT_RANDOM_ORDERS,
@@ -63,6 +62,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import ablation as ablations
 from vit_explorer.methods import atlas as atlas_method
 from vit_explorer.methods import dataset, evaluation, faithfulness, norms, patching, scoreboard, text_bank
+from vit_explorer.methods.query_key_embedding import JointEmbedding, joint_embedding
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel
