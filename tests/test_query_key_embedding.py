@@ -8,7 +8,7 @@ from conftest import photo
 from vit_explorer import VitExplorerError, analyze, load_model
 from vit_explorer.core.analysis import queries_and_keys
 from vit_explorer.core.map_store import attention_rows
-from vit_explorer.methods.query_key_embedding import PROJECTIONS, joint_embedding, principal_axes, shared_frame
+from vit_explorer.core.query_key_embedding import PROJECTIONS, joint_embedding, principal_axes, shared_frame
 
 
 def random_head(n=40, d=16, seed=0):
@@ -79,7 +79,7 @@ def test_a_model_that_kept_its_maps_records_its_queries_and_keys_once_and_they_g
 
 
 def test_neighbour_agreement_counts_queries_whose_favourite_key_is_near_them():
-    from vit_explorer.methods.query_key_embedding import JointEmbedding, neighbour_agreement
+    from vit_explorer.core.query_key_embedding import JointEmbedding, neighbour_agreement
 
     # queries and keys on one line, key i at query i, the gaps growing (0, 1, 3, 6, 10, 15): no ties among distances
     line = torch.tensor([0.0, 1, 3, 6, 10, 15])[:, None] * torch.tensor([[1.0, 0.0]])

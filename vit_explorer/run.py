@@ -52,6 +52,7 @@ from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.head_atlas import Atlas
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
 from vit_explorer.core.interventions import HeadAblation, Patching, patching_passes
+from vit_explorer.core.query_key_embedding import JointEmbedding, joint_embedding
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.request import Request, Run
 from vit_explorer.core.statistics import DatasetStatistics
@@ -62,7 +63,6 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import ablation as ablations
 from vit_explorer.methods import atlas as atlas_method
 from vit_explorer.methods import dataset, evaluation, faithfulness, norms, patching, scoreboard, text_bank
-from vit_explorer.methods.query_key_embedding import JointEmbedding, joint_embedding
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel
@@ -215,14 +215,17 @@ def answer_split(model: LoadedModel, image: ImageSource, *, memory_budget: int =
 
 def query_key_embedding(model: LoadedModel, analysis: Analysis, layer: int, head: int,
                         projection: str = "pca") -> JointEmbedding:
-    """One head's queries and keys in one 2-D embedding (``methods.query_key_embedding``), memoised on the analysis; the
+    """One head's queries and keys in one 2-D embedding (``core.query_key_embedding``), memoised on the analysis; the
     queries and keys come from the analysis, or from one fused forward pass where it kept its maps whole."""
     layers, heads = analysis.map_shape
     if not (0 <= layer < layers and 0 <= head < heads):
         raise VitExplorerError(f"layer {layer}, head {head} is not one of this model's {layers} layers × {heads} heads")
     inputs = queries_and_keys(model, analysis)
+    bias = inputs.biases[layer]  # broadcastable to [heads, n, n]
+    tokens = inputs.queries.shape[-2]
+    head_bias = None if bias is None else torch.broadcast_to(bias, (heads, tokens, tokens))[head]
     return memo(analysis, ("query-key embedding", layer, head, projection),
-                lambda: joint_embedding(inputs.queries[layer, head], inputs.keys[layer, head], projection))
+                lambda: joint_embedding(inputs.queries[layer, head], inputs.keys[layer, head], projection, bias=head_bias))
 
 
 def token_norms(analysis: Analysis) -> TokenNorms:

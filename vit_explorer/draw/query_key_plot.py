@@ -1,4 +1,4 @@
-"""One head's joint query–key embedding (``methods.query_key_embedding``) as a self-contained SVG: queries as filled
+"""One head's joint query–key embedding (``core.query_key_embedding``) as a self-contained SVG: queries as filled
 dots, keys as rings, coloured by what the user picks. Each point names its token on hover (an SVG ``<title>``: the
 browser shows it, no server round trip), and each query point carries its token index (``data-token``), which the app's
 click handler makes the query."""
@@ -11,7 +11,7 @@ import matplotlib
 import numpy as np
 import torch
 
-from vit_explorer.methods.query_key_embedding import JointEmbedding
+from vit_explorer.core.query_key_embedding import JointEmbedding
 from vit_explorer.models.layout import TokenLayout
 
 COLOURINGS = {"kind": "query or key", "row": "patch row", "column": "patch column", "colour": "the patch's colour"}

@@ -43,6 +43,7 @@ from vit_explorer.web.tabs.shared import (
     on_model_change,
     on_patch_click,
     on_query_choice,
+    on_query_token,
     on_reset_query,
     opening_answers,
     run_analysis,
@@ -248,9 +249,6 @@ def wire(app: Wiring, containers: dict, answers: QuickAnswers) -> None:
 
     switch_model = answers.keyed(model_change, 2 + FULL_OUTPUTS.index("state"))
 
-    def select_patch(evt: gr.SelectData, session, tab, *values):
-        return on_patch_click(app.models, evt, session, tab, *values)
-
     # an upload (or a paste) analyses once: Gradio fires ``change`` twice when an image replaces another, which ran the
     # model twice per upload; an example sets the image without an upload event, so its own click analyses it.
     # The progress shows on the image and the summary, not as an overlay animated over all 71 outputs: drawing those
@@ -284,11 +282,7 @@ def wire(app: Wiring, containers: dict, answers: QuickAnswers) -> None:
         event.success(show_visible, [state, visible, *controls], app.all(TAB_OUTPUTS), api_name=f"{name}_open_tab",
                       show_progress="hidden")
 
-    # no loading overlay over every view for an answer that takes a tenth of a second: drawing it cost the page's time
-    app["query_image"].select(select_patch, [state, visible, *controls], app.all(QUERIED), api_name="select_patch",
-                              show_progress="hidden")
-    app["query"].input(on_query_choice, [state, app["query"], visible, *controls], app.all(QUERIED), api_name="select_query")
-    app["reset"].click(on_reset_query, [state, visible, *controls], app.all(QUERIED), api_name="reset_query")
+    wire_query(app)
 
     def choose_target(session, target, tab, *values):  # a generator: a map that waits for the pass is cleared first
         yield from target_answers(app.models, session, target, tab, *values)
@@ -308,6 +302,26 @@ def wire(app: Wiring, containers: dict, answers: QuickAnswers) -> None:
                                      api_name=f"open_{tab.slug}")
         if tab.wire is not None:
             tab.wire(app)
+
+
+def wire_query(app: Wiring) -> None:
+    """The events that choose the query: a patch clicked on the image, a query point clicked in the Queries and keys tab,
+    the query dropdown and its reset."""
+    state, visible, controls = app["state"], app["visible_tab"], app.controls
+
+    def select_patch(evt: gr.SelectData, session, tab, *values):
+        return on_patch_click(app.models, evt, session, tab, *values)
+
+    def select_token(evt: gr.SelectData, session, tab, *values):
+        return on_query_token(app.models, evt, session, tab, *values)
+
+    # no loading overlay over every view for an answer that takes a tenth of a second: drawing it cost the page's time
+    app["query_image"].select(select_patch, [state, visible, *controls], app.all(QUERIED), api_name="select_patch",
+                              show_progress="hidden")
+    app["qk_plot"].select(select_token, [state, visible, *controls], app.all(QUERIED), api_name="select_query_token",
+                          show_progress="hidden")
+    app["query"].input(on_query_choice, [state, app["query"], visible, *controls], app.all(QUERIED), api_name="select_query")
+    app["reset"].click(on_reset_query, [state, visible, *controls], app.all(QUERIED), api_name="reset_query")
 
 
 def folding(count: int) -> Callable[[], Any]:

@@ -21,6 +21,7 @@ from vit_explorer.core.curves import (
 )
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.interventions import HeadAblation, Patching
+from vit_explorer.core.query_key_embedding import JointEmbedding
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.statistics import DatasetStatistics
 from vit_explorer.core.targets import shown_prompt
@@ -548,3 +549,20 @@ def atlas_head_text(record: dict, entry: dict) -> str:
     lines.append("Attention over the folder: " + ", ".join(f"{name} {values['mean']:.3g} ± {values['std']:.2g}"
                                                             for name, values in entry["statistics"].items()) + ".")
     return "\n\n".join(lines)
+
+
+def query_key_caption(embedding: JointEmbedding, layer: int, head: int, query_name: str | None, tokens: int) -> str:
+    """The Queries and keys tab's caption: what the picture is, how it was made, and how far it can be trusted."""
+    axes = ("" if embedding.explained is None else
+            f"; its two axes hold {embedding.explained[0]:.0%} and {embedding.explained[1]:.0%} of the variance")
+    chance = min(5, tokens) / tokens
+    trust = (f"For {embedding.agreement:.0%} of the queries, the key they attend to most is among the 5 keys nearest them "
+             f"in this picture ({chance:.0%} by chance)" if embedding.agreement is not None else "")
+    bias = (" This layer also adds a term to the logits (a relative-position bias or a mask) that no point shows."
+            if embedding.biased else "")
+    query = f" The query ({query_name}) is ringed." if query_name else ""
+    return (f"**Layer {layer}, head {head}: its queries (dots) and keys (rings) in one picture** (AttentionViz). "
+            f"Queries ×{embedding.scale:.3g} and keys ÷{embedding.scale:.3g} to one mean norm, then the keys moved onto "
+            f"the queries' centre: every attention weight is unchanged. Projected by {embedding.projection}{axes}. "
+            f"{trust}; a 2-D projection distorts distances, t-SNE more than PCA.{bias}{query} Hover a point to name its "
+            "token; click a query to make it the query.")

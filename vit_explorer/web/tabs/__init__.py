@@ -17,12 +17,13 @@ from vit_explorer.web.tabs import (
     head_statistics,
     layers_heads,
     overview,
+    query_keys,
     rollout_options,
     token_norms,
     tokens,
 )
 from vit_explorer.web.tabs.base import Tab
 
-TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB,
+TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, query_keys.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB,
                          head_ablation.TAB,
                          contributions.TAB, token_norms.TAB, tokens.TAB, compare.TAB, head_atlas.TAB, export.TAB)

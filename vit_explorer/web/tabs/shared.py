@@ -366,6 +366,18 @@ def on_patch_click(models: ModelCache, evt: gr.SelectData, session: Session | No
 
 
 @user_errors
+def on_query_token(models: ModelCache, evt: gr.SelectData, session: Session | None, visible: str, *control_values) -> tuple:
+    """A token chosen by its index (a query point clicked in the Queries and keys tab): the query views follow it."""
+    session = require(session)
+    token = int(evt.index)
+    if not 0 <= token < session.analysis.layout.num_tokens:
+        raise VitExplorerError(f"token {token} is not one of this image's {session.analysis.layout.num_tokens} tokens")
+    run.query_rows(session.model(models), session.analysis, token)
+    session.query = token
+    return follow_query(session, visible, control_values)
+
+
+@user_errors
 def on_query_choice(session: Session | None, choice: str | None, visible: str, *control_values) -> tuple:
     """A query picked from the dropdown: the query views follow it, and the dropdown shows it."""
     session = require(session)

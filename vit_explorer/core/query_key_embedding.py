@@ -17,7 +17,7 @@ mask) that no point shows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -36,6 +36,8 @@ class JointEmbedding:
         projection: which projection made them (a value of ``PROJECTIONS``).
         scale: the factor on the queries (the keys are divided by it) before the translation.
         explained: PCA's share of the moved points' variance on each of its two axes; None for t-SNE.
+        agreement: ``neighbour_agreement`` of the picture with the head's own map; None where not measured.
+        biased: the head's logits have an additive term (relative-position bias, a mask) that no point shows.
     """
 
     queries: torch.Tensor
@@ -43,6 +45,8 @@ class JointEmbedding:
     projection: str
     scale: float
     explained: tuple[float, float] | None
+    agreement: float | None = None
+    biased: bool = False
 
 
 def shared_frame(queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -80,8 +84,11 @@ def tsne(points: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.from_numpy(embedded).double()
 
 
-def joint_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str = "pca", seed: int = 0) -> JointEmbedding:
-    """One head's queries ``[n, d]`` and keys ``[n, d]`` in one 2-D embedding, after ``shared_frame``."""
+def joint_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str = "pca", seed: int = 0,
+                    bias: torch.Tensor | None = None) -> JointEmbedding:
+    """One head's queries ``[n, d]`` and keys ``[n, d]`` (scaled as ``AttentionInputs`` keeps them) in one 2-D embedding,
+    after ``shared_frame``, with its ``neighbour_agreement`` with the head's map ``softmax(queries @ keysᵀ + bias)``
+    (``bias`` broadcastable to ``[n, n]``, or None)."""
     if projection not in PROJECTIONS:
         raise VitExplorerError(f"unknown projection {projection!r}; choose one of {', '.join(PROJECTIONS)}")
     moved_queries, moved_keys, scale = shared_frame(queries, keys)
@@ -91,8 +98,11 @@ def joint_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str =
     else:
         flat, explained = tsne(points, seed), None
     count = len(queries)
-    return JointEmbedding(queries=flat[:count].float(), keys=flat[count:].float(), projection=PROJECTIONS[projection],
-                          scale=scale, explained=explained)
+    logits = queries.double() @ keys.double().T
+    attention = torch.softmax(logits if bias is None else logits + bias.double(), dim=-1)  # [n, n]
+    embedding = JointEmbedding(queries=flat[:count].float(), keys=flat[count:].float(), projection=PROJECTIONS[projection],
+                               scale=scale, explained=explained, biased=bias is not None)
+    return replace(embedding, agreement=neighbour_agreement(embedding, attention))
 
 
 def neighbour_agreement(embedding: JointEmbedding, attention: torch.Tensor, nearest: int = 5) -> float:
