@@ -619,3 +619,53 @@ def test_the_head_atlas_tab_loads_an_atlas_and_a_click_shows_a_head(served, tmp_
         assert head_text.startswith("Layer") and "does not load here" not in head_text  # the page's model: the splits shown
         page.screenshot(path=str(OUTPUT / "1280x800-head-atlas-computed.png"), full_page=True)
     assert errors == []
+
+
+def choose_head(page, layer: int, head: int, colouring: str) -> None:
+    """Show ``layer``, ``head`` in the Queries and keys tab, coloured by ``colouring`` (its radio's label)."""
+    before = page.locator("#qk-caption").inner_text()
+    number = page.locator("#qk-layer input[type=number]")
+    number.fill(str(layer))
+    number.press("Enter")
+    page.locator(f"#qk-caption >> text=Layer {layer}, head").first.wait_for(timeout=30_000)
+    page.locator("#qk-head input").click()
+    page.get_by_role("option", name=f"h{head}", exact=True).click()
+    page.locator(f"#qk-caption >> text=Layer {layer}, head {head}").first.wait_for(timeout=30_000)
+    page.locator("#qk-colouring label", has_text=colouring).click()
+    page.wait_for_function("""([caption, colouring]) => document.querySelector('#qk-plot svg text')
+        && document.querySelector('#qk-plot svg text').textContent.includes(colouring)""",
+                           arg=[before, colouring], timeout=30_000)
+
+
+def test_the_queries_and_keys_tab_on_the_shipped_model_in_chromium(tmp_path):
+    """The shipped model's queries and keys in one picture: a head that sorts patches by position (layer 2, head 3) and
+    one that sorts them by colour far more than by position (layer 3, head 0), found on this image by
+    benchmarks/query_key_view.py; hover names a token, and a click on a query point makes it the query."""
+    image = Path(__file__).resolve().parent.parent / "assets" / "examples" / "03-circle.png"
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with running_app("builtin:shapes", tmp_path / "server.log") as url, chromium_page(1280, 900) as (page, errors):
+        open_and_upload(page, url, image)
+        open_tab(page, "Queries and keys")
+        page.wait_for_selector("#qk-plot svg circle.q", timeout=30_000)
+        layout = load_model("builtin:shapes").layout
+        tokens, clicked = layout.num_tokens, layout.patch_token(2, 3)
+        assert page.locator("#qk-plot svg circle.q").count() == tokens
+        assert page.locator("#qk-plot svg circle:not(.q)").count() == tokens
+        assert "every attention weight is unchanged" in page.locator("#qk-caption").inner_text()
+        # hover: the browser's own tooltip, the point's <title>
+        first = page.locator("#qk-plot svg circle.q").nth(1)
+        assert first.locator("title").text_content().startswith("query · patch at row 0, col 0")
+        choose_head(page, 2, 3, "patch row")
+        page.screenshot(path=str(OUTPUT / "1280x900-queries-keys-positional.png"), full_page=True)
+        choose_head(page, 3, 0, "the patch's colour (contrast stretched)")
+        page.screenshot(path=str(OUTPUT / "1280x900-queries-keys-content.png"), full_page=True)
+        # a click on a query point makes its token the query: the query caption names it and the point is ringed
+        point = page.locator(f"#qk-plot svg circle.q[data-token='{clicked}']")
+        point.scroll_into_view_if_needed()
+        point.dispatch_event("click")  # on the point itself: where points overlap, a mouse click lands on the topmost
+        page.locator("#qk-caption >> text=patch at row 2, col 3) is ringed").first.wait_for(timeout=30_000)
+        assert page.locator(f"#qk-plot svg circle.q[data-token='{clicked}']").get_attribute("r") == "6"
+        assert "Query: patch at row 2, col 3" in page.locator("#query-caption").inner_text()
+        assert not scrolls_sideways(page)
+        page.screenshot(path=str(OUTPUT / "1280x900-queries-keys-clicked.png"), full_page=True)
+        assert errors == []

@@ -14,13 +14,20 @@ import torch
 from vit_explorer.core.query_key_embedding import JointEmbedding
 from vit_explorer.models.layout import TokenLayout
 
-COLOURINGS = {"kind": "query or key", "row": "patch row", "column": "patch column", "colour": "the patch's colour"}
+COLOURINGS = {"kind": "query or key", "row": "patch row", "column": "patch column",
+              "colour": "the patch's colour (contrast stretched)"}
 QUERY_COLOUR, KEY_COLOUR, PREFIX_COLOUR = "#d9480f", "#1864ab", "#868e96"
 SIZE, MARGIN = 520, 28
+TOP = 60  # room for the legend above the points
 
 
 def hex_colour(rgb: np.ndarray) -> str:
     return "#" + "".join(f"{int(round(channel)):02x}" for channel in np.clip(rgb, 0, 255))
+
+
+def viridis(value: float) -> str:
+    """The colour of ``value`` in [0, 1] on viridis, as the row and column colourings use it."""
+    return hex_colour(np.array(matplotlib.colormaps["viridis"](value)[:3]) * 255)
 
 
 def token_colours(layout: TokenLayout, image: np.ndarray, colouring: str) -> list[str] | None:
@@ -32,12 +39,33 @@ def token_colours(layout: TokenLayout, image: np.ndarray, colouring: str) -> lis
     if colouring == "colour":
         patch_h, patch_w = layout.patch_hw
         means = image[: rows * patch_h, : cols * patch_w].reshape(rows, patch_h, cols, patch_w, 3).mean(axis=(1, 3))
+        # each channel stretched over the patches' range: an image of close colours (most photos' backgrounds) would
+        # otherwise colour every point alike
+        low, high = means.min(axis=(0, 1)), means.max(axis=(0, 1))
+        means = (means - low) / np.maximum(high - low, 1e-6) * 255
         patches = [hex_colour(means[row, col]) for row in range(rows) for col in range(cols)]
     else:
         positions = np.array([divmod(index, cols)[0 if colouring == "row" else 1] for index in range(rows * cols)])
         span = max((rows if colouring == "row" else cols) - 1, 1)
-        patches = [hex_colour(np.array(matplotlib.colormaps["viridis"](value / span)[:3]) * 255) for value in positions]
+        patches = [viridis(value / span) for value in positions]
     return [PREFIX_COLOUR] * layout.num_prefix_tokens + patches
+
+
+def legend(colouring: str) -> str:
+    """The line above the points: which mark is which, and what the colour says (a row or column's colour ramp)."""
+    query, key = (QUERY_COLOUR, KEY_COLOUR) if colouring == "kind" else ("#495057", "#495057")
+    text = (f'<text x="{MARGIN}" y="20" font-size="16" font-family="sans-serif" fill="#212529">'
+            f'<tspan fill="{query}">● query</tspan>  <tspan fill="{key}">○ key</tspan>'
+            f'{"  · colour: " + escape(COLOURINGS[colouring]) if colouring != "kind" else ""}</text>')
+    if colouring not in ("row", "column"):
+        return text
+    ramp = "".join(f'<stop offset="{stop / 4:.2f}" stop-color="{viridis(stop / 4)}"/>' for stop in range(5))
+    first, last = ("top", "bottom") if colouring == "row" else ("left", "right")
+    return (text + f'<defs><linearGradient id="qk-ramp">{ramp}</linearGradient></defs>'
+            f'<rect x="{SIZE - MARGIN - 150}" y="30" width="150" height="8" fill="url(#qk-ramp)"/>'
+            f'<text x="{SIZE - MARGIN - 150}" y="52" font-size="13" font-family="sans-serif" fill="#495057">{first}</text>'
+            f'<text x="{SIZE - MARGIN}" y="52" font-size="13" font-family="sans-serif" fill="#495057" '
+            f'text-anchor="end">{last}</text>')
 
 
 def query_key_svg(embedding: JointEmbedding, layout: TokenLayout, image: np.ndarray, colouring: str = "kind",
@@ -47,12 +75,13 @@ def query_key_svg(embedding: JointEmbedding, layout: TokenLayout, image: np.ndar
     low, high = points.min(axis=0), points.max(axis=0)
     span = np.maximum(high - low, 1e-12).max()  # one scale on both axes: a projection's distances are its only content
     centre = (low + high) / 2
-    pixels = (points - centre) / span * (SIZE - 2 * MARGIN) + SIZE / 2
-    pixels[:, 1] = SIZE - pixels[:, 1]  # up is up
+    factor = min(SIZE - 2 * MARGIN, SIZE - TOP - MARGIN) / span
+    pixels = np.stack([SIZE / 2 + (points[:, 0] - centre[0]) * factor,
+                       (TOP + SIZE - MARGIN) / 2 - (points[:, 1] - centre[1]) * factor], axis=1)  # up is up
     colours = token_colours(layout, image, colouring)
     count = layout.num_tokens
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="qk-plot" viewBox="0 0 {SIZE} {SIZE}" width="100%" '
-             f'style="max-width:{SIZE}px;background:#fff" role="img" aria-label="{escape(title)}">',
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="qk-plot" viewBox="0 0 {SIZE} {SIZE}" width="{SIZE}" '
+             f'height="{SIZE}" style="max-width:100%;height:auto;background:#fff" role="img" aria-label="{escape(title)}">',
              '<style>.qk-plot .q{cursor:pointer}.qk-plot circle:hover{stroke:#000;stroke-width:2}</style>']
     # keys first, so that the queries (the clickable points) lie on top
     for index in range(count):
@@ -67,6 +96,6 @@ def query_key_svg(embedding: JointEmbedding, layout: TokenLayout, image: np.ndar
         parts.append(f'<circle class="q" data-token="{index}" cx="{x:.1f}" cy="{y:.1f}" r="{6 if index == query else 4}" '
                      f'fill="{colour}"{ring}><title>query · {escape(layout.token_name(index))} (click: make it the query)'
                      '</title></circle>')
-    parts.append(f'<text x="{MARGIN}" y="16" font-size="12" font-family="sans-serif" fill="#333">● query   ○ key'
-                 f'{"   colour: " + COLOURINGS[colouring] if colouring != "kind" else ""}</text></svg>')
+    parts.append(legend(colouring))
+    parts.append("</svg>")
     return "".join(parts)

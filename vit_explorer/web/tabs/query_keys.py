@@ -53,8 +53,9 @@ CHOSEN = ("state", *OUTPUTS)
 def layout() -> dict:
     caption = gr.Markdown("", elem_id="qk-caption")
     with gr.Row(equal_height=False):
-        plot = gr.HTML("", elem_id="qk-plot", js_on_load=ON_CLICK, min_height=300)
-        with gr.Column(scale=1, min_width=260):
+        with gr.Column(scale=3, min_width=320):  # gr.HTML itself takes no share of a row
+            plot = gr.HTML("", elem_id="qk-plot", js_on_load=ON_CLICK, min_height=300)
+        with gr.Column(scale=2, min_width=260):
             layer = gr.Slider(0, 1, value=0, step=1, label="Layer", elem_id="qk-layer")
             head = gr.Dropdown(["h0"], value="h0", label="Head", elem_id="qk-head")
             projection = gr.Radio([(label, key) for key, label in PROJECTIONS.items()], value="pca", label="Projection",
