@@ -191,6 +191,20 @@ class CaptureAdapter(ABC):
         """Every LayerNorm of ``module`` (AttnLRP treats their scale as a constant)."""
         return [part for part in module.modules() if isinstance(part, nn.LayerNorm)]
 
+    def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
+        """One module per layer, in layer order, whose forward output is that layer's MLP hidden activation
+        ``[b, n, hidden]``, after the non-linearity and before the second linear layer: the neurons a test-time register
+        reads and moves (``methods.registers``)."""
+        raise VitExplorerError(f"{type(module).__name__}: vit_explorer does not know where its MLP neurons are, so it cannot "
+                               "add a test-time register to it")
+
+    def add_prefix_token(self, module: nn.Module) -> None:
+        """Make ``module`` insert one token of zeros right after its prefix tokens, where its tokens enter the first block
+        (after the position embedding, which the token does not get), and count it among its prefix tokens from then on.
+        Permanent: the caller owns ``module`` (a copy). A test-time register is this token (``methods.registers``)."""
+        raise VitExplorerError(f"{type(module).__name__}: vit_explorer does not know where its tokens enter its first block, "
+                               "so it cannot add a test-time register to it")
+
     def activations(self, module: nn.Module) -> list[nn.Module]:
         """Every element-wise non-linearity module of ``module`` (AttnLRP passes relevance through them by the
         identity rule)."""
@@ -337,3 +351,9 @@ class LoadedModel:
         with torch.inference_mode():
             return self.adapter.logits(self.module, pixels.to(self.device))
 
+
+
+def insert_zero_token(at: int, _module: nn.Module, _inputs: tuple, tokens: torch.Tensor) -> torch.Tensor:
+    """A forward hook's output: ``tokens`` ``[b, n, dim]`` with one token of zeros inserted before position ``at``."""
+    zeros = tokens.new_zeros(tokens.shape[0], 1, tokens.shape[2])
+    return torch.cat([tokens[:, :at], zeros, tokens[:, at:]], dim=1)

@@ -30,6 +30,7 @@ from vit_explorer.models.base import (
     HookAdapter,
     LoadedModel,
     Preprocess,
+    insert_zero_token,
     listed,
     map_place,
     softmax_in_place,
@@ -155,6 +156,24 @@ class TimmAdapter(HookAdapter):
 
     def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         return module.forward_head(tokens, pre_logits=True)
+
+    def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
+        mlps = [block.mlp for block in module.blocks]
+        # timm's ``Mlp``: fc1 → act → drop → norm → fc2; a gated MLP (SwiGLU) multiplies after its activation
+        if not all(type(mlp).__name__ == "Mlp" for mlp in mlps):
+            raise VitExplorerError(f"{type(mlps[0]).__name__}: this MLP is gated (SwiGLU-like), so its neurons are not the "
+                                   "output of one activation; a test-time register needs a plain MLP")
+        return [mlp.act for mlp in mlps]
+
+    def add_prefix_token(self, module: nn.Module) -> None:
+        if type(module).__name__ != "VisionTransformer":
+            raise VitExplorerError(f"{type(module).__name__}: a test-time register is added to timm's VisionTransformer only "
+                                   "(a model with rotary position embeddings places its patches by their count)")
+        # ``forward_features``: patch embedding, position embedding, ``patch_drop``, ``norm_pre``, the blocks. The token
+        # goes in after the position embedding and before ``norm_pre`` (CLIP's ``ln_pre``), where Jiang et al. put it in
+        # their CLIP; pooling skips ``num_prefix_tokens``
+        module.patch_drop.register_forward_hook(partial(insert_zero_token, module.num_prefix_tokens))
+        module.num_prefix_tokens += 1
 
     def activations(self, module: nn.Module) -> list[nn.Module]:
         # timm's own activation modules (GELUTanh, QuickGELU, ...) live in timm.layers.activations

@@ -13,7 +13,7 @@ from torch import nn
 
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.attention_inputs import AttentionInputs
-from vit_explorer.models.base import HookAdapter
+from vit_explorer.models.base import HookAdapter, insert_zero_token
 from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.vit import ViT
 
@@ -72,6 +72,16 @@ class VitPytorchAdapter(HookAdapter):
         finally:
             for handle in handles:
                 handle.remove()
+
+    def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
+        return [feed_forward.net[2] for _, feed_forward in module.transformer.layers]  # LayerNorm, Linear, GELU, …
+
+    def add_prefix_token(self, module: nn.Module) -> None:
+        if module.pool == "mean":
+            raise VitExplorerError("this ViT pools the mean of all its tokens, which would take a test-time register in: "
+                                   "only a class-token ViT can have one")
+        # ``forward``: ``dropout(x + pos_embedding)`` is the stream entering the first block
+        module.dropout.register_forward_hook(partial(insert_zero_token, module.cls_token.shape[0]))
 
     def num_classes(self, module: nn.Module) -> int:
         head = getattr(module, "mlp_head", None)

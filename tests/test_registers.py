@@ -1,0 +1,115 @@
+"""Test-time registers (Jiang et al. 2025): calibration and the edit equal an independent transcription of the authors'
+algorithm on a model whose planted MLP neuron makes a high-norm patch; the register takes the artefact away from the
+patch; without the planted neuron nothing is chosen and nothing changes."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY, make_vit, photo
+from registers_reference import activate_on_registers, find_register_neurons, run_logging
+from test_norms import PLANTED, loaded, planted_vit
+
+from vit_explorer import VitExplorerError, analyze
+from vit_explorer.core.images import model_view, to_pixels
+from vit_explorer.methods import norms
+from vit_explorer.methods.registers import REGISTER, RegisterNeurons, calibrate, move_to_register, with_test_time_register
+
+IMAGES = [photo((64, 64), seed=seed) for seed in range(6)]
+
+
+def pixels_of(model, image):
+    return to_pixels(model_view(image, model.preprocess, "stretch"), model.preprocess)
+
+
+def test_calibration_chooses_the_planted_neuron_and_ranks_as_the_authors_algorithm_does():
+    model = loaded(planted_vit(), (64, 64))
+    chosen = calibrate(model, IMAGES, top_k=5, highest_layer=2, detect_layer=-1)
+    # the authors' ranking with their fixed threshold, set between the planted patch's norm and the rest's
+    final_norms = run_logging(model.module, pixels_of(model, IMAGES[0]))[2][-1].norm(dim=1)
+    threshold = float(final_norms[PLANTED] + final_norms.median()) / 2
+    reference = find_register_neurons(model.module, [pixels_of(model, image) for image in IMAGES], threshold, -1)
+    assert chosen.images == chosen.images_with_outliers == 6 and chosen.outlier_tokens == 6  # the planted patch, each image
+    assert [(layer, neuron) for layer, neuron, _ in chosen.neurons] == [(layer, neuron) for layer, neuron, _ in reference[:5]]
+    assert [score for *_, score in chosen.neurons] == pytest.approx([score for *_, score in reference[:5]], rel=1e-5)
+    assert chosen.neurons[0][:2] == (1, 0)  # layer 1's hidden unit 0, the planted one
+    limited = calibrate(model, IMAGES, top_k=3, highest_layer=0, detect_layer=-1)  # only layer 0 may be chosen
+    assert [(layer, neuron) for layer, neuron, _ in limited.neurons] == [entry[:2] for entry in reference if entry[0] == 0][:3]
+
+
+def test_the_edit_computes_what_the_authors_hook_computes_with_the_register_after_the_patches():
+    model = loaded(planted_vit(), (64, 64))
+    chosen = calibrate(model, IMAGES, top_k=4, highest_layer=2, detect_layer=-1)
+    registered = with_test_time_register(model, chosen)
+    assert registered.layout.prefix_names == ("cls", REGISTER) and registered.layout.grid_hw == model.layout.grid_hw
+    edit = {layer: activate_on_registers(indices) for layer, indices in chosen.by_layer().items()}
+    for image in IMAGES[:3]:
+        pixels = pixels_of(model, image)
+        logits, _, outputs = run_logging(model.module, pixels, append_register=True, edit=edit)
+        torch.testing.assert_close(registered.logits(pixels), logits, atol=1e-5, rtol=1e-5)
+        ours = analyze(registered, image, explain=False).token_norms  # [layers, n]: cls, the register, the patches
+        for layer, output in enumerate(outputs):  # theirs: cls, the patches, the register
+            torch.testing.assert_close(ours[layer], torch.cat([output[:1], output[-1:], output[1:-1]]).norm(dim=1),
+                                       atol=1e-4, rtol=1e-4)
+    assert model.layout.prefix_names == ("cls",)  # the model itself is untouched
+    torch.testing.assert_close(model.logits(pixels), run_logging(model.module, pixels)[0])
+
+
+def test_with_the_register_the_planted_patch_is_no_longer_an_outlier_and_draws_less_attention():
+    model = loaded(planted_vit(), (64, 64))
+    registered = with_test_time_register(model, calibrate(model, IMAGES, top_k=1, highest_layer=2, detect_layer=-1))
+    image = photo((64, 64), seed=40)  # not one of the calibration images
+    before = norms.for_analysis(analyze(model, image))
+    after = norms.for_analysis(analyze(registered, image))
+    assert before.flagged_tokens(2).tolist() == [PLANTED]
+    assert after.flagged_tokens(1).tolist() == after.flagged_tokens(2).tolist() == []
+    shifted = PLANTED + 1  # the patch, one token later behind the register
+    # its norm falls to the rest's, and the register carries what it carried (layer 1 writes 20 × its activation)
+    assert after.norms[2, shifted] < 2 * after.patch_median[2] < before.norms[2, PLANTED] / 5
+    assert after.norms[2, 1] > 5 * after.patch_median[2]
+    assert after.flagged_attention_share[2] == 0
+    share_before = analyze(model, image).attentions[2, :, :, PLANTED].mean()
+    share_after = analyze(registered, image).attentions[2, :, :, shifted].mean()
+    assert share_after < share_before
+
+
+def test_without_an_artefact_nothing_is_chosen_and_the_file_changes_nothing(tmp_path):
+    model = loaded(make_vit(TINY), (64, 64), name="plain")
+    chosen = calibrate(model, IMAGES, top_k=5, highest_layer=2, detect_layer=-1)
+    assert chosen.changes_nothing and chosen.images_with_outliers == 0 and chosen.outlier_tokens == 0
+    assert "no outlier tokens in 6 images" in chosen.summary() and "changes nothing" in chosen.summary()
+    path = tmp_path / "registers.json"
+    path.write_text(chosen.to_json())
+    read = RegisterNeurons.read(path)
+    assert read == chosen and json.loads(path.read_text())["neurons"] == []
+    assert with_test_time_register(model, read) is model
+
+
+def test_a_file_applies_to_its_own_model_only_and_a_bad_file_is_a_user_error(tmp_path):
+    model = loaded(planted_vit(), (64, 64))
+    chosen = calibrate(model, IMAGES, top_k=2, highest_layer=2, detect_layer=-1)
+    path = tmp_path / "registers.json"
+    path.write_text(chosen.to_json())
+    assert RegisterNeurons.read(path) == chosen
+    other = loaded(planted_vit(), (64, 64), name="other")
+    with pytest.raises(VitExplorerError, match="calibrated for planted, not other"):
+        with_test_time_register(other, chosen)
+    path.write_text("{}")
+    with pytest.raises(VitExplorerError, match="not a registers file"):
+        RegisterNeurons.read(path)
+    with pytest.raises(VitExplorerError, match="settings outside this model's 3 layers"):
+        calibrate(model, IMAGES, highest_layer=3)
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_the_register_takes_the_signed_largest_activation_as_the_authors_hook_gives_it(negative):
+    """GELU's activations are rarely below -0.17, so the sign of ``sign_max`` matters only for other activations: a
+    planted one here, with the largest magnitude negative or positive."""
+    generator = torch.Generator().manual_seed(1)
+    theirs = torch.randn(1, 8, 6, generator=generator)  # cls, 6 patches, the register last
+    theirs[0, 3, 2] = -9.0 if negative else 9.0
+    ours = torch.cat([theirs[:, :1], theirs[:, -1:], theirs[:, 1:-1]], dim=1)  # cls, the register, the patches
+    edited = move_to_register(1, [2, 4], None, (), ours)
+    activate_on_registers([2, 4])(None, (), theirs)
+    torch.testing.assert_close(edited, torch.cat([theirs[:, :1], theirs[:, -1:], theirs[:, 1:-1]], dim=1))
+    assert edited[0, 1, 2] == (-9.0 if negative else 9.0)
