@@ -51,6 +51,7 @@ def cost(heads: int) -> dict:
     analysis = analyze(model, image, explain=False)
     inputs = queries_and_keys(model, analysis)
     layer = model.map_shape[0] - 1
+    joint_embedding(inputs.queries[0, 0], inputs.keys[0, 0], "tsne")  # the first call imports scikit-learn's t-SNE
     times = {projection: [timed(lambda h=head, p=projection: joint_embedding(inputs.queries[layer, h], inputs.keys[layer, h], p))
                           for head in range(heads)] for projection in ("pca", "tsne")}
     model.logits(pixels)  # warm-up

@@ -187,3 +187,26 @@ def test_no_method_ranks_a_clicked_patch_among_the_least_relevant(models):
             for method in METHODS:
                 rank = measure(found[method], part, click)["rank"]
                 assert rank <= 256 - 256 // 10, (part.photo, part.name, click, method, rank)
+
+
+def test_calibrating_a_test_time_register_on_the_real_photos_finds_no_outliers_as_the_token_norms_tab(models, tmp_path):
+    """DINOv2-S is small: Darcet et al. see the artefacts in large models, and the Token norms tab flags no patch of these
+    photos. Calibration agrees: no outlier token, no neuron chosen, a file that changes nothing."""
+    from PIL import Image
+
+    from vit_explorer import run
+    from vit_explorer.methods import norms
+
+    model = models["timm"]
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    names = (*PHOTOS, "rocket", "retina", "hubble_deep_field")
+    for name in names:
+        Image.fromarray(getattr(skimage_data, name)()).convert("RGB").save(folder / f"{name}.png")
+    found = run.registers(model, folder)
+    assert found.images == len(names) and found.images_with_outliers == 0 and found.changes_nothing
+    assert found.settings == "the authors' CLIP ViT-B/16 settings scaled to 12 layers"
+    assert run.registered(model, found) is model
+    for path in sorted(folder.iterdir()):
+        flagged = norms.for_analysis(analyze(model, path)).flagged
+        assert not flagged[found.detect_layer].any(), path.name  # the tab's rule at the layer calibration reads

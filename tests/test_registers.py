@@ -12,8 +12,9 @@ from test_norms import PLANTED, loaded, planted_vit
 
 from vit_explorer import VitExplorerError, analyze
 from vit_explorer.core.images import model_view, to_pixels
+from vit_explorer.core.register_neurons import REGISTER, RegisterNeurons
 from vit_explorer.methods import norms
-from vit_explorer.methods.registers import REGISTER, RegisterNeurons, calibrate, move_to_register, with_test_time_register
+from vit_explorer.methods.registers import calibrate, move_to_register, with_test_time_register
 
 IMAGES = [photo((64, 64), seed=seed) for seed in range(6)]
 
@@ -113,3 +114,47 @@ def test_the_register_takes_the_signed_largest_activation_as_the_authors_hook_gi
     activate_on_registers([2, 4])(None, (), theirs)
     torch.testing.assert_close(edited, torch.cat([theirs[:, :1], theirs[:, -1:], theirs[:, 1:-1]], dim=1))
     assert edited[0, 1, 2] == (-9.0 if negative else 9.0)
+
+
+def write_planted_checkpoint(path):
+    """The planted ViT as a checkpoint file with its config, as a user's model would be."""
+    from safetensors.torch import save_file
+
+    from vit_explorer.models.checkpoint import CONFIG_KEY
+
+    meta = {"vit": TINY, "labels": [f"thing {i}" for i in range(TINY["num_classes"])]}
+    save_file({key: value.contiguous() for key, value in planted_vit().state_dict().items()}, str(path),
+              metadata={CONFIG_KEY: json.dumps(meta)})
+    return path
+
+
+def test_the_cli_calibrates_over_a_folder_and_analyze_adds_the_register(tmp_path, capsys):
+    import numpy as np
+
+    from vit_explorer import explain
+    from vit_explorer.cli import main
+
+    checkpoint = write_planted_checkpoint(tmp_path / "planted.safetensors")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for seed, image in enumerate(IMAGES):
+        image.save(folder / f"{seed}.png")
+    out = tmp_path / "registers.json"
+    assert main(["registers", str(folder), "--model", str(checkpoint), "--out", str(out), "--top-k", "2",
+                 "--highest-layer", "2", "--batch-size", "4"]) == 0
+    said = capsys.readouterr().err
+    assert "6 outlier tokens in 6 of 6 images at layer -1; 2 register neurons chosen in layer(s) 1" in said
+    record = json.loads(out.read_text())
+    assert record["model"] == checkpoint.name and record["neurons"][0]["layer"] == 1 and record["neurons"][0]["neuron"] == 0
+    image = tmp_path / "new.png"
+    photo((64, 64), seed=40).save(image)
+    assert main(["analyze", str(image), "--model", str(checkpoint), "--registers", str(out), "--out", str(tmp_path / "a"),
+                 "--no-faithfulness"]) == 0
+    saved = np.load(tmp_path / "a" / "attention.npz")
+    assert saved["prefix_names"].tolist() == ["cls", "tt-reg"] and saved["head_mean"].shape[-1] == 18
+    assert "test-time register (2 register neurons moved to it)" in capsys.readouterr().err
+    with_register = explain(str(image), model=str(checkpoint), method="rollout", registers=out)
+    assert with_register.analysis.layout.prefix_names == ("cls", "tt-reg") and with_register.map.shape == (4, 4)
+    # a file for another model is refused with what to run
+    assert main(["analyze", str(image), "--registers", str(out), "--out", str(tmp_path / "b")]) == 1
+    assert f"calibrated for {checkpoint.name}, not " in capsys.readouterr().err

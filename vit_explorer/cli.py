@@ -66,7 +66,7 @@ def run_analyze(args: argparse.Namespace) -> None:
     from vit_explorer.core.targets import Target
     from vit_explorer.draw import files, terminal
     from vit_explorer.models import load_model
-    from vit_explorer.run import run
+    from vit_explorer.run import registered, run
 
     image = load_image(args.image)  # fail on a bad file before anything is written or loaded
     atlas = files.read_atlas(args.atlas) if args.atlas else None
@@ -79,6 +79,8 @@ def run_analyze(args: argparse.Namespace) -> None:
                       memory_budget=memory_budget(args), fit=args.fit)
     progress(f"loading {args.model}")
     model = load_model(args.model, input_hw=args.input_size, device=args.device)
+    if args.registers:
+        model = registered(model, args.registers)
     for note in model.notes:
         progress(f"{args.model}: {note}")
     with ProgressLines() as lines:
@@ -111,7 +113,8 @@ def run_serve(args: argparse.Namespace) -> None:
     from vit_explorer.web.app import serve
 
     serve(model_spec=args.model, host=args.host, port=args.port, share=args.share, open_browser=not args.no_browser,
-          memory_budget=int(args.memory_budget_mb * 2**20), cache_ttl_s=args.cache_ttl_s, input_hw=args.input_size)
+          memory_budget=int(args.memory_budget_mb * 2**20), cache_ttl_s=args.cache_ttl_s, input_hw=args.input_size,
+          registers=args.registers)
 
 
 def run_train_default(args: argparse.Namespace) -> None:
@@ -197,6 +200,19 @@ def run_atlas(args: argparse.Namespace) -> None:
     progress(f"wrote {', '.join(path.name for path in written)} to {args.out}")
 
 
+def run_registers(args: argparse.Namespace) -> None:
+    from vit_explorer.run import registers
+
+    out = Path(args.out).expanduser()
+    with ProgressLines() as lines:
+        found = registers(args.model, args.source, top_k=args.top_k, highest_layer=args.highest_layer,
+                          detect_layer=args.detect_layer, batch_size=args.batch_size, fit=args.fit,
+                          input_hw=args.input_size, device=args.device, progress=lines)
+    out.write_text(found.to_json())
+    progress(f"{found.model}: {found.summary()} ({found.settings})")
+    progress(f"wrote {out}")
+
+
 def run_make_shapes(args: argparse.Namespace) -> None:
     from vit_explorer.shapes.generator import write_set
 
@@ -207,7 +223,7 @@ def run_make_shapes(args: argparse.Namespace) -> None:
 
 
 def add_input_options(command: argparse.ArgumentParser) -> None:
-    """The options of the dataset commands (``stats``, ``evaluate``) that say how images meet the model."""
+    """The options of the dataset commands (``stats``, ``evaluate``, ``registers``) that say how images meet the model."""
     command.add_argument("--input-size", type=input_size, default=None, help="model input, 518 or HxW (default: the model's own)")
     command.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one; under "
                                                         "torchrun: each process's local GPU)")
@@ -292,6 +308,7 @@ def parser() -> argparse.ArgumentParser:
     add_stats(commands, spec_help)
     add_evaluate(commands, spec_help)
     add_atlas(commands, spec_help)
+    add_registers(commands, spec_help)
     add_make_shapes(commands)
     return main
 
@@ -356,6 +373,9 @@ def add_analyze(commands: argparse._SubParsersAction, spec_help: str) -> None:
     analyze.add_argument("--input-size", type=input_size, default=None,
                          help="e.g. 518 or 448x640, for timm/hf models that allow it (default: the model's own size)")
     analyze.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: the GPU when there is one)")
+    analyze.add_argument("--registers", default=None,
+                         help="a file of `vit-explorer registers`: add a test-time register to the model (it is edited: "
+                              "its logits change; the register is the prefix token tt-reg)")
     analyze.add_argument("--fit", default="stretch", choices=FITS,
                          help="for images of other proportions: stretch to the model's input, or pad to its proportions "
                               "(letterbox)")
@@ -401,6 +421,9 @@ def add_serve(commands: argparse._SubParsersAction, spec_help: str) -> None:
     serve.add_argument("--cache-ttl-s", type=int, default=3600, help="seconds rendered views, uploads and exports stay on disk")
     serve.add_argument("--input-size", type=input_size, default=None,
                        help="every model's input, 518 or HxW, for timm/hf models that allow it (default: each model's own)")
+    serve.add_argument("--registers", default=None,
+                       help="a file of `vit-explorer registers`: the Test-time register tab shows the model with and "
+                            "without one, side by side")
     serve.set_defaults(run=run_serve)
 
 
@@ -502,6 +525,30 @@ def add_atlas(commands: argparse._SubParsersAction, spec_help: str) -> None:
                                                              "them again")
     add_input_options(atlas)
     atlas.set_defaults(run=run_atlas)
+
+
+def add_registers(commands: argparse._SubParsersAction, spec_help: str) -> None:
+    """The command registers SOURCE: a model's register neurons, for a test-time register."""
+    registers = commands.add_parser(
+        "registers", formatter_class=HelpFormatter,
+        help="find a model's register neurons over a folder, for a test-time register (Jiang et al. 2025)",
+        description="Finds the high-norm outlier tokens of each image (the Token norms rule), the MLP neurons most active "
+                    "at them, and writes the chosen ones to --out; `analyze --registers` and `serve --registers` then add "
+                    "one token that takes their activation. Where no image has an outlier token, nothing is chosen and "
+                    "the file changes nothing.")
+    registers.add_argument("source", help="a folder of images, a text file of image paths, or a glob")
+    registers.add_argument("--model", default=DEFAULT_MODEL, help=spec_help)
+    registers.add_argument("--out", default="registers.json", help="the file to write")
+    registers.add_argument("--top-k", type=int, default=None,
+                           help="register neurons to choose (default: the authors' for the model's family, else 10)")
+    registers.add_argument("--highest-layer", type=int, default=None,
+                           help="the last layer a neuron may come from (default: the authors', else 5/12 of the depth)")
+    registers.add_argument("--detect-layer", type=int, default=None,
+                           help="the layer whose outputs' norms find the outliers, negative from the end (default: -1, "
+                                "or the authors' for the model's family)")
+    registers.add_argument("--batch-size", type=int, default=8, help="images per forward pass")
+    add_input_options(registers)
+    registers.set_defaults(run=run_registers)
 
 
 def add_make_shapes(commands: argparse._SubParsersAction) -> None:

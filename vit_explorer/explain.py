@@ -15,12 +15,13 @@ from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.head_atlas import Atlas
 from vit_explorer.core.images import ImageSource
 from vit_explorer.core.maps import RolloutOptions
+from vit_explorer.core.register_neurons import RegisterNeurons
 from vit_explorer.core.request import Request
 from vit_explorer.core.targets import OtherImage, Target
 from vit_explorer.draw import report
 from vit_explorer.models import DEFAULT_MODEL, LoadedModel, load_model
 from vit_explorer.run import atlas as run_atlas
-from vit_explorer.run import run
+from vit_explorer.run import registered, run
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,11 @@ def loaded_inputs(image: ImageSource | np.ndarray, model: str | LoadedModel | No
 
 def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = None, method: str = "relevance",
             target: int | str | tuple[int, int] | OtherImage | list[str] | None = None,
-            options: RolloutOptions | None = None) -> Explanation:
+            options: RolloutOptions | None = None, registers: str | Path | RegisterNeurons | None = None) -> Explanation:
     """Explain ``image`` (a path, bytes, a PIL image or an ``[H, W, 3]`` uint8 array) with ``model`` (a spec such as
     ``"timm:vit_base_patch16_224"``, a loaded model, or None for the built-in one) by ``method`` (``CLASS_METHODS``),
-    for ``target`` (a class name or index; None: the top class).
+    for ``target`` (a class name or index; None: the top class). ``registers`` (a file of ``vit-explorer registers``, or
+    its neurons) adds a test-time register to the model first (``methods.registers``: the model is edited).
 
     A backbone has no class: its class-specific maps explain a projection (``core.targets``): of the image's embedding on
     its own direction (``target`` None), of the output token of the patch at ``target`` = (row, column) on its own
@@ -90,6 +92,8 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     own image–text logit.
     """
     loaded, image = loaded_inputs(image, model)
+    if registers is not None:
+        loaded = registered(loaded, registers)
     request = Request(method=method, target=Target.of(target, loaded), options=options or RolloutOptions())
     result = run(loaded, image, request)
     analysis, evidence, shown = result.analysis, result.evidence, result.maps[method]

@@ -54,6 +54,7 @@ from vit_explorer.core.images import ImageSource, load_image, model_view, to_pix
 from vit_explorer.core.interventions import HeadAblation, Patching, patching_passes
 from vit_explorer.core.query_key_embedding import JointEmbedding, joint_embedding
 from vit_explorer.core.ranking import Scoreboard
+from vit_explorer.core.register_neurons import RegisterNeurons
 from vit_explorer.core.request import Request, Run
 from vit_explorer.core.statistics import DatasetStatistics
 from vit_explorer.core.targets import OtherImage, Target, prompt_model, similarity_model
@@ -63,6 +64,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods import ablation as ablations
 from vit_explorer.methods import atlas as atlas_method
 from vit_explorer.methods import dataset, evaluation, faithfulness, norms, patching, scoreboard, text_bank
+from vit_explorer.methods import registers as register_method
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel
@@ -334,6 +336,26 @@ def atlas(spec: str | LoadedModel, source: str | Path, *, prompts: Sequence[str]
         atlas_method.describe(found, texts, model.text.embed(texts), texts_per_head=texts_per_head, late_layers=late_layers,
                               step=step)
     return found
+
+
+def registers(spec: str | LoadedModel, source: str | Path, *, top_k: int | None = None, highest_layer: int | None = None,
+              detect_layer: int | None = None, batch_size: int = 8, fit: str = "stretch",
+              input_hw: tuple[int, int] | None = None, device: str | None = None, progress: Progress = silent) -> RegisterNeurons:
+    """The register neurons of the model ``spec`` (or a loaded model) over the images of ``source``
+    (``methods.registers.calibrate``; settings left None take the authors' for the model's family)."""
+    images = dataset.list_images(source)
+    model = spec if isinstance(spec, LoadedModel) else load_model(spec, input_hw=input_hw, device=device)
+    step = progress(f"register neurons of {model.name} over {len(images.paths)} images from {source}: one forward pass per "
+                    "image, reading every MLP neuron", len(images.paths), "image")
+    return register_method.calibrate(model, images.paths, top_k=top_k, highest_layer=highest_layer,
+                                     detect_layer=detect_layer, batch_size=batch_size, fit=fit, step=step)
+
+
+def registered(model: LoadedModel, neurons: RegisterNeurons | str | Path) -> LoadedModel:
+    """``model`` with a test-time register (``methods.registers``), from calibrated neurons or their file; ``model``
+    itself where they change nothing."""
+    chosen = neurons if isinstance(neurons, RegisterNeurons) else RegisterNeurons.read(neurons)
+    return register_method.with_test_time_register(model, chosen)
 
 
 def check_full_maps(model: LoadedModel, memory_budget: int) -> None:

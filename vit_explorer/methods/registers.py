@@ -30,90 +30,23 @@ it). The edit changes the model: its logits move, and the app says by how much.
 from __future__ import annotations
 
 import copy
-import json
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
-from vit_explorer.core.token_norms import RULE
+from vit_explorer.core.register_neurons import REGISTER, RegisterNeurons
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.norms import flag_patches
 from vit_explorer.models.base import LoadedModel
 from vit_explorer.models.layout import TokenLayout
 
-REGISTER = "tt-reg"  # the test-time register's name among the prefix tokens
 # the authors' settings for the models they published (their configs/): family → (a word of its names, its depth,
 # (top_k, highest_layer, detect_layer))
 PUBLISHED = {"DINOv2-L/14": ("dinov2", 24, (50, 17, -2)), "CLIP ViT-B/16": ("clip", 12, (10, 5, -1))}
-
-
-@dataclass(frozen=True)
-class RegisterNeurons:
-    """What calibration chose for one model, as ``registers.json`` holds it.
-
-    Attributes:
-        model: the model's spec; the file applies to it only.
-        neurons: the chosen ``(layer, neuron, score)``, best first; score: the neuron's mean absolute activation at the
-            outlier tokens, averaged over the images that had any. Empty: the file changes nothing.
-        top_k, highest_layer, detect_layer: the calibration's settings (``calibrate``).
-        images: images read; images_with_outliers: those with at least one outlier token; outlier_tokens: all of them.
-        rule: how outlier tokens were found.
-    """
-
-    model: str
-    neurons: tuple[tuple[int, int, float], ...]
-    top_k: int
-    highest_layer: int
-    detect_layer: int
-    images: int
-    images_with_outliers: int
-    outlier_tokens: int
-    rule: str = RULE
-    settings: str = field(default="")
-
-    @property
-    def changes_nothing(self) -> bool:
-        return not self.neurons
-
-    def by_layer(self) -> dict[int, list[int]]:
-        """The chosen neurons grouped by layer, in the order chosen."""
-        layers: dict[int, list[int]] = {}
-        for layer, neuron, _ in self.neurons:
-            layers.setdefault(layer, []).append(neuron)
-        return layers
-
-    def summary(self) -> str:
-        """One line: what was found and chosen."""
-        if self.changes_nothing:
-            return (f"no outlier tokens in {self.images} images at layer {self.detect_layer} ({self.rule}): no register "
-                    "neurons chosen, and a test-time register changes nothing")
-        layers = sorted(self.by_layer())
-        return (f"{self.outlier_tokens} outlier tokens in {self.images_with_outliers} of {self.images} images at layer "
-                f"{self.detect_layer}; {len(self.neurons)} register neurons chosen in layer(s) {', '.join(map(str, layers))}")
-
-    def to_json(self) -> str:
-        record = asdict(self)
-        record["neurons"] = [{"layer": layer, "neuron": neuron, "score": score} for layer, neuron, score in self.neurons]
-        record["summary"] = self.summary()
-        return json.dumps(record, indent=2) + "\n"
-
-    @classmethod
-    def read(cls, path: str | Path) -> RegisterNeurons:
-        """A file written by ``vit-explorer registers``."""
-        try:
-            record = json.loads(Path(path).read_text())
-            neurons = tuple((int(entry["layer"]), int(entry["neuron"]), float(entry["score"])) for entry in record["neurons"])
-            return cls(model=record["model"], neurons=neurons, top_k=int(record["top_k"]),
-                       highest_layer=int(record["highest_layer"]), detect_layer=int(record["detect_layer"]),
-                       images=int(record["images"]), images_with_outliers=int(record["images_with_outliers"]),
-                       outlier_tokens=int(record["outlier_tokens"]), rule=record.get("rule", RULE),
-                       settings=record.get("settings", ""))
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise VitExplorerError(f"{path}: not a registers file written by `vit-explorer registers` ({error})") from None
 
 
 def default_settings(model: LoadedModel) -> tuple[int, int, int, str]:
@@ -126,10 +59,10 @@ def default_settings(model: LoadedModel) -> tuple[int, int, int, str]:
     return 10, max(depth * 5 // 12, 0), -1, f"the authors' CLIP ViT-B/16 settings scaled to {depth} layers"
 
 
-def batches(model: LoadedModel, images: list[ImageSource], size: int):
-    """The images as the model's pixels, ``size`` at a time ``[b, 3, H, W]``."""
+def batches(model: LoadedModel, images: list[ImageSource], size: int, fit: str) -> Iterator[torch.Tensor]:
+    """The images as the model's pixels (fitted by ``fit``, ``images.FITS``), ``size`` at a time ``[b, 3, H, W]``."""
     for start in range(0, len(images), size):
-        views = [model_view(load_image(image), model.preprocess, "stretch") for image in images[start : start + size]]
+        views = [model_view(load_image(image), model.preprocess, fit) for image in images[start : start + size]]
         yield torch.cat([to_pixels(view, model.preprocess) for view in views]).to(model.device)
 
 
@@ -159,8 +92,10 @@ def activations_and_norms(model: LoadedModel, pixels: torch.Tensor) -> tuple[lis
 
 
 def calibrate(model: LoadedModel, images: list[ImageSource], *, top_k: int | None = None, highest_layer: int | None = None,
-              detect_layer: int | None = None, batch_size: int = 8) -> RegisterNeurons:
-    """Choose ``model``'s register neurons over ``images`` (module doc); settings left None take ``default_settings``."""
+              detect_layer: int | None = None, batch_size: int = 8, fit: str = "stretch",
+              step: Callable[[], None] | None = None) -> RegisterNeurons:
+    """Choose ``model``'s register neurons over ``images`` (module doc); settings left None take ``default_settings``.
+    ``step`` is called after each image."""
     default_k, default_highest, default_detect, source = default_settings(model)
     top_k = default_k if top_k is None else top_k
     highest_layer = default_highest if highest_layer is None else highest_layer
@@ -171,9 +106,11 @@ def calibrate(model: LoadedModel, images: list[ImageSource], *, top_k: int | Non
                                f"{highest_layer}, top k {top_k}")
     model.adapter.mlp_activations(model.module)  # a family without the neurons is refused before any pass
     scores, outliers = [], 0
-    for pixels in batches(model, images, batch_size):
+    for pixels in batches(model, images, batch_size, fit):
         activations, norms = activations_and_norms(model, pixels)
         for image in range(len(pixels)):
+            if step is not None:
+                step()
             flagged = flag_patches(norms[image], model.layout)[2][detect_layer]  # [n]
             if not flagged.any():
                 continue
