@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint, write_stats_folder
-from serving import chromium_page, click_natural, image_bytes, open_and_upload, running_app, wait_for_change
+from serving import chromium_page, click_natural, image_bytes, open_and_upload, running_app, running_server, wait_for_change
 
 from vit_explorer import analyze, load_model
 from vit_explorer.core.maps import heads_view
@@ -668,4 +668,37 @@ def test_the_queries_and_keys_tab_on_the_shipped_model_in_chromium(tmp_path):
         assert "Query: patch at row 2, col 3" in page.locator("#query-caption").inner_text()
         assert not scrolls_sideways(page)
         page.screenshot(path=str(OUTPUT / "1280x900-queries-keys-clicked.png"), full_page=True)
+        assert errors == []
+
+
+def test_the_test_time_register_tab_shows_the_planted_spot_gone_in_chromium(tmp_path):
+    """The planted model (one MLP neuron makes patch (1, 1) a high-norm outlier), calibrated by the CLI's stage over a
+    folder and served with its registers file: both sides, their token norms, and both scoreboards."""
+    from test_registers import write_planted_checkpoint
+
+    from vit_explorer import run
+
+    checkpoint = write_planted_checkpoint(tmp_path / "planted.safetensors")
+    folder = tmp_path / "calibration"
+    folder.mkdir()
+    for seed in range(6):
+        photo((64, 64), seed=seed).save(folder / f"{seed}.png")
+    registers = tmp_path / "registers.json"
+    registers.write_text(run.registers(str(checkpoint), folder, top_k=2, highest_layer=2).to_json())
+    upload = tmp_path / "upload.png"
+    photo((64, 64), seed=40).save(upload)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with running_server(str(checkpoint), tmp_path / "server.log", "--registers", str(registers)) as (url, _), \
+            chromium_page(1280, 1000) as (page, errors):
+        open_and_upload(page, url, upload)
+        open_tab(page, "Test-time register")
+        for elem_id in ("register-map-without", "register-map-with", "register-norms-without", "register-norms-with"):
+            page.wait_for_selector(f"#{elem_id} img", timeout=30_000)
+        text = page.locator("#register-text").inner_text()
+        assert "High-norm patches in any layer (the Token norms rule): 1 without, 0 with" in text
+        page.locator("#register-score").click()
+        page.wait_for_selector("#register-table-with table", timeout=120_000)
+        assert page.locator("#register-board-text").inner_text().count("Scoreboard for") == 2
+        assert not scrolls_sideways(page)
+        page.screenshot(path=str(OUTPUT / "1280x1000-test-time-register.png"), full_page=True)
         assert errors == []

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import TINY, make_vit, photo
 from registers_reference import activate_on_registers, find_register_neurons, run_logging
-from test_norms import PLANTED, loaded, planted_vit
+from test_norms import OUT, PLANTED, loaded, planted_vit
 
 from vit_explorer import VitExplorerError, analyze
 from vit_explorer.core.images import model_view, to_pixels
@@ -116,14 +116,31 @@ def test_the_register_takes_the_signed_largest_activation_as_the_authors_hook_gi
     assert edited[0, 1, 2] == (-9.0 if negative else 9.0)
 
 
+def planted_sink_vit() -> torch.nn.Module:
+    """``planted_vit`` whose last layer also has an attention sink, as Darcet et al. describe the artefacts: head 0 of
+    layer 2 attends from every token to the token that carries the artefact. Its norm holds one coordinate at 1 for
+    every token (a query shared by all), and its keys read the artefact's coordinate."""
+    vit = planted_vit()
+    attention = vit.transformer.layers[2][0]
+    inner, shared = attention.to_qkv.out_features // 3, 2  # 2: a residual coordinate, neither the marker nor OUT
+    with torch.no_grad():
+        attention.norm.weight[shared], attention.norm.bias[shared] = 0.0, 1.0
+        queries, keys = attention.to_qkv.weight[:8], attention.to_qkv.weight[inner : inner + 8]  # head 0
+        queries.zero_()
+        queries[:, shared] = 1.0
+        keys.zero_()
+        keys[:, OUT] = 1.0
+    return vit
+
+
 def write_planted_checkpoint(path):
-    """The planted ViT as a checkpoint file with its config, as a user's model would be."""
+    """The planted ViT with its attention sink as a checkpoint file with its config, as a user's model would be."""
     from safetensors.torch import save_file
 
     from vit_explorer.models.checkpoint import CONFIG_KEY
 
     meta = {"vit": TINY, "labels": [f"thing {i}" for i in range(TINY["num_classes"])]}
-    save_file({key: value.contiguous() for key, value in planted_vit().state_dict().items()}, str(path),
+    save_file({key: value.contiguous() for key, value in planted_sink_vit().state_dict().items()}, str(path),
               metadata={CONFIG_KEY: json.dumps(meta)})
     return path
 
@@ -158,3 +175,14 @@ def test_the_cli_calibrates_over_a_folder_and_analyze_adds_the_register(tmp_path
     # a file for another model is refused with what to run
     assert main(["analyze", str(image), "--registers", str(out), "--out", str(tmp_path / "b")]) == 1
     assert f"calibrated for {checkpoint.name}, not " in capsys.readouterr().err
+
+
+def test_with_the_register_the_attention_sink_leaves_the_patch_for_the_register():
+    """The spot the artefact makes in the class token's attention (head 0 of the last layer) moves to the register."""
+    model = loaded(planted_sink_vit(), (64, 64))
+    registered = with_test_time_register(model, calibrate(model, IMAGES, top_k=1, highest_layer=2, detect_layer=-1))
+    image = photo((64, 64), seed=40)
+    before = analyze(model, image).attentions[2, 0, 0]  # [n]: head 0's class-token row in the last layer
+    after = analyze(registered, image).attentions[2, 0, 0]
+    assert before[PLANTED] > 0.9  # the sink
+    assert after[1] > 0.9 and after[PLANTED + 1] < 0.05  # on the register, off the patch

@@ -358,6 +358,13 @@ def registered(model: LoadedModel, neurons: RegisterNeurons | str | Path) -> Loa
     return register_method.with_test_time_register(model, chosen)
 
 
+def with_register(registered_model: LoadedModel, analysis: Analysis) -> Analysis:
+    """The image of ``analysis`` as ``registered_model`` (a model with a test-time register, ``registered``) sees it: one
+    more analysis, memoised on ``analysis``; the class evidence waits for ``evidence``, as a scoreboard asks."""
+    return memo(analysis, ("with a test-time register", registered_model.name),
+                lambda: analyze(registered_model, Image.fromarray(analysis.image), explain=False))
+
+
 def check_full_maps(model: LoadedModel, memory_budget: int) -> None:
     """Refuse, before any pass, to keep every head's full map where the budget keeps only the compact form."""
     full_bytes = map_bytes(model.layout, *model.map_shape)

@@ -23,6 +23,7 @@ from PIL import Image
 
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET
+from vit_explorer.core.register_neurons import RegisterNeurons
 from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import DEFAULT_MODEL
@@ -336,12 +337,17 @@ SHARE_WARNING = ("vit-explorer: warning: --share opens a public Gradio link: any
 def serve(model_spec: str = DEFAULT_MODEL, host: str = "127.0.0.1", port: int = 7860, share: bool = False,
           open_browser: bool = True,
           memory_budget: int = DEFAULT_MEMORY_BUDGET, cache_ttl_s: int = CACHE_TTL_S,
-          input_hw: tuple[int, int] | None = None) -> None:
+          input_hw: tuple[int, int] | None = None, registers: str | Path | None = None) -> None:
     """Load ``model_spec`` (failing early with a message if it cannot be), then serve the app; ``input_hw``
-    sets every model's input size where the model allows it."""
+    sets every model's input size where the model allows it; ``registers`` (a file of ``vit-explorer registers`` for
+    this model) fills the Test-time register tab."""
     check_port(host, port)
-    models = ModelCache(memory_budget=memory_budget, input_hw=input_hw)
-    models.get(model_spec)
+    neurons = RegisterNeurons.read(registers) if registers is not None else None
+    models = ModelCache(memory_budget=memory_budget, input_hw=input_hw, registers=neurons)
+    model = models.get(model_spec)
+    if neurons is not None and neurons.model != model.name:
+        raise VitExplorerError(f"{registers}: calibrated for {neurons.model}, not {model.name}: run `vit-explorer registers "
+                               f"FOLDER --model {model_spec}`")
     if share:
         print(SHARE_WARNING, file=sys.stderr, flush=True)
     demo = build_demo(model_spec, models, cache_ttl_s)

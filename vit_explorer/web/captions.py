@@ -23,6 +23,7 @@ from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.interventions import HeadAblation, Patching
 from vit_explorer.core.query_key_embedding import JointEmbedding
 from vit_explorer.core.ranking import Scoreboard
+from vit_explorer.core.register_neurons import REGISTER, RegisterNeurons
 from vit_explorer.core.statistics import DatasetStatistics
 from vit_explorer.core.targets import shown_prompt
 from vit_explorer.core.token_norms import TokenNorms
@@ -566,3 +567,32 @@ def query_key_caption(embedding: JointEmbedding, layer: int, head: int, query_na
             f"the queries' centre: every attention weight is unchanged. Projected by {embedding.projection}{axes}. "
             f"{trust}; a 2-D projection distorts distances, t-SNE more than PCA.{bias}{query} Hover a point to name its "
             "token; click a query to make it the query.")
+
+
+NO_REGISTERS = ("**Test-time register** (Jiang et al. 2025): start the app with `--registers FILE`, a file that "
+                "`vit-explorer registers FOLDER --model MODEL` writes, to see this model with and without one.")
+
+
+def register_text(neurons: RegisterNeurons, without: Analysis, with_register: Analysis | None,
+                  norms: tuple[TokenNorms, TokenNorms] | None) -> str:
+    """The Test-time register tab's words: what the file chose, how the logits moved, and what the outliers did."""
+    head = f"**Test-time register** (Jiang et al. 2025) of {neurons.model}: {neurons.summary()} ({neurons.settings})."
+    if neurons.model != without.model_name:
+        return f"{head} This image was analysed by {without.model_name}: choose {neurons.model} to compare."
+    if with_register is None or norms is None:
+        return head
+    before, after = norms
+    logits = f"max |Δ logit| {float((with_register.logits - without.logits).abs().max()):.3g}"
+    if without.num_classes:
+        top_before, top_after = without.top_k(1)[0], with_register.top_k(1)[0]
+        logits = (f"top class {top_before.label} {top_before.prob:.1%} without, {top_after.label} "
+                  f"{top_after.prob:.1%} with; {logits}")
+    flagged_before, flagged_after = int(before.flagged.any(dim=0).sum()), int(after.flagged.any(dim=0).sum())
+    register = after.prefix[REGISTER]
+    last = after.num_layers - 1
+    return (f"{head}\n\nThe edit changes the model: {logits}. High-norm patches in any layer (the Token norms rule): "
+            f"{flagged_before} without, {flagged_after} with. In the last layer the register's norm is "
+            f"{float(register['norm'][last] / after.patch_median[last]):.1f}× the median patch's and it draws "
+            f"{float(register['attention_share'][last]):.1%} of the attention. Below: the last layer's attention of the "
+            "class token (mean of heads; each picture on its own scale) and every token's norm after every layer, "
+            "without and with the register.")

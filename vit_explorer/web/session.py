@@ -17,8 +17,10 @@ from typing import Any
 from vit_explorer.core import maps
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
 from vit_explorer.core.comparison import Comparison
+from vit_explorer.core.register_neurons import RegisterNeurons
 from vit_explorer.models import LoadedModel, load_model
 from vit_explorer.models.builtin import builtin_names
+from vit_explorer.run import registered
 
 EXPORT_DIR_NAME = "vit-explorer-exports"
 CACHE_TTL_S = 3600  # seconds generated images, uploads and export zips stay on disk
@@ -29,10 +31,11 @@ class ModelCache:
     memory budget their analyses keep to."""
 
     def __init__(self, capacity: int = 2, memory_budget: int = DEFAULT_MEMORY_BUDGET,
-                 input_hw: tuple[int, int] | None = None) -> None:
+                 input_hw: tuple[int, int] | None = None, registers: RegisterNeurons | None = None) -> None:
         self.capacity = capacity
         self.memory_budget = memory_budget  # bytes of maps per analysis, see ``analyze``
         self.input_hw = input_hw  # every model's input (None: each model's own), for models that allow another
+        self.registers = registers  # ``serve --registers``: the Test-time register tab's neurons, for their model
         self._models: OrderedDict[str, LoadedModel] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -51,6 +54,20 @@ class ModelCache:
             model = load_model(spec, input_hw=self.input_hw)
         self.put(spec, model)
         return model
+
+    def with_register(self, model: LoadedModel) -> LoadedModel | None:
+        """``model`` with the test-time register of ``registers`` (made once, then kept beside the other models), or None
+        where there is no file, it is for another model, or it changes nothing."""
+        registers = self.registers
+        if registers is None or registers.model != model.name or registers.changes_nothing:
+            return None
+        spec = f"{model.name} + test-time register"
+        with self._lock:
+            kept = self._models.get(spec)
+        if kept is None:
+            kept = registered(model, registers)
+            self.put(spec, kept)
+        return kept
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from vit_explorer.web.tabs import (
     layers_heads,
     overview,
     query_keys,
+    registers,
     rollout_options,
     token_norms,
     tokens,
@@ -26,4 +27,4 @@ from vit_explorer.web.tabs.base import Tab
 
 TABS: tuple[Tab, ...] = (overview.TAB, layers_heads.TAB, query_keys.TAB, rollout_options.TAB, class_maps.TAB, head_statistics.TAB,
                          head_ablation.TAB,
-                         contributions.TAB, token_norms.TAB, tokens.TAB, compare.TAB, head_atlas.TAB, export.TAB)
+                         contributions.TAB, token_norms.TAB, registers.TAB, tokens.TAB, compare.TAB, head_atlas.TAB, export.TAB)
