@@ -186,3 +186,55 @@ def test_with_the_register_the_attention_sink_leaves_the_patch_for_the_register(
     after = analyze(registered, image).attentions[2, 0, 0]
     assert before[PLANTED] > 0.9  # the sink
     assert after[1] > 0.9 and after[PLANTED + 1] < 0.05  # on the register, off the patch
+
+
+def family_models():
+    """Each family a test-time register applies to, with the module its tokens pass before the first block."""
+    timm = pytest.importorskip("timm")
+    from test_clip_families import tiny_open_clip
+
+    from vit_explorer.models.timm_adapter import from_timm_module
+
+    def timm_dinov2():
+        torch.manual_seed(0)
+        module = timm.create_model("vit_small_patch14_dinov2", pretrained=False, depth=2, img_size=56).eval()
+        return from_timm_module(module, "timm:vit_small_patch14_dinov2@random")
+
+    return {"shipped": (lambda: loaded(make_vit(TINY), (64, 64)), lambda module: module.dropout),
+            "timm-dinov2": (timm_dinov2, lambda module: module.patch_drop),
+            "open_clip": (lambda: tiny_open_clip()[0], lambda module: module.patch_dropout)}
+
+
+@pytest.mark.parametrize("family", ["shipped", "timm-dinov2", "open_clip"])
+def test_each_family_computes_what_appending_the_register_with_the_authors_hook_computes(family):
+    make, entry = family_models()[family]
+    model = make()
+    neurons = RegisterNeurons(model=model.name, neurons=((0, 3, 1.0), (0, 7, 0.9), (1, 5, 0.8)), top_k=3, highest_layer=1,
+                              detect_layer=-1, images=1, images_with_outliers=1, outlier_tokens=1)
+    registered = with_test_time_register(model, neurons)
+    assert registered.layout.prefix_names == (*model.layout.prefix_names, REGISTER)
+    pixels = torch.randn(1, 3, *model.preprocess.input_hw, generator=torch.Generator().manual_seed(2))
+
+    def last_stream(loaded_model, *extra_hooks):
+        adapter, module = loaded_model.adapter, loaded_model.module
+        kept = {}
+        handles = [make_hook(module) for make_hook in extra_hooks]
+        handles.append(adapter.residual_modules(module)[-1].register_forward_hook(
+            lambda _m, inputs, output: kept.setdefault("stream", adapter.residual_after(inputs, output))))
+        try:
+            with torch.no_grad():
+                loaded_model.logits(pixels)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return kept["stream"][0]  # [n, dim]
+
+    activations = model.adapter.mlp_activations(model.module)
+    append = lambda module: entry(module).register_forward_hook(  # noqa: E731 - the authors' token, after the patches
+        lambda _m, _i, x: torch.cat([x, torch.zeros(x.shape[0], 1, x.shape[2])], dim=1))
+    edits = [lambda module, layer=layer, indices=indices: activations[layer].register_forward_hook(
+        activate_on_registers(indices)) for layer, indices in neurons.by_layer().items()]
+    theirs = last_stream(model, append, *edits)  # cls, the patches, the register
+    ours = last_stream(registered)  # cls, the register, the patches
+    torch.testing.assert_close(ours, torch.cat([theirs[:1], theirs[-1:], theirs[1:-1]]), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(ours[1], torch.zeros(()))  # the register took the activations

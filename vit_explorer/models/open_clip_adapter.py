@@ -20,7 +20,7 @@ from einops import rearrange
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.base import ELEMENTWISE, HookAdapter, LoadedModel, Preprocess
+from vit_explorer.models.base import ELEMENTWISE, HookAdapter, LoadedModel, Preprocess, insert_zero_token
 from vit_explorer.models.hub import load_cached_or_fetch
 from vit_explorer.models.layout import TokenLayout, check_input_hw
 from vit_explorer.models.text import RANDOM_TOKENIZER, Reading, TextTower, byte_reading, byte_tokens, tokenizer_reading
@@ -155,6 +155,17 @@ class OpenClipAdapter(HookAdapter):
     def activations(self, module: nn.Module) -> list[nn.Module]:
         # OpenCLIP's QuickGELU is a module of its own
         return [part for part in module.modules() if isinstance(part, ELEMENTWISE) or type(part).__name__ == "QuickGELU"]
+
+    def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
+        return [block.mlp.gelu for block in self.blocks(module)]  # c_fc, gelu, (ln), c_proj
+
+    def add_prefix_token(self, module: nn.Module) -> None:
+        if module.pool_type != "tok":
+            raise VitExplorerError(f"this OpenCLIP tower pools by {module.pool_type!r}, which would take a test-time register "
+                                   "in: only a class-token tower can have one")
+        # ``_embeds``: class token, position embedding, ``patch_dropout``, ``ln_pre``: the token goes in before ``ln_pre``,
+        # where Jiang et al. put it in their OpenCLIP
+        module.patch_dropout.register_forward_hook(partial(insert_zero_token, 1))
 
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
         patch_hw = tuple(module.patch_size)
