@@ -17,20 +17,20 @@ from vit_explorer.web.tabs import registers as registers_tab
 TITLE = "Test-time register"
 
 
-def planted_cache(with_file: bool) -> ModelCache:
+def planted_session(tmp_path, with_file: bool):
+    """The model cache (with the planted model's registers file or without one) and the tab opened on a new image."""
     model = loaded(planted_sink_vit(), (64, 64))
     neurons = calibrate(model, [photo((64, 64), seed=seed) for seed in range(4)], top_k=2, highest_layer=2, detect_layer=-1)
     models = ModelCache(registers=neurons if with_file else None)
     models.put("planted", model)
-    return models
-
-
-def test_the_tab_shows_both_sides_and_the_planted_outlier_gone_with_the_register(tmp_path):
-    models = planted_cache(with_file=True)
     upload = tmp_path / "image.png"
     photo((64, 64), seed=40).save(upload)
     session, _ = analysed(models, str(upload), "planted")
-    views = opened(TITLE, session)
+    return models, session, opened(TITLE, session)
+
+
+def test_the_tab_shows_both_sides_and_the_planted_outlier_gone_with_the_register(tmp_path):
+    models, session, views = planted_session(tmp_path, with_file=True)
     text = views["register_text"]
     assert "2 register neurons chosen in layer(s) 0, 1" in text and "The edit changes the model" in text
     assert "High-norm patches in any layer (the Token norms rule): 1 without, 0 with" in text
@@ -54,9 +54,5 @@ def test_the_tab_shows_both_sides_and_the_planted_outlier_gone_with_the_register
 
 
 def test_without_a_registers_file_the_tab_says_how_to_get_one(tmp_path):
-    models = planted_cache(with_file=False)
-    upload = tmp_path / "image.png"
-    photo((64, 64), seed=40).save(upload)
-    session, _ = analysed(models, str(upload), "planted")
-    views = opened(TITLE, session)
+    _, _, views = planted_session(tmp_path, with_file=False)
     assert views["register_text"] == NO_REGISTERS and all(views[name] is None for name in registers_tab.PICTURES)
