@@ -19,6 +19,7 @@ from vit_explorer.core.curves import Protocol
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import LoadedModel
 from vit_explorer.web.captions import NO_REGISTERS, board_rows, board_text, register_text
 from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, map_image, require, run_progress, state_of, user_errors
@@ -63,9 +64,10 @@ def layout() -> dict:
     return components
 
 
-def registered_model(session: Session):
-    """The session's model with the register, or None (no file, another model's, or one that changes nothing)."""
-    return session.models.with_register(session.model())
+def registered_model(session: Session) -> LoadedModel | None:
+    """The session's model (as loaded: a backbone's similarity target is not carried over) with the register, or None (no
+    file, another model's, or one that changes nothing)."""
+    return session.models.with_register(session.models.get(session.model_spec))
 
 
 def prepare(session: Session, controls: Controls) -> None:
@@ -122,7 +124,7 @@ def on_score(models: ModelCache, session: Session | None, *control_values, progr
     stage = run_progress(progress)
     target = session.analysis.top_k(1)[0].index  # one class for both sides: the model's answer without the register
     boards = []
-    for side_model, analysis in ((session.model(models), session.analysis), (model, shown.analysis)):
+    for side_model, analysis in ((models.get(session.model_spec), session.analysis), (model, shown.analysis)):
         evidence = run.evidence(side_model, analysis, target)
         boards.append(run.rank(side_model, analysis, evidence, Protocol("blur"), options=controls.rollout, progress=stage))
     shown.boards = (boards[0], boards[1])
