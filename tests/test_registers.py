@@ -200,12 +200,25 @@ def family_models():
         module = timm.create_model("vit_small_patch14_dinov2", pretrained=False, depth=2, img_size=56).eval()
         return from_timm_module(module, "timm:vit_small_patch14_dinov2@random")
 
+    def hf(model_class, config_class, **options):
+        transformers = pytest.importorskip("transformers")
+        from vit_explorer.models.hf_adapter import from_hf_module
+
+        torch.manual_seed(0)
+        config = getattr(transformers, config_class)(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                     intermediate_size=64, **options)
+        return from_hf_module(getattr(transformers, model_class)._from_config(config).eval(), "hf:tiny")
+
     return {"shipped": (lambda: loaded(make_vit(TINY), (64, 64)), lambda module: module.dropout),
             "timm-dinov2": (timm_dinov2, lambda module: module.patch_drop),
-            "open_clip": (lambda: tiny_open_clip()[0], lambda module: module.patch_dropout)}
+            "open_clip": (lambda: tiny_open_clip()[0], lambda module: module.patch_dropout),
+            "hf-vit": (lambda: hf("ViTForImageClassification", "ViTConfig", image_size=64, patch_size=16, num_labels=3),
+                       lambda module: module.base_model.embeddings),
+            "hf-dinov2": (lambda: hf("Dinov2Model", "Dinov2Config", image_size=56, patch_size=14),
+                          lambda module: module.base_model.embeddings)}
 
 
-@pytest.mark.parametrize("family", ["shipped", "timm-dinov2", "open_clip"])
+@pytest.mark.parametrize("family", ["shipped", "timm-dinov2", "open_clip", "hf-vit", "hf-dinov2"])
 def test_each_family_computes_what_appending_the_register_with_the_authors_hook_computes(family):
     make, entry = family_models()[family]
     model = make()
@@ -238,3 +251,27 @@ def test_each_family_computes_what_appending_the_register_with_the_authors_hook_
     ours = last_stream(registered)  # cls, the register, the patches
     torch.testing.assert_close(ours, torch.cat([theirs[:1], theirs[-1:], theirs[1:-1]]), atol=1e-4, rtol=1e-4)
     assert not torch.allclose(ours[1], torch.zeros(()))  # the register took the activations
+
+
+def test_a_model_the_edit_does_not_fit_is_refused_with_the_reason():
+    timm = pytest.importorskip("timm")
+    transformers = pytest.importorskip("transformers")
+    from vit_explorer.models.hf_adapter import from_hf_module
+    from vit_explorer.models.timm_adapter import from_timm_module
+
+    def neurons_for(model):
+        return RegisterNeurons(model=model.name, neurons=((0, 1, 1.0),), top_k=1, highest_layer=0, detect_layer=-1, images=1,
+                               images_with_outliers=1, outlier_tokens=1)
+
+    config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                       image_size=56, patch_size=14, num_labels=3)
+    classifier = from_hf_module(transformers.Dinov2ForImageClassification._from_config(config).eval(), "hf:tiny")
+    with pytest.raises(VitExplorerError, match="a DINOv2 classifier reads the mean of every token"):
+        with_test_time_register(classifier, neurons_for(classifier))
+    eva = from_timm_module(timm.create_model("eva02_tiny_patch14_224", pretrained=False, depth=2, img_size=56).eval(),
+                           "timm:eva02_tiny_patch14_224@random")
+    with pytest.raises(VitExplorerError, match="gated"):
+        with_test_time_register(eva, neurons_for(eva))
+    mean_pooled = loaded(make_vit({**TINY, "pool": "mean"}), (64, 64), name="mean")
+    with pytest.raises(VitExplorerError, match="pools the mean of all its tokens"):
+        with_test_time_register(mean_pooled, neurons_for(mean_pooled))

@@ -25,6 +25,7 @@ from vit_explorer.models.base import (
     CaptureAdapter,
     LoadedModel,
     Preprocess,
+    insert_zero_token,
     map_place,
     softmax_in_place,
 )
@@ -80,6 +81,28 @@ class HFAdapter(CaptureAdapter):
         # transformers' activations (GELUActivation, ...) are modules of transformers.activations
         return [part for part in module.modules()
                 if isinstance(part, ELEMENTWISE) or type(part).__module__ == "transformers.activations"]
+
+    def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
+        found = []
+        for block in self.blocks(module):
+            mlp = getattr(block, "mlp", None)
+            if mlp is not None and hasattr(mlp, "fc1") and isinstance(getattr(mlp, "activation_fn", None), nn.Module):
+                found.append(mlp.activation_fn)  # transformers 5: fc1, activation_fn, fc2
+            elif isinstance(getattr(getattr(block, "intermediate", None), "intermediate_act_fn", None), nn.Module):
+                found.append(block.intermediate.intermediate_act_fn)  # transformers 4: ViTIntermediate
+            else:
+                raise VitExplorerError(f"{type(mlp).__name__}: this MLP is gated (SwiGLU-like), so its neurons are not the "
+                                       "output of one activation; a test-time register needs a plain MLP")
+        return found
+
+    def add_prefix_token(self, module: nn.Module) -> None:
+        if module.config.model_type.startswith("dinov2") and self.num_classes(module):
+            raise VitExplorerError("a DINOv2 classifier reads the mean of every token after its prefix tokens, which would "
+                                   "take a test-time register in: add one to the backbone (Dinov2Model) instead")
+        prefix = len(self.layout(module, (module.config.patch_size,) * 2).prefix_names)
+        # the embeddings' output (class, distillation and register tokens, patches, position embedding, dropout) is the
+        # stream entering the first layer
+        module.base_model.embeddings.register_forward_hook(partial(insert_zero_token, prefix))
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         base = module.base_model
