@@ -668,6 +668,15 @@ def test_the_queries_and_keys_tab_on_the_shipped_model_in_chromium(tmp_path):
         assert "Query: patch at row 2, col 3" in page.locator("#query-caption").inner_text()
         assert not scrolls_sideways(page)
         page.screenshot(path=str(OUTPUT / "1280x900-queries-keys-clicked.png"), full_page=True)
+        # the head over the seven examples at once
+        page.get_by_text("A folder sample").click()
+        page.locator("#qk-folder textarea, #qk-folder input").first.fill(str(image.parent))
+        page.locator("#qk-sample-button").click()
+        page.wait_for_selector("#qk-sample-plot svg circle", timeout=60_000)
+        assert page.locator("#qk-sample-plot svg circle").count() == 2 * 7 * tokens
+        assert "over 7 images" in page.locator("#qk-sample-caption").inner_text()
+        page.locator("#qk-sample-plot").scroll_into_view_if_needed()
+        page.screenshot(path=str(OUTPUT / "1280x900-queries-keys-sample.png"), full_page=True)
         assert errors == []
 
 

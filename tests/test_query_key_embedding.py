@@ -8,7 +8,13 @@ from conftest import photo
 from vit_explorer import VitExplorerError, analyze, load_model
 from vit_explorer.core.analysis import queries_and_keys
 from vit_explorer.core.map_store import attention_rows
-from vit_explorer.core.query_key_embedding import PROJECTIONS, joint_embedding, principal_axes, shared_frame
+from vit_explorer.core.query_key_embedding import (
+    PROJECTIONS,
+    joint_embedding,
+    neighbour_agreement,
+    principal_axes,
+    shared_frame,
+)
 
 
 def random_head(n=40, d=16, seed=0):
@@ -90,3 +96,24 @@ def test_neighbour_agreement_counts_queries_whose_favourite_key_is_near_them():
     assert neighbour_agreement(embedding, far, nearest=1) == 0.0
     # with two nearest keys (its own and the closer neighbour), only query 3 (at 6) has its favourite (key 2, at 3) there
     assert neighbour_agreement(embedding, far, nearest=2) == pytest.approx(1 / 6)
+
+
+def test_a_sample_is_moved_by_one_frame_that_keeps_each_images_weights_and_scores_each_image_on_its_own_keys():
+    from vit_explorer.core.query_key_embedding import sample_embedding
+
+    queries = torch.stack([random_head(seed=seed)[0] for seed in range(3)])  # [3, n, d]
+    keys = torch.stack([random_head(seed=seed)[1] for seed in range(3)])
+    embedding = sample_embedding(queries, keys)
+    assert embedding.queries.shape == embedding.keys.shape == (3 * 40, 2)
+    moved_queries, moved_keys, _ = shared_frame(queries.reshape(-1, 16), keys.reshape(-1, 16))
+    for image in range(3):
+        rows = slice(image * 40, (image + 1) * 40)
+        before = torch.softmax(queries[image].double() @ keys[image].double().T, dim=-1)
+        torch.testing.assert_close(torch.softmax(moved_queries[rows] @ moved_keys[rows].T, dim=-1), before, atol=1e-12,
+                                   rtol=1e-9)
+    own = []
+    for image in range(3):
+        rows = slice(image * 40, (image + 1) * 40)
+        part = type(embedding)(embedding.queries[rows], embedding.keys[rows], "", 1.0, None)
+        own.append(neighbour_agreement(part, torch.softmax(queries[image].double() @ keys[image].double().T, dim=-1)))
+    assert embedding.agreement == pytest.approx(sum(own) / 3)

@@ -65,3 +65,24 @@ def test_a_token_outside_the_image_is_refused(checkpoint, upload):
     outside = session.analysis.layout.num_tokens
     with pytest.raises(gr.Error, match=f"token {outside} is not one of this image's {outside} tokens"):
         shared.on_query_token(models, gr.SelectData(None, {"index": outside, "value": None}), session, QUERY_KEYS, *CONTROLS)
+
+
+def test_a_folder_sample_draws_every_images_tokens_in_one_picture(checkpoint, upload, tmp_path):
+    from conftest import photo
+
+    models = ModelCache()
+    session, _ = analysed(models, upload, checkpoint)
+    opened(QUERY_KEYS, session)
+    folder = tmp_path / "sample"
+    folder.mkdir()
+    for seed in range(5):
+        photo((120, 90), seed=seed).save(folder / f"image{seed}.png")
+    sample = by_name(query_keys.on_sample(models, session, str(folder), 3, *CONTROLS), ("state", *query_keys.SAMPLE))
+    tokens = session.analysis.layout.num_tokens
+    svg = sample["qk_sample_plot"]
+    assert svg.count("<title>") == 2 * 3 * tokens and "data-token" not in svg  # no click: the query is this image's
+    assert "image0.png · query · cls" in svg and "image3.png · key · patch at row 0, col 0" in svg  # evenly spaced: 0, 1, 3
+    assert "**Layer 0, head 0 over 3 images** (image0.png, image1.png, image3.png)" in sample["qk_sample_caption"]
+    assert opened(QUERY_KEYS, session)["qk_sample_plot"] == svg  # kept with the tab's state: drawn again as it was
+    with pytest.raises(gr.Error, match="give a folder of images"):
+        query_keys.on_sample(models, session, " ", 3, *CONTROLS)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -38,6 +40,7 @@ from vit_explorer.core.analysis import (
     queries_and_keys,
     recompute_query_rows,
 )
+from vit_explorer.core.capture import InputsSink, capture
 from vit_explorer.core.comparison import Match, target_b
 from vit_explorer.core.curves import (
     BLUR,
@@ -52,7 +55,7 @@ from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.head_atlas import Atlas
 from vit_explorer.core.images import ImageSource, load_image, model_view, to_pixels
 from vit_explorer.core.interventions import HeadAblation, Patching, patching_passes
-from vit_explorer.core.query_key_embedding import JointEmbedding, joint_embedding
+from vit_explorer.core.query_key_embedding import JointEmbedding, joint_embedding, sample_embedding
 from vit_explorer.core.ranking import Scoreboard
 from vit_explorer.core.register_neurons import RegisterNeurons
 from vit_explorer.core.request import Request, Run
@@ -68,6 +71,9 @@ from vit_explorer.methods import registers as register_method
 from vit_explorer.methods.sanity import sanity_check
 from vit_explorer.models import load_model
 from vit_explorer.models.base import LoadedModel
+
+if TYPE_CHECKING:  # the images as the model saw them, which draw reads; run itself does no numpy
+    import numpy as np
 
 # a long stage about to start: (what it does and costs, in words; how many steps; what a step is) → called after each
 # step; a stage of 0 steps is a line to show
@@ -228,6 +234,24 @@ def query_key_embedding(model: LoadedModel, analysis: Analysis, layer: int, head
     head_bias = None if bias is None else torch.broadcast_to(bias, (heads, tokens, tokens))[head]
     return memo(analysis, ("query-key embedding", layer, head, projection),
                 lambda: joint_embedding(inputs.queries[layer, head], inputs.keys[layer, head], projection, bias=head_bias))
+
+
+def query_key_sample(model: LoadedModel, source: str | Path, layer: int, head: int, *, count: int = 8,
+                     projection: str = "pca", fit: str = "stretch") -> tuple[JointEmbedding, list[str], list[np.ndarray]]:
+    """One head's queries and keys over ``count`` images of ``source`` (evenly spaced through its sorted list) in one
+    embedding (``core.query_key_embedding.sample_embedding``), with each image's name and the image as the model saw it
+    (``[H, W, 3]`` uint8, for the patch colours); one fused forward pass of them all."""
+    layers, heads = model.map_shape
+    if not (0 <= layer < layers and 0 <= head < heads):
+        raise VitExplorerError(f"layer {layer}, head {head} is not one of this model's {layers} layers × {heads} heads")
+    paths = dataset.list_images(source).paths
+    chosen = [paths[index * len(paths) // min(count, len(paths))] for index in range(min(count, len(paths)))]
+    views = [model_view(load_image(path), model.preprocess, fit) for path in chosen]
+    pixels = torch.cat([to_pixels(view, model.preprocess) for view in views]).to(model.device)
+    inputs = capture(model, pixels, InputsSink(layers)).kept  # one QueriesKeys per image
+    embedding = sample_embedding(torch.stack([image.queries[layer, head] for image in inputs]),
+                                 torch.stack([image.keys[layer, head] for image in inputs]), projection)
+    return replace(embedding, biased=inputs[0].biases[layer] is not None), [path.name for path in chosen], views
 
 
 def token_norms(analysis: Analysis) -> TokenNorms:

@@ -107,6 +107,21 @@ def joint_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str =
     return replace(embedding, agreement=neighbour_agreement(embedding, attention))
 
 
+def sample_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str = "pca", seed: int = 0) -> JointEmbedding:
+    """One head's queries and keys over a sample of images ``[images, n, d]`` each, moved by one ``shared_frame`` (which
+    keeps every image's attention weights: the translation adds a constant to each query's logits) and projected
+    together: ``queries`` and ``keys`` of the result are ``[images · n, 2]``, image by image. Its agreement is the mean of
+    each image's own (its queries against its own keys)."""
+    images, tokens, width = queries.shape
+    embedding = joint_embedding(queries.reshape(images * tokens, width), keys.reshape(images * tokens, width), projection,
+                                seed)
+    agreements = [neighbour_agreement(
+        replace(embedding, queries=embedding.queries[image * tokens : (image + 1) * tokens],
+                keys=embedding.keys[image * tokens : (image + 1) * tokens]),
+        torch.softmax(queries[image].double() @ keys[image].double().T, dim=-1)) for image in range(images)]
+    return replace(embedding, agreement=sum(agreements) / images)
+
+
 def neighbour_agreement(embedding: JointEmbedding, attention: torch.Tensor, nearest: int = 5) -> float:
     """How far the picture can be read as "a query lies near the keys it attends to": the share of queries whose
     most-attended key (``attention`` ``[n, n]``, the head's map) is among the ``nearest`` keys closest to the query in

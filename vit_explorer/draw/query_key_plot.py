@@ -68,34 +68,42 @@ def legend(colouring: str) -> str:
             f'text-anchor="end">{last}</text>')
 
 
-def query_key_svg(embedding: JointEmbedding, layout: TokenLayout, image: np.ndarray, colouring: str = "kind",
-                  query: int | None = None, title: str = "") -> str:
-    """The embedding as an SVG of ``SIZE`` pixels square: ``2n`` points, the ``query`` token's own query ringed."""
-    points = torch.cat([embedding.queries, embedding.keys]).double().numpy()  # [2n, 2]
+def query_key_svg(embedding: JointEmbedding, layout: TokenLayout, images: list[np.ndarray], colouring: str = "kind",
+                  query: int | None = None, title: str = "", names: list[str] | None = None) -> str:
+    """The embedding as an SVG of ``SIZE`` pixels square: for each of ``images`` (as the model saw them; one, or a sample
+    named by ``names``) its ``n`` queries and ``n`` keys, the ``query`` token's own query ringed. The query points of a
+    single image carry their token, for a click."""
+    points = torch.cat([embedding.queries, embedding.keys]).double().numpy()  # [2 · images · n, 2]
     low, high = points.min(axis=0), points.max(axis=0)
     span = np.maximum(high - low, 1e-12).max()  # one scale on both axes: a projection's distances are its only content
     centre = (low + high) / 2
     factor = min(SIZE - 2 * MARGIN, SIZE - TOP - MARGIN) / span
     pixels = np.stack([SIZE / 2 + (points[:, 0] - centre[0]) * factor,
                        (TOP + SIZE - MARGIN) / 2 - (points[:, 1] - centre[1]) * factor], axis=1)  # up is up
-    colours = token_colours(layout, image, colouring)
-    count = layout.num_tokens
+    count, total = layout.num_tokens, len(embedding.queries)
+    single = len(images) == 1
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="qk-plot" viewBox="0 0 {SIZE} {SIZE}" width="{SIZE}" '
              f'height="{SIZE}" style="max-width:100%;height:auto;background:#fff" role="img" aria-label="{escape(title)}">',
              '<style>.qk-plot .q{cursor:pointer}.qk-plot circle:hover{stroke:#000;stroke-width:2}</style>']
-    # keys first, so that the queries (the clickable points) lie on top
-    for index in range(count):
-        x, y = pixels[count + index]
-        colour = KEY_COLOUR if colours is None else colours[index]
-        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#fff" fill-opacity="0.6" stroke="{colour}" '
-                     f'stroke-width="1.6"><title>key · {escape(layout.token_name(index))}</title></circle>')
-    for index in range(count):
-        x, y = pixels[index]
-        colour = QUERY_COLOUR if colours is None else colours[index]
-        ring = ' stroke="#000" stroke-width="2.5"' if index == query else ""
-        parts.append(f'<circle class="q" data-token="{index}" cx="{x:.1f}" cy="{y:.1f}" r="{6 if index == query else 4}" '
-                     f'fill="{colour}"{ring}><title>query · {escape(layout.token_name(index))} (click: make it the query)'
-                     '</title></circle>')
+    keys, queries = [], []
+    for image_index, image in enumerate(images):
+        colours = token_colours(layout, image, colouring)
+        source = "" if names is None else f"{escape(names[image_index])} · "
+        for index in range(count):
+            point = image_index * count + index
+            name = escape(layout.token_name(index))
+            x, y = pixels[total + point]
+            colour = KEY_COLOUR if colours is None else colours[index]
+            keys.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#fff" fill-opacity="0.6" stroke="{colour}" '
+                        f'stroke-width="1.6"><title>{source}key · {name}</title></circle>')
+            x, y = pixels[point]
+            colour = QUERY_COLOUR if colours is None else colours[index]
+            ringed = single and index == query
+            clickable = f' class="q" data-token="{index}"' if single else ""
+            ring = ' stroke="#000" stroke-width="2.5"' if ringed else ""
+            queries.append(f'<circle{clickable} cx="{x:.1f}" cy="{y:.1f}" r="{6 if ringed else 4}" fill="{colour}"{ring}>'
+                           f'<title>{source}query · {name}{" (click: make it the query)" if single else ""}</title></circle>')
+    parts += keys + queries  # keys first, so that the queries (the clickable points) lie on top
     parts.append(legend(colouring))
     parts.append("</svg>")
     return "".join(parts)

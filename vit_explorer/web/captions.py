@@ -569,6 +569,17 @@ def query_key_caption(embedding: JointEmbedding, layer: int, head: int, query_na
             "token; click a query to make it the query.")
 
 
+def query_key_sample_caption(embedding: JointEmbedding, layer: int, head: int, names: list[str], tokens: int) -> str:
+    """The folder sample's words: which head over which images, and how far the picture can be read."""
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    bias = " The layer's additive term of the logits is in no point." if embedding.biased else ""
+    return (f"**Layer {layer}, head {head} over {len(names)} images** ({shown}): every image's queries and keys moved by "
+            f"one scale and one translation, which keep each image's attention weights, and projected together by "
+            f"{embedding.projection}. For {embedding.agreement:.0%} of the queries (mean over the images) the key they "
+            f"attend to most is among the 5 of their own image's keys nearest them ({min(5, tokens) / tokens:.0%} by "
+            f"chance).{bias} Hover a point to name its image and token.")
+
+
 NO_REGISTERS = ("**Test-time register** (Jiang et al. 2025): start the app with `--registers FILE`, a file that "
                 "`vit-explorer registers FOLDER --model MODEL` writes, to see this model with and without one.")
 

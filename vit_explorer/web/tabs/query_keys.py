@@ -16,8 +16,9 @@ import numpy as np
 from vit_explorer import run
 from vit_explorer.core.query_key_embedding import PROJECTIONS, JointEmbedding
 from vit_explorer.draw.query_key_plot import COLOURINGS, query_key_svg
-from vit_explorer.web.captions import query_key_caption
-from vit_explorer.web.session import Controls, Session
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.web.captions import query_key_caption, query_key_sample_caption
+from vit_explorer.web.session import Controls, ModelCache, Session
 from vit_explorer.web.tabs.base import Tab, Wiring, in_order, refresh, require, state_of, user_errors
 
 # a click on a query point: the SVG's points carry their token (``draw.query_key_plot``); Gradio's ``select`` event takes it
@@ -39,6 +40,7 @@ class QueryKeyView:
     projection: str = "pca"
     colouring: str = "kind"
     embedding: JointEmbedding | None = None
+    sample: tuple[str, str] | None = None  # the folder sample's picture and words, once asked for
 
 
 def view(session: Session) -> QueryKeyView:
@@ -46,7 +48,8 @@ def view(session: Session) -> QueryKeyView:
     return state_of(TAB, session)
 
 
-OUTPUTS = ("qk_plot", "qk_caption")
+SAMPLE = ("qk_sample_plot", "qk_sample_caption")
+OUTPUTS = ("qk_plot", "qk_caption", *SAMPLE)
 CHOSEN = ("state", *OUTPUTS)
 
 
@@ -62,8 +65,16 @@ def layout() -> dict:
                                   elem_id="qk-projection")
             colouring = gr.Radio([(label, key) for key, label in COLOURINGS.items()], value="kind", label="Colour by",
                                  elem_id="qk-colouring")
+    with gr.Accordion("A folder sample: this head's queries and keys over several images", open=False):
+        with gr.Row():
+            folder = gr.Textbox("", label="Folder", placeholder="/path/to/images", scale=3, elem_id="qk-folder")
+            count = gr.Slider(2, 32, value=8, step=1, label="Images", scale=1, elem_id="qk-count")
+        embed = gr.Button("Embed the sample's queries and keys", elem_id="qk-sample-button")
+        sample_caption = gr.Markdown("", elem_id="qk-sample-caption")
+        sample_plot = gr.HTML("", elem_id="qk-sample-plot", min_height=100)
     return {"qk_caption": caption, "qk_plot": plot, "qk_layer": layer, "qk_head": head, "qk_projection": projection,
-            "qk_colouring": colouring}
+            "qk_colouring": colouring, "qk_folder": folder, "qk_count": count, "qk_sample_button": embed,
+            "qk_sample_plot": sample_plot, "qk_sample_caption": sample_caption}
 
 
 def prepare(session: Session, controls: Controls) -> None:
@@ -77,13 +88,16 @@ def render(session: Session, controls: Controls) -> dict:
     shown, analysis = view(session), session.analysis
     query_name = analysis.layout.token_name(session.query) if session.query is not None else None
     title = f"Layer {shown.layer}, head {shown.head}: queries and keys"
-    return {"qk_plot": query_key_svg(shown.embedding, analysis.layout, analysis.image, shown.colouring, session.query, title),
-            "qk_caption": query_key_caption(shown.embedding, shown.layer, shown.head, query_name, analysis.layout.num_tokens)}
+    picture, words = shown.sample or ("", "")
+    return {"qk_plot": query_key_svg(shown.embedding, analysis.layout, [analysis.image], shown.colouring, session.query,
+                                     title),
+            "qk_caption": query_key_caption(shown.embedding, shown.layer, shown.head, query_name, analysis.layout.num_tokens),
+            "qk_sample_plot": picture, "qk_sample_caption": words}
 
 
 def depends(session: Session, controls: Controls) -> tuple:
     shown = view(session)
-    return (session.query, shown.layer, shown.head, shown.projection, shown.colouring)
+    return (session.query, shown.layer, shown.head, shown.projection, shown.colouring, shown.sample)
 
 
 def set_ranges(session: Session) -> dict:
@@ -105,10 +119,34 @@ def on_choice(session: Session | None, layer: float, head: str, projection: str,
     return in_order({"state": session, **refresh(TAB, session, Controls.from_values(control_values))}, CHOSEN)
 
 
+@user_errors
+def on_sample(models: ModelCache, session: Session | None, folder: str, count: float, *control_values) -> tuple:
+    """The shown head's queries and keys over a sample of the folder's images, in one picture (``SAMPLE``): one fused
+    pass of the sample."""
+    session = require(session)
+    shown = view(session)
+    if not str(folder).strip():
+        raise VitExplorerError("give a folder of images (or a text file of image paths, or a glob) for the sample")
+    embedding, names, images = run.query_key_sample(session.model(models), str(folder).strip(), shown.layer, shown.head,
+                                                    count=int(count), projection=shown.projection)
+    layout = session.analysis.layout
+    title = f"Layer {shown.layer}, head {shown.head}: queries and keys of {len(names)} images"
+    shown.sample = (query_key_svg(embedding, layout, images, shown.colouring, None, title, names),
+                    query_key_sample_caption(embedding, shown.layer, shown.head, names, layout.num_tokens))
+    return in_order({"state": session, "qk_sample_plot": shown.sample[0], "qk_sample_caption": shown.sample[1]},
+                    ("state", *SAMPLE))
+
+
 def wire(app: Wiring) -> None:
     chosen = [app["qk_layer"], app["qk_head"], app["qk_projection"], app["qk_colouring"]]
     for component in chosen:
         component.input(on_choice, [app["state"], *chosen, *app.controls], app.all(CHOSEN), api_name=False)
+
+    def embed_sample(session, folder, count, *values):
+        return on_sample(app.models, session, folder, count, *values)
+
+    app["qk_sample_button"].click(embed_sample, [app["state"], app["qk_folder"], app["qk_count"], *app.controls],
+                                  app.all(("state", *SAMPLE)), api_name="embed_query_key_sample", concurrency_limit=2)
 
 
 TAB = Tab("Queries and keys", OUTPUTS, layout, render, depends, wire, ranges=("qk_layer", "qk_head"), set_ranges=set_ranges,
