@@ -650,10 +650,10 @@ def test_the_queries_and_keys_tab_on_the_shipped_model_in_chromium(tmp_path):
         layout = load_model("builtin:shapes").layout
         tokens, clicked = layout.num_tokens, layout.patch_token(2, 3)
         assert page.locator("#qk-plot svg circle.q").count() == tokens
-        assert page.locator("#qk-plot svg circle:not(.q)").count() == tokens
+        assert page.locator("#qk-plot svg circle.k").count() == tokens
         assert "every attention weight is unchanged" in page.locator("#qk-caption").inner_text()
         # hover: the browser's own tooltip, the point's <title>
-        first = page.locator("#qk-plot svg circle.q").nth(1)
+        first = page.locator("#qk-plot svg circle.q[data-token='1']")
         assert first.locator("title").text_content().startswith("query · patch at row 0, col 0")
         choose_head(page, 2, 3, "patch row")
         page.screenshot(path=str(OUTPUT / "1280x900-queries-keys-positional.png"), full_page=True)

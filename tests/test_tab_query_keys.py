@@ -17,10 +17,12 @@ QUERY_KEYS = "Queries and keys"
 
 
 def points(svg: str) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[int]]:
-    """The SVG's key centres, query centres and the tokens its query points carry."""
-    keys = [(float(x), float(y)) for x, y in re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)" r="4" fill="#fff"', svg)]
-    queries = re.findall(r'<circle class="q" data-token="(\d+)" cx="([\d.]+)" cy="([\d.]+)"', svg)
-    return keys, [(float(x), float(y)) for _, x, y in queries], [int(token) for token, _, _ in queries]
+    """The SVG's key centres, and its query centres in token order with the tokens their points carry (the query's own
+    point is drawn last)."""
+    keys = [(float(x), float(y)) for x, y in re.findall(r'<circle class="k" cx="([\d.]+)" cy="([\d.]+)" r="4"', svg)]
+    queries = sorted((int(token), float(x), float(y))
+                     for token, x, y in re.findall(r'<circle class="q" data-token="(\d+)" cx="([\d.]+)" cy="([\d.]+)"', svg))
+    return keys, [(x, y) for _, x, y in queries], [token for token, _, _ in queries]
 
 
 def test_the_tab_draws_every_token_twice_records_queries_and_keys_once_and_a_query_click_sets_the_query(checkpoint, upload):
@@ -55,8 +57,11 @@ def test_the_tab_draws_every_token_twice_records_queries_and_keys_once_and_a_que
                                             QUERY_KEYS, *CONTROLS), shared.QUERIED)
     assert session.query == patch
     assert "The query (patch at row 1, col 2) is ringed" in clicked["qk_caption"]
-    ringed = re.search(rf'data-token="{patch}" cx="[\d.]+" cy="[\d.]+" r="(\d)"', clicked["qk_plot"])
-    assert ringed.group(1) == "6"
+    ringed = re.search(rf'data-token="{patch}" cx="([\d.]+)" cy="([\d.]+)" r="(\d)"', clicked["qk_plot"])
+    assert ringed.group(3) == "6"
+    # drawn last, with the image's highlight ring around it
+    mark = f'<circle class="mark" cx="{ringed.group(1)}" cy="{ringed.group(2)}" r="12"'
+    assert mark in clicked["qk_plot"].split(f'data-token="{patch}"')[1] and clicked["qk_plot"].endswith("</svg>")
 
 
 def test_a_token_outside_the_image_is_refused(checkpoint, upload):

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from vit_explorer.core.query_key_embedding import JointEmbedding
+from vit_explorer.draw.render import HIGHLIGHT
 from vit_explorer.models.layout import TokenLayout
 
 COLOURINGS = {"kind": "query or key", "row": "patch row", "column": "patch column",
@@ -85,7 +86,7 @@ def query_key_svg(embedding: JointEmbedding, layout: TokenLayout, images: list[n
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="qk-plot" viewBox="0 0 {SIZE} {SIZE}" width="{SIZE}" '
              f'height="{SIZE}" style="max-width:100%;height:auto;background:#fff" role="img" aria-label="{escape(title)}">',
              '<style>.qk-plot .q{cursor:pointer}.qk-plot circle:hover{stroke:#000;stroke-width:2}</style>']
-    keys, queries = [], []
+    keys, queries, the_query = [], [], []
     for image_index, image in enumerate(images):
         colours = token_colours(layout, image, colouring)
         source = "" if names is None else f"{escape(names[image_index])} · "
@@ -94,16 +95,22 @@ def query_key_svg(embedding: JointEmbedding, layout: TokenLayout, images: list[n
             name = escape(layout.token_name(index))
             x, y = pixels[total + point]
             colour = KEY_COLOUR if colours is None else colours[index]
-            keys.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#fff" fill-opacity="0.6" stroke="{colour}" '
-                        f'stroke-width="1.6"><title>{source}key · {name}</title></circle>')
+            keys.append(f'<circle class="k" cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#fff" fill-opacity="0.6" '
+                        f'stroke="{colour}" stroke-width="1.6"><title>{source}key · {name}</title></circle>')
             x, y = pixels[point]
             colour = QUERY_COLOUR if colours is None else colours[index]
             ringed = single and index == query
             clickable = f' class="q" data-token="{index}"' if single else ""
             ring = ' stroke="#000" stroke-width="2.5"' if ringed else ""
-            queries.append(f'<circle{clickable} cx="{x:.1f}" cy="{y:.1f}" r="{6 if ringed else 4}" fill="{colour}"{ring}>'
-                           f'<title>{source}query · {name}{" (click: make it the query)" if single else ""}</title></circle>')
-    parts += keys + queries  # keys first, so that the queries (the clickable points) lie on top
+            point_svg = (f'<circle{clickable} cx="{x:.1f}" cy="{y:.1f}" r="{6 if ringed else 4}" fill="{colour}"{ring}>'
+                         f'<title>{source}query · {name}{" (click: make it the query)" if single else ""}</title></circle>')
+            if ringed:  # drawn last, above every point, in the colour that outlines the query patch on the image
+                the_query = [point_svg, f'<circle class="mark" cx="{x:.1f}" cy="{y:.1f}" r="12" fill="none" '
+                                        f'stroke="{hex_colour(np.array(HIGHLIGHT))}" stroke-width="3" pointer-events="none"/>']
+            else:
+                queries.append(point_svg)
+    # keys first, so that the queries (the clickable points) lie on top, and the query's own point above all
+    parts += keys + queries + the_query
     parts.append(legend(colouring))
     parts.append("</svg>")
     return "".join(parts)
