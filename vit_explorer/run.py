@@ -221,16 +221,21 @@ def answer_split(model: LoadedModel, image: ImageSource, *, memory_budget: int =
     return analysis, decompose(evidence(model, analysis, decompose=True))
 
 
+def check_head(map_shape: tuple[int, int], layer: int, head: int) -> None:
+    """Refuse a (``layer``, ``head``) that is not one of a model of ``map_shape`` (layers, heads)."""
+    layers, heads = map_shape
+    if not (0 <= layer < layers and 0 <= head < heads):
+        raise VitExplorerError(f"layer {layer}, head {head} is not one of this model's {layers} layers × {heads} heads")
+
+
 def query_key_embedding(model: LoadedModel, analysis: Analysis, layer: int, head: int,
                         projection: str = "pca") -> JointEmbedding:
     """One head's queries and keys in one 2-D embedding (``core.query_key_embedding``), memoised on the analysis; the
     queries and keys come from the analysis, or from one fused forward pass where it kept its maps whole."""
-    layers, heads = analysis.map_shape
-    if not (0 <= layer < layers and 0 <= head < heads):
-        raise VitExplorerError(f"layer {layer}, head {head} is not one of this model's {layers} layers × {heads} heads")
+    check_head(analysis.map_shape, layer, head)
     inputs = queries_and_keys(model, analysis)
     bias = inputs.biases[layer]  # broadcastable to [heads, n, n]
-    tokens = inputs.queries.shape[-2]
+    heads, tokens = inputs.queries.shape[1], inputs.queries.shape[-2]
     head_bias = None if bias is None else torch.broadcast_to(bias, (heads, tokens, tokens))[head]
     return memo(analysis, ("query-key embedding", layer, head, projection),
                 lambda: joint_embedding(inputs.queries[layer, head], inputs.keys[layer, head], projection, bias=head_bias))
@@ -241,14 +246,12 @@ def query_key_sample(model: LoadedModel, source: str | Path, layer: int, head: i
     """One head's queries and keys over ``count`` images of ``source`` (evenly spaced through its sorted list) in one
     embedding (``core.query_key_embedding.sample_embedding``), with each image's name and the image as the model saw it
     (``[H, W, 3]`` uint8, for the patch colours); one fused forward pass of them all."""
-    layers, heads = model.map_shape
-    if not (0 <= layer < layers and 0 <= head < heads):
-        raise VitExplorerError(f"layer {layer}, head {head} is not one of this model's {layers} layers × {heads} heads")
+    check_head(model.map_shape, layer, head)
     paths = dataset.list_images(source).paths
     chosen = [paths[index * len(paths) // min(count, len(paths))] for index in range(min(count, len(paths)))]
     views = [model_view(load_image(path), model.preprocess, fit) for path in chosen]
     pixels = torch.cat([to_pixels(view, model.preprocess) for view in views]).to(model.device)
-    inputs = capture(model, pixels, InputsSink(layers)).kept  # one QueriesKeys per image
+    inputs = capture(model, pixels, InputsSink(model.map_shape[0])).kept  # one QueriesKeys per image
     embedding = sample_embedding(torch.stack([image.queries[layer, head] for image in inputs]),
                                  torch.stack([image.keys[layer, head] for image in inputs]), projection)
     return replace(embedding, biased=inputs[0].biases[layer] is not None), [path.name for path in chosen], views

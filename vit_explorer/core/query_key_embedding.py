@@ -86,25 +86,31 @@ def tsne(points: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.from_numpy(embedded).double()
 
 
-def joint_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str = "pca", seed: int = 0,
-                    bias: torch.Tensor | None = None) -> JointEmbedding:
-    """One head's queries ``[n, d]`` and keys ``[n, d]`` (scaled as ``AttentionInputs`` keeps them) in one 2-D embedding,
-    after ``shared_frame``, with its ``neighbour_agreement`` with the head's map ``softmax(queries @ keysᵀ + bias)``
-    (``bias`` broadcastable to ``[n, n]``, or None)."""
+def projected(queries: torch.Tensor, keys: torch.Tensor, projection: str, seed: int) -> JointEmbedding:
+    """Queries ``[m, d]`` and keys ``[m, d]`` after ``shared_frame``, projected together by ``projection``; no agreement
+    measured (it depends on which keys each query is scored against)."""
     if projection not in PROJECTIONS:
         raise VitExplorerError(f"unknown projection {projection!r}; choose one of {', '.join(PROJECTIONS)}")
     moved_queries, moved_keys, scale = shared_frame(queries, keys)
-    points = torch.cat([moved_queries, moved_keys])  # [2n, d]
+    points = torch.cat([moved_queries, moved_keys])  # [2m, d]
     if projection == "pca":
         flat, explained = principal_axes(points)
     else:
         flat, explained = tsne(points, seed), None
     count = len(queries)
+    return JointEmbedding(queries=flat[:count].float(), keys=flat[count:].float(), projection=PROJECTIONS[projection],
+                          scale=scale, explained=explained)
+
+
+def joint_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str = "pca", seed: int = 0,
+                    bias: torch.Tensor | None = None) -> JointEmbedding:
+    """One head's queries ``[n, d]`` and keys ``[n, d]`` (scaled as ``AttentionInputs`` keeps them) in one 2-D embedding,
+    after ``shared_frame``, with its ``neighbour_agreement`` with the head's map ``softmax(queries @ keysᵀ + bias)``
+    (``bias`` broadcastable to ``[n, n]``, or None)."""
+    embedding = projected(queries, keys, projection, seed)
     logits = queries.double() @ keys.double().T
     attention = torch.softmax(logits if bias is None else logits + bias.double(), dim=-1)  # [n, n]
-    embedding = JointEmbedding(queries=flat[:count].float(), keys=flat[count:].float(), projection=PROJECTIONS[projection],
-                               scale=scale, explained=explained, biased=bias is not None)
-    return replace(embedding, agreement=neighbour_agreement(embedding, attention))
+    return replace(embedding, agreement=neighbour_agreement(embedding, attention), biased=bias is not None)
 
 
 def sample_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str = "pca", seed: int = 0) -> JointEmbedding:
@@ -113,8 +119,7 @@ def sample_embedding(queries: torch.Tensor, keys: torch.Tensor, projection: str 
     together: ``queries`` and ``keys`` of the result are ``[images · n, 2]``, image by image. Its agreement is the mean of
     each image's own (its queries against its own keys)."""
     images, tokens, width = queries.shape
-    embedding = joint_embedding(queries.reshape(images * tokens, width), keys.reshape(images * tokens, width), projection,
-                                seed)
+    embedding = projected(queries.reshape(images * tokens, width), keys.reshape(images * tokens, width), projection, seed)
     agreements = [neighbour_agreement(
         replace(embedding, queries=embedding.queries[image * tokens : (image + 1) * tokens],
                 keys=embedding.keys[image * tokens : (image + 1) * tokens]),

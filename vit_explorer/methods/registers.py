@@ -76,15 +76,14 @@ def activations_and_norms(model: LoadedModel, pixels: torch.Tensor) -> tuple[lis
     def keep_activation(layer: int, _module: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
         activations[layer] = output.detach().float()
 
-    def keep_norms(layer: int, _module: nn.Module, inputs: tuple, output) -> None:
-        norms[layer] = adapter.residual_after(inputs, output).detach().float().norm(dim=-1)
+    def keep_norms(layer: int, hidden: torch.Tensor) -> None:
+        norms[layer] = hidden.detach().float().norm(dim=-1)
 
     handles = [part.register_forward_hook(partial(keep_activation, layer))
                for layer, part in enumerate(adapter.mlp_activations(module))]
-    handles += [part.register_forward_hook(partial(keep_norms, layer))
-                for layer, part in enumerate(adapter.residual_modules(module))]
     try:
-        model.logits(pixels)
+        with adapter.layer_outputs(module, keep_norms):
+            model.logits(pixels)
     finally:
         for handle in handles:
             handle.remove()
@@ -154,8 +153,8 @@ def with_test_time_register(model: LoadedModel, neurons: RegisterNeurons) -> Loa
         return model
     module = copy.deepcopy(model.module)
     activations = model.adapter.mlp_activations(module)
-    model.adapter.add_prefix_token(module)
-    register = model.layout.num_prefix_tokens
+    register = model.layout.num_prefix_tokens  # the register goes right after the model's own prefix tokens
+    model.adapter.add_prefix_token(module, register)
     for layer, indices in neurons.by_layer().items():
         if not 0 <= layer < len(activations):
             raise VitExplorerError(f"register neurons of layer {layer}: this model has {len(activations)} layers")

@@ -198,9 +198,10 @@ class CaptureAdapter(ABC):
         raise VitExplorerError(f"{type(module).__name__}: vit_explorer does not know where its MLP neurons are, so it cannot "
                                "add a test-time register to it")
 
-    def add_prefix_token(self, module: nn.Module) -> None:
-        """Make ``module`` insert one token of zeros right after its prefix tokens, where its tokens enter the first block
-        (after the position embedding, which the token does not get), and count it among its prefix tokens from then on.
+    def add_prefix_token(self, module: nn.Module, at: int) -> None:
+        """Make ``module`` insert one token of zeros at sequence position ``at`` (right after its ``at`` prefix tokens),
+        where its tokens enter the first block (after the position embedding, which the token does not get), and count it
+        among its prefix tokens from then on.
         Permanent: the caller owns ``module`` (a copy). A test-time register is this token (``methods.registers``)."""
         raise VitExplorerError(f"{type(module).__name__}: vit_explorer does not know where its tokens enter its first block, "
                                "so it cannot add a test-time register to it")

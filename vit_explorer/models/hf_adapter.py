@@ -95,14 +95,13 @@ class HFAdapter(CaptureAdapter):
                                        "output of one activation; a test-time register needs a plain MLP")
         return found
 
-    def add_prefix_token(self, module: nn.Module) -> None:
+    def add_prefix_token(self, module: nn.Module, at: int) -> None:
         if module.config.model_type.startswith("dinov2") and self.num_classes(module):
             raise VitExplorerError("a DINOv2 classifier reads the mean of every token after its prefix tokens, which would "
                                    "take a test-time register in: add one to the backbone (Dinov2Model) instead")
-        prefix = len(self.layout(module, (module.config.patch_size,) * 2).prefix_names)
         # the embeddings' output (class, distillation and register tokens, patches, position embedding, dropout) is the
         # stream entering the first layer
-        module.base_model.embeddings.register_forward_hook(partial(insert_zero_token, prefix))
+        module.base_model.embeddings.register_forward_hook(partial(insert_zero_token, at))
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         base = module.base_model

@@ -159,13 +159,13 @@ class OpenClipAdapter(HookAdapter):
     def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
         return [block.mlp.gelu for block in self.blocks(module)]  # c_fc, gelu, (ln), c_proj
 
-    def add_prefix_token(self, module: nn.Module) -> None:
+    def add_prefix_token(self, module: nn.Module, at: int) -> None:
         if module.pool_type != "tok":
             raise VitExplorerError(f"this OpenCLIP tower pools by {module.pool_type!r}, which would take a test-time register "
                                    "in: only a class-token tower can have one")
         # ``_embeds``: class token, position embedding, ``patch_dropout``, ``ln_pre``: the token goes in before ``ln_pre``,
         # where Jiang et al. put it in their OpenCLIP
-        module.patch_dropout.register_forward_hook(partial(insert_zero_token, 1))
+        module.patch_dropout.register_forward_hook(partial(insert_zero_token, at))
 
     def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
         patch_hw = tuple(module.patch_size)

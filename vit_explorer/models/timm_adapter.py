@@ -165,14 +165,14 @@ class TimmAdapter(HookAdapter):
                                    "output of one activation; a test-time register needs a plain MLP")
         return [mlp.act for mlp in mlps]
 
-    def add_prefix_token(self, module: nn.Module) -> None:
+    def add_prefix_token(self, module: nn.Module, at: int) -> None:
         if type(module).__name__ != "VisionTransformer":
             raise VitExplorerError(f"{type(module).__name__}: a test-time register is added to timm's VisionTransformer only "
                                    "(a model with rotary position embeddings places its patches by their count)")
         # ``forward_features``: patch embedding, position embedding, ``patch_drop``, ``norm_pre``, the blocks. The token
         # goes in after the position embedding and before ``norm_pre`` (CLIP's ``ln_pre``), where Jiang et al. put it in
         # their CLIP; pooling skips ``num_prefix_tokens``
-        module.patch_drop.register_forward_hook(partial(insert_zero_token, module.num_prefix_tokens))
+        module.patch_drop.register_forward_hook(partial(insert_zero_token, at))
         module.num_prefix_tokens += 1
 
     def activations(self, module: nn.Module) -> list[nn.Module]:

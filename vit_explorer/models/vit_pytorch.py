@@ -76,12 +76,12 @@ class VitPytorchAdapter(HookAdapter):
     def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
         return [feed_forward.net[2] for _, feed_forward in module.transformer.layers]  # LayerNorm, Linear, GELU, …
 
-    def add_prefix_token(self, module: nn.Module) -> None:
+    def add_prefix_token(self, module: nn.Module, at: int) -> None:
         if module.pool == "mean":
             raise VitExplorerError("this ViT pools the mean of all its tokens, which would take a test-time register in: "
                                    "only a class-token ViT can have one")
         # ``forward``: ``dropout(x + pos_embedding)`` is the stream entering the first block
-        module.dropout.register_forward_hook(partial(insert_zero_token, module.cls_token.shape[0]))
+        module.dropout.register_forward_hook(partial(insert_zero_token, at))
 
     def num_classes(self, module: nn.Module) -> int:
         head = getattr(module, "mlp_head", None)
