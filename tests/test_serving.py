@@ -146,3 +146,21 @@ def test_a_busy_port_is_one_line_naming_a_free_one(capsys):
     suggested = int(error[0].rsplit(" ", 1)[1])
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", suggested))  # the port it names is free
+
+
+def test_an_export_that_another_session_removes_mid_cleanup_is_skipped(tmp_path, monkeypatch):
+    """Sessions export at once into one folder: an entry listed by one cleanup can be gone (another session's report
+    folder, moved into its zip) before it is looked at. That failed an export with FileNotFoundError in CI."""
+    import os
+
+    from vit_explorer.web import session
+
+    monkeypatch.setattr(session.tempfile, "gettempdir", lambda: str(tmp_path))
+    folder = session.export_dir(ttl_s=60)
+    old = folder / "old.zip"
+    old.write_bytes(b"old")
+    os.utime(old, (time.time() - 120, time.time() - 120))
+    listed = [folder / "vit-explorer-report-gone", old]  # the first vanished between the listing and its stat
+    monkeypatch.setattr(type(folder), "iterdir", lambda self: iter(listed))
+    assert session.export_dir(ttl_s=60) == folder
+    assert not old.exists()  # the cleanup went on past it

@@ -223,7 +223,11 @@ def export_dir(ttl_s: float = CACHE_TTL_S) -> Path:
     folder.mkdir(exist_ok=True)
     cutoff = time.time() - ttl_s
     for old in folder.iterdir():
-        if old.stat().st_mtime < cutoff:
+        try:
+            stale = old.stat().st_mtime < cutoff
+        except FileNotFoundError:  # another session's export moved or removed it since the listing
+            continue
+        if stale:
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     return folder
 
