@@ -98,6 +98,19 @@ def open_and_upload(page, url: str, image: Path, timeout_ms: int = 90_000) -> No
     page.wait_for_selector("#overview-rollout img", timeout=timeout_ms)
 
 
+def wait_or_explain(page, selector: str, log: Path, timeout_ms: int = 90_000) -> None:
+    """Wait until ``selector`` is in the page; if it never comes, fail with what the user would have seen instead (the
+    toasts on screen) and the end of the server's output ``log``, so that a failure on a CI machine says why."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector(selector, state="attached", timeout=timeout_ms)
+    except PlaywrightTimeout:
+        toasts = [toast.inner_text() for toast in page.locator(".toast-body").all()]
+        raise AssertionError(f"{selector} did not appear within {timeout_ms / 1000:.0f} s; toasts on screen: {toasts}; "
+                             f"the server's output ends: {log.read_text()[-3000:]}") from None
+
+
 def image_bytes(page, elem_id: str) -> bytes:
     """The bytes of the picture ``#elem_id`` shows: a file Gradio serves, or a quick answer's ``blob:`` URL, which is
     read in the page (and, revoked once Gradio's event shows the same file, read again from the new source)."""

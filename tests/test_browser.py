@@ -11,7 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint, write_stats_folder
-from serving import chromium_page, click_natural, image_bytes, open_and_upload, running_app, running_server, wait_for_change
+from serving import (
+    chromium_page,
+    click_natural,
+    image_bytes,
+    open_and_upload,
+    running_app,
+    running_server,
+    wait_for_change,
+    wait_or_explain,
+)
 
 from vit_explorer import analyze, load_model
 from vit_explorer.core.maps import heads_view
@@ -672,7 +681,7 @@ def test_the_queries_and_keys_tab_on_the_shipped_model_in_chromium(tmp_path):
         page.get_by_text("A folder sample").click()
         page.locator("#qk-folder textarea, #qk-folder input").first.fill(str(image.parent))
         page.locator("#qk-sample-button").click()
-        page.wait_for_selector("#qk-sample-plot svg circle", timeout=60_000)
+        wait_or_explain(page, "#qk-sample-plot svg circle", tmp_path / "server.log", timeout_ms=120_000)
         assert page.locator("#qk-sample-plot svg circle").count() == 2 * 7 * tokens
         assert "over 7 images" in page.locator("#qk-sample-caption").inner_text()
         page.locator("#qk-sample-plot").scroll_into_view_if_needed()
