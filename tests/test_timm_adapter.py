@@ -192,7 +192,6 @@ UNREADABLE = {
     "swin_tiny_patch4_window7_224": ("SwinTransformer", "Swin", "shifted windows"),
     "swinv2_tiny_window8_256": ("SwinTransformerV2", "Swin", "shifted windows"),
     "swinv2_cr_tiny_ns_224": ("SwinTransformerV2Cr", "Swin", "shifted windows"),
-    "cait_xxs24_224": ("Cait", "CaiT", "class-attention layers"),
     "pit_ti_224": ("PoolingVisionTransformer", "PiT", "pools its tokens"),
     "xcit_tiny_12_p16_224": ("Xcit", "XCiT", "over channels, not tokens"),
     "levit_128s": ("LevitDistilled", "LeViT", "convolutional stem"),

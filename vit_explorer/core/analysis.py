@@ -390,7 +390,6 @@ def queries_and_keys(model: LoadedModel, analysis: Analysis) -> QueriesKeys:
     if analysis.queries_keys is not None:
         return analysis.queries_keys
     check_model(model, analysis)
-    if not model.adapter.reads_attention_inputs:
-        raise VitExplorerError(f"{model.name}: its attention's queries and keys are not read by its loader")
+    # a family whose queries and keys are not read refuses in ``recorded_inputs``, saying why
     return memo(analysis, ("queries and keys",), lambda: capture(model, pixels_of(model, analysis),
                                                                   InputsSink(model.map_shape[0])).kept[0])

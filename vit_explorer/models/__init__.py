@@ -15,6 +15,7 @@ from torch import nn
 
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import CaptureAdapter, LoadedModel, Preprocess
+from vit_explorer.models.cait_adapter import CaitAdapter
 from vit_explorer.models.hf_adapter import HFAdapter
 from vit_explorer.models.hf_clip_adapter import HFTowerAdapter
 from vit_explorer.models.open_clip_adapter import OpenClipAdapter
@@ -22,7 +23,7 @@ from vit_explorer.models.timm_adapter import TimmAdapter
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter
 
 DEFAULT_MODEL = "builtin:shapes"
-ADAPTERS: list[type[CaptureAdapter]] = [VitPytorchAdapter, TimmAdapter, HFAdapter, HFTowerAdapter, OpenClipAdapter]
+ADAPTERS: list[type[CaptureAdapter]] = [VitPytorchAdapter, TimmAdapter, CaitAdapter, HFAdapter, HFTowerAdapter, OpenClipAdapter]
 CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin"}
 
 

@@ -105,6 +105,10 @@ class CaptureAdapter(ABC):
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         """One module per transformer layer, in layer order, holding all of that layer's parameters."""
 
+    def family_notes(self, module: nn.Module) -> list[str]:
+        """What a user should know about how this family's maps are laid out, shown with the model (default: nothing)."""
+        return []
+
     def residual_modules(self, module: nn.Module) -> list[nn.Module]:
         """One module per layer, in layer order, whose forward hook sees the residual stream after that layer
         (default: ``blocks``, which return it)."""

@@ -14,8 +14,6 @@ import re
 FAMILY_REASONS: tuple[tuple[str, str, str], ...] = (
     (r"swin", "Swin", "which attends within shifted windows on four grids that halve from stage to stage (56 × 56 to 7 × 7 "
                       "patches at 224 px), a layout the maps are not yet drawn on"),
-    (r"cait", "CaiT", "whose self-attention mixes its heads before and after the softmax (talking heads) and whose class "
-                      "token attends to the patches only in two class-attention layers at the end, which are not yet read"),
     (r"xcit", "XCiT", "whose attention is over channels, not tokens: there is no patch-to-patch map to show"),
     (r"mobilevit|byob", "MobileViT", "which attends over unfolded convolutional features, not image patches"),
     (r"multiscale|mvit", "MViT", "which pools its queries and keys, so that a map runs between grids of different sizes"),

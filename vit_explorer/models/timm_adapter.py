@@ -54,9 +54,9 @@ def attention_modules(module: nn.Module) -> list[nn.Module | None]:
 
 
 @contextmanager
-def fused_attention(module: nn.Module, fused: bool) -> Iterator[None]:
-    """Every block's attention on timm's fused path (SDPA) or its explicit one while active; each flag restored on exit."""
-    attentions = attention_modules(module)
+def fused_attention(attentions: list[nn.Module], fused: bool) -> Iterator[None]:
+    """``attentions`` (timm attention modules) on timm's fused path (SDPA) or their explicit one while active; each flag
+    restored on exit."""
     saved = [attention.fused_attn for attention in attentions]
     try:
         for attention in attentions:
@@ -101,12 +101,12 @@ class TimmAdapter(HookAdapter):
 
     @contextmanager
     def unfused(self, module: nn.Module) -> Iterator[None]:
-        with fused_attention(module, False):
+        with fused_attention(attention_modules(module), False):
             yield
 
     @contextmanager
     def fused(self, module: nn.Module) -> Iterator[None]:
-        with fused_attention(module, True):
+        with fused_attention(attention_modules(module), True):
             yield
 
     @contextmanager
@@ -263,9 +263,11 @@ def imagenet_labels(module: nn.Module) -> list[str] | None:
 
 def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | None = None) -> LoadedModel:
     """A ``LoadedModel`` around a built timm model; its preprocessing comes from ``resolve_data_config``."""
+    from vit_explorer.models.cait_adapter import CaitAdapter  # it builds on this module's adapter
+
     timm = require_timm()
-    adapter = TimmAdapter()
-    if not adapter.matches(module):
+    adapter = next((kind() for kind in (TimmAdapter, CaitAdapter) if kind.matches(module)), None)
+    if adapter is None:
         raise VitExplorerError(unreadable(name, type(module).__name__, TIMM_READABLE, variant_reason(module)))
     config = timm.data.resolve_data_config(model=module)
     input_hw = input_hw or tuple(module.patch_embed.img_size)  # the size it was built for (the cfg may say otherwise)
@@ -278,7 +280,8 @@ def from_timm_module(module: nn.Module, name: str, input_hw: tuple[int, int] | N
         layout=adapter.layout(module, input_hw),
         adapter=adapter,
         labels=imagenet_labels(module) if module.num_classes else None,
-        notes=[] if getattr(module, "cls_token", None) is not None else ["no class token: maps use the mean over patch queries"],
+        notes=adapter.family_notes(module) + (
+            [] if getattr(module, "cls_token", None) is not None else ["no class token: maps use the mean over patch queries"]),
     )
 
 
@@ -295,7 +298,8 @@ def variant_reason(module: nn.Module) -> tuple[str, str] | None:
 
 
 TIMM_READABLE = ("timm's plain ViTs, whose patches are cut from the image into one grid and whose every block attends over "
-                 "all of them: ViT, DeiT, DeiT-III, BEiT, EVA-02, DINOv2, FlexiViT, SigLIP's and CLIP's image towers")
+                 "all of them: ViT, DeiT, DeiT-III, BEiT, EVA-02, DINOv2, FlexiViT, SigLIP's and CLIP's image towers; "
+                 "and CaiT")
 RANDOM = "random"  # ``NAME@random``: the architecture with freshly initialised weights, no download
 
 
