@@ -1,0 +1,136 @@
+"""Rollout, gradient-weighted rollout and relevance across the stages of a windowed ViT (Swin), and a clicked patch's row.
+
+Each block's attention is a block-diagonal matrix over its stage's tokens: one ``[area, area]`` block per window
+(``models.window_layout``), so that its factor is applied to a row of weights window by window, never as an n × n
+matrix. The chain runs from what the model reads out down to the first stage's grid:
+
+- the read-out is Swin's average pool: every token of the last stage weighs 1 / n;
+- a block's factor is rollout's rownorm((1 − w)·Ā + w·I), with Ā the mean of its heads' maps (Abnar & Zuidema), or
+  for the class-specific maps the same of Ē = mean over heads of (∇A ⊙ A)⁺ (gradient-weighted rollout), or
+  I + Ē (Chefer et al.'s relevance, unnormalised), as ``core.relevance`` chains a plain ViT's layers;
+- a patch merging makes each token of the next stage from a 2 × 2 block of this stage's tokens by one linear map of
+  their concatenated channels; the chain gives each of the four an equal share of the merged token's weight. This is
+  the assumption (as rollout's own, that attention alone moves information between tokens): the merge's weights
+  are not read.
+
+The result is a map over the first stage's grid (56 × 56 patches of 4 px for a Swin at 224 px).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.swin_adapter import SwinAdapter
+from vit_explorer.models.window_layout import WindowGeometry
+
+STAGE_METHODS = ("rollout", "grad-rollout", "relevance")
+
+
+@dataclass(frozen=True)
+class WindowedAttention:
+    """One image's attention in every block of a windowed ViT.
+
+    Attributes:
+        maps: per block ``[heads, windows, area, area]``, each row a distribution over its window's keys.
+        geometries: per block, its windows on its stage's grid.
+        stages: per block, its stage.
+        logits: the model's output ``[classes]``.
+        gradients: per block ∂ logits[target] / ∂ maps, the maps' shapes; None where no target was asked for.
+        target: the class the gradients are of, or None.
+    """
+
+    maps: list[torch.Tensor]
+    geometries: list[WindowGeometry]
+    stages: list[int]
+    logits: torch.Tensor
+    gradients: list[torch.Tensor] | None = None
+    target: int | None = None
+
+
+def capture_windows(module: nn.Module, adapter: SwinAdapter, pixels: torch.Tensor,
+                    target: int | None = None) -> WindowedAttention:
+    """One forward pass of one image ``pixels`` ``[1, 3, H, W]`` with every block's window maps, and with ``target`` one
+    backward pass from that class's logit to them."""
+    if pixels.ndim != 4 or pixels.shape[0] != 1:
+        raise VitExplorerError(f"expected one image, pixels [1, 3, H, W], not {list(pixels.shape)}")
+    adapter.check_input_hw(module, tuple(pixels.shape[-2:]))
+    captured: dict[int, torch.Tensor] = {}
+    with torch.set_grad_enabled(target is not None), adapter.attached(module, captured) as forward:
+        logits = forward(pixels)
+    blocks = adapter.blocks(module)
+    if sorted(captured) != list(range(len(blocks))):
+        raise RuntimeError(f"captured {len(captured)} of {len(blocks)} Swin blocks' maps")
+    raw = [captured[block] for block in range(len(blocks))]
+    gradients = None
+    if target is not None:
+        if not 0 <= target < logits.shape[-1]:
+            raise VitExplorerError(f"class {target} is outside this model's {logits.shape[-1]} classes")
+        grads = torch.autograd.grad(logits[0, target], raw)
+        gradients = [adapter.by_window(grad.detach(), 1)[0].float() for grad in grads]
+    return WindowedAttention(maps=[adapter.by_window(maps.detach(), 1)[0].float() for maps in raw],
+                             geometries=adapter.geometries(module), stages=adapter.stage_of_blocks(module),
+                             logits=logits[0].detach().float(), gradients=gradients, target=target)
+
+
+def window_row(maps: torch.Tensor, geometry: WindowGeometry, row: int, col: int) -> torch.Tensor:
+    """Where the patch at (row, col) of the stage's grid looks in one block, every head ``[heads, H, W]``: its row of its
+    window's map on the grid, zero outside the window."""
+    window, inside = geometry.window_of(row, col)
+    placed = maps.new_zeros(maps.shape[0], geometry.num_windows, geometry.window_area)
+    placed[:, window] = maps[:, window, inside]
+    return geometry.from_windows(placed)
+
+
+def rollout_factor(fused: torch.Tensor, residual_weight: float = 0.5) -> torch.Tensor:
+    """rownorm((1 − w)·fused + w·I) of a block's head-fused maps by window ``[windows, area, area]``."""
+    if not 0.0 <= residual_weight <= 1.0:
+        raise VitExplorerError(f"residual_weight must be in [0, 1], got {residual_weight}")
+    mixed = (1.0 - residual_weight) * fused + residual_weight * torch.eye(fused.shape[-1], dtype=fused.dtype)
+    return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(mixed.dtype).tiny)
+
+
+def through_block(weights: torch.Tensor, factor: torch.Tensor, geometry: WindowGeometry) -> torch.Tensor:
+    """A row of weights on the block's output tokens ``[H, W]`` times its factor ``[windows, area, area]``: the weights
+    on its input tokens ``[H, W]``."""
+    by_window = geometry.to_windows(weights)  # [windows, area]
+    return geometry.from_windows(torch.einsum("wi,wij->wj", by_window, factor))
+
+
+def through_merge(weights: torch.Tensor, finer_hw: tuple[int, int]) -> torch.Tensor:
+    """A row of weights on a merged stage's grid ``[H, W]`` → on the grid before the merge ``[2H, 2W]``: each merged
+    token's weight shared equally by the 2 × 2 tokens it was made of."""
+    if tuple(finer_hw) != (2 * weights.shape[0], 2 * weights.shape[1]):
+        raise VitExplorerError(f"a {finer_hw[0]}×{finer_hw[1]} grid is not merged into the next stage's "
+                               f"{weights.shape[0]}×{weights.shape[1]} by 2 × 2 blocks")
+    return weights.repeat_interleave(2, dim=0).repeat_interleave(2, dim=1) / 4.0
+
+
+def block_factors(windowed: WindowedAttention, method: str, residual_weight: float = 0.5) -> list[torch.Tensor]:
+    """Each block's factor for ``method`` (``STAGE_METHODS``) ``[windows, area, area]``."""
+    if method not in STAGE_METHODS:
+        raise VitExplorerError(f"unknown stage method {method!r}; use one of {', '.join(STAGE_METHODS)}")
+    if method == "rollout":
+        return [rollout_factor(maps.mean(dim=0), residual_weight) for maps in windowed.maps]
+    if windowed.gradients is None:
+        raise VitExplorerError(f"{method} explains a class: capture the maps with a target")
+    weighted = [(grad * maps).clamp_min(0.0).mean(dim=0) for maps, grad in zip(windowed.maps, windowed.gradients, strict=True)]
+    if method == "grad-rollout":
+        return [rollout_factor(mean, residual_weight) for mean in weighted]
+    return [mean + torch.eye(mean.shape[-1], dtype=mean.dtype) for mean in weighted]
+
+
+def stage_map(windowed: WindowedAttention, method: str = "rollout", residual_weight: float = 0.5) -> torch.Tensor:
+    """What the average pool draws on, chained through every block and merge down to the first stage's grid
+    ``[H₀, W₀]`` (float64, non-negative) for ``method`` (``STAGE_METHODS``)."""
+    factors = block_factors(windowed, method, residual_weight)
+    last = windowed.geometries[-1].grid_hw
+    weights = torch.full(last, 1.0 / (last[0] * last[1]), dtype=torch.float64)
+    for factor, geometry in zip(reversed(factors), reversed(windowed.geometries), strict=True):
+        if tuple(weights.shape) != geometry.grid_hw:
+            weights = through_merge(weights, geometry.grid_hw)
+        weights = through_block(weights, factor.double(), geometry)
+    return weights
