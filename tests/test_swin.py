@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from swin_reference import dense_window_attention
+from swin_reference import hf_block_attention, timm_block_attention
 
 from vit_explorer.core.stage_rollout import capture_windows, stage_map, window_row
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.swin_adapter import SwinAdapter
+from vit_explorer.models.swin_adapter import HFSwinAdapter, TimmSwinAdapter
 from vit_explorer.models.window_layout import WindowGeometry
 
 timm = pytest.importorskip("timm")
@@ -23,7 +23,7 @@ def swin():
     module = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=64, window_size=4, embed_dim=24,
                                depths=(2, 2), num_heads=(2, 4), num_classes=10).eval()
     with torch.no_grad():
-        for block in SwinAdapter().blocks(module):
+        for block in TimmSwinAdapter().blocks(module):
             block.attn.relative_position_bias_table.normal_(0, 1.0)
     return module
 
@@ -31,7 +31,7 @@ def swin():
 def block_inputs(module, pixels: torch.Tensor) -> list[torch.Tensor]:
     inputs = []
     handles = [block.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
-               for block in SwinAdapter().blocks(module)]
+               for block in TimmSwinAdapter().blocks(module)]
     try:
         with torch.no_grad():
             module(pixels)
@@ -55,7 +55,7 @@ def test_the_windows_round_trip_through_the_grid_and_a_patch_lands_in_its_shifte
 def test_capture_placed_on_the_grid_equals_the_dense_attention_and_leaves_the_logits(swin):
     torch.manual_seed(1)
     pixels = torch.randn(1, 3, 64, 64)
-    adapter = SwinAdapter()
+    adapter = TimmSwinAdapter()
     windowed = capture_windows(swin, adapter, pixels)
     with torch.no_grad():
         torch.testing.assert_close(windowed.logits, swin(pixels)[0], atol=1e-5, rtol=1e-5)  # timm's own fused forward
@@ -64,7 +64,7 @@ def test_capture_placed_on_the_grid_equals_the_dense_attention_and_leaves_the_lo
     assert [g.patch_hw for g in windowed.geometries] == [(4, 4), (4, 4), (8, 8), (8, 8)]
     for block, (module_block, x) in enumerate(zip(adapter.blocks(swin), block_inputs(swin, pixels), strict=True)):
         with torch.no_grad():
-            dense = dense_window_attention(module_block, x)[0]  # [heads, n, n]
+            dense = timm_block_attention(module_block, x)[0]  # [heads, n, n]
         geometry, maps = windowed.geometries[block], windowed.maps[block]
         height, width = geometry.grid_hw
         for token in range(height * width):
@@ -96,7 +96,7 @@ def merge_matrix(coarse_hw: tuple[int, int]) -> torch.Tensor:
 
 def test_rollout_across_stages_equals_the_dense_product_read_by_the_average_pool(swin):
     torch.manual_seed(2)
-    windowed = capture_windows(swin, SwinAdapter(), torch.randn(1, 3, 64, 64))
+    windowed = capture_windows(swin, TimmSwinAdapter(), torch.randn(1, 3, 64, 64))
     product = None
     for maps, geometry in zip(windowed.maps, windowed.geometries, strict=True):
         factor = dense_factor(maps, geometry)
@@ -113,7 +113,7 @@ def test_rollout_across_stages_equals_the_dense_product_read_by_the_average_pool
 def test_the_class_specific_chains_take_the_gradients_of_the_class_logit(swin):
     torch.manual_seed(3)
     pixels = torch.randn(1, 3, 64, 64)
-    windowed = capture_windows(swin, SwinAdapter(), pixels, target=4)
+    windowed = capture_windows(swin, TimmSwinAdapter(), pixels, target=4)
     # the gradient of the logit with respect to one block's softmax, by a finite difference of that softmax: scale
     # one window's row of one head and compare the logit's change with the gradient's prediction
     block, head, window, query = 2, 1, 1, 5
@@ -124,7 +124,7 @@ def test_the_class_specific_chains_take_the_gradients_of_the_class_logit(swin):
         changed[window, head, query] *= 1.001
         return changed
 
-    attention = SwinAdapter().blocks(swin)[block].attn
+    attention = TimmSwinAdapter().blocks(swin)[block].attn
     handle = attention.softmax.register_forward_hook(nudge)
     try:
         with torch.no_grad():
@@ -139,4 +139,59 @@ def test_the_class_specific_chains_take_the_gradients_of_the_class_logit(swin):
         explained = stage_map(windowed, method)
         assert explained.shape == (16, 16) and torch.isfinite(explained).all() and (explained >= 0).all()
     with pytest.raises(VitExplorerError, match="explains a class"):
-        stage_map(capture_windows(swin, SwinAdapter(), pixels), "relevance")
+        stage_map(capture_windows(swin, TimmSwinAdapter(), pixels), "relevance")
+
+
+def hf_swin(model_type: str):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config_class, model_class = {"swin": ("SwinConfig", "SwinForImageClassification"),
+                                 "swinv2": ("Swinv2Config", "Swinv2ForImageClassification")}[model_type]
+    config = getattr(transformers, config_class)(image_size=64, patch_size=4, embed_dim=24, depths=[2, 2],
+                                                 num_heads=[2, 4], window_size=4, num_labels=10)
+    module = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():
+        for parameter_name, parameter in module.named_parameters():
+            if "relative_position_bias_table" in parameter_name:
+                parameter.normal_(0, 1.0)
+    return module
+
+
+def test_hugging_face_swin_capture_equals_the_dense_attention_and_leaves_the_logits():
+    module = hf_swin("swin")
+    adapter = HFSwinAdapter()
+    torch.manual_seed(1)
+    pixels = torch.randn(1, 3, 64, 64)
+    inputs = []
+    handles = [block.register_forward_pre_hook(lambda _m, args: inputs.append(args[0])) for block in adapter.blocks(module)]
+    windowed = capture_windows(module, adapter, pixels)
+    for handle in handles:
+        handle.remove()
+    assert module.config._attn_implementation == "sdpa"  # switched back after the capture
+    with torch.no_grad():
+        torch.testing.assert_close(windowed.logits, module(pixel_values=pixels).logits[0], atol=1e-5, rtol=1e-5)
+    assert [g.shift_hw for g in windowed.geometries] == [(0, 0), (2, 2), (0, 0), (2, 2)]
+    for block, geometry in enumerate(windowed.geometries):
+        window, shift = geometry.window_hw[0], geometry.shift_hw[0]
+        with torch.no_grad():
+            dense = hf_block_attention(adapter.blocks(module)[block], inputs[block], geometry.grid_hw, window, shift)[0]
+        height, width = geometry.grid_hw
+        for token in range(height * width):
+            placed = window_row(windowed.maps[block], geometry, *divmod(token, width))
+            torch.testing.assert_close(placed.flatten(1), dense[:, token], atol=1e-6, rtol=1e-5)
+
+
+def test_hugging_face_swin_v2_capture_is_its_own_attention_output_and_leaves_the_logits():
+    module = hf_swin("swinv2")
+    torch.manual_seed(1)
+    pixels = torch.randn(1, 3, 64, 64)
+    windowed = capture_windows(module, HFSwinAdapter(), pixels)
+    with torch.no_grad():
+        own = module(pixel_values=pixels, output_attentions=True)
+    torch.testing.assert_close(windowed.logits, own.logits[0], atol=1e-5, rtol=1e-5)
+    # transformers returns each stage's last block's maps [windows, heads, area, area]: blocks 1 and 3
+    assert len(own.attentions) == 2
+    for block, attentions in zip((1, 3), own.attentions, strict=True):
+        torch.testing.assert_close(windowed.maps[block], attentions.transpose(0, 1), atol=1e-6, rtol=1e-5)
+    rollout = stage_map(windowed)
+    assert rollout.shape == (16, 16) and torch.isclose(rollout.sum(), torch.tensor(1.0, dtype=torch.float64))

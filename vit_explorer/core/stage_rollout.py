@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.swin_adapter import SwinAdapter
+from vit_explorer.models.swin_adapter import WindowAdapter
 from vit_explorer.models.window_layout import WindowGeometry
 
 STAGE_METHODS = ("rollout", "grad-rollout", "relevance")
@@ -51,7 +51,7 @@ class WindowedAttention:
     target: int | None = None
 
 
-def capture_windows(module: nn.Module, adapter: SwinAdapter, pixels: torch.Tensor,
+def capture_windows(module: nn.Module, adapter: WindowAdapter, pixels: torch.Tensor,
                     target: int | None = None) -> WindowedAttention:
     """One forward pass of one image ``pixels`` ``[1, 3, H, W]`` with every block's window maps, and with ``target`` one
     backward pass from that class's logit to them."""

@@ -1,5 +1,5 @@
-"""Adapter for timm's Swin Transformers (``SwinTransformer`` and ``SwinTransformerV2``): window attention on stages whose
-grids halve from one to the next.
+"""Adapters for the Swin Transformers of timm (``SwinTransformer``, ``SwinTransformerV2``) and Hugging Face
+(``Swin*``, ``Swinv2*``): window attention on stages whose grids halve from one to the next.
 
 A Swin block's map is not one ``[heads, n, n]`` over a sequence shared by every layer, as a plain ViT's is: each stage
 has its own grid (56 × 56 patches of 4 px at 224 px, then 28 × 28, 14 × 14, 7 × 7) and its own number of heads, and a
@@ -7,13 +7,15 @@ block attends within windows of that grid (``window_layout``). So this adapter d
 ``[layers, heads, n, n]`` contract; it hands each block's maps over by window ``[b, heads, windows, area, area]`` with
 the block's ``WindowGeometry``, and ``core.stage_rollout`` reads them.
 
-The capture hooks each block's ``attn.softmax`` on timm's explicit path (``fused_attn`` off, restored on exit): its
-output is the softmax of q·kᵀ·scale (V2: the scaled cosine) plus the relative-position bias plus the shifted windows'
-mask, exactly the weights the block applies to its values.
+Each capture takes the softmax the block applies to its values: q·kᵀ·scale (V2: the scaled cosine) plus the
+relative-position bias plus the shifted windows' mask. timm's blocks make it in ``attn.softmax`` on their explicit path
+(``fused_attn`` off, restored on exit); Hugging Face's Swin returns it from each layer on its eager attention (switched to
+for the capture), and its Swin V2 passes it through ``attention.self.dropout``.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
@@ -25,45 +27,58 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.window_layout import WindowGeometry
 
 
-class SwinAdapter:
-    """timm's Swin and Swin V2: the blocks of every stage in order, their window geometry, and their softmax."""
+class WindowAdapter(ABC):
+    """What the stage methods read of a windowed ViT: its blocks in order, their stages and window geometry, and each
+    block's softmax as it computes it."""
 
     @classmethod
+    @abstractmethod
     def matches(cls, module: nn.Module) -> bool:
-        """A timm Swin: stages (``layers``) of blocks whose attention runs through an ``nn.Softmax`` module, on a grid
-        with a window size and a shift."""
-        stages = getattr(module, "layers", None)
-        return (
-            type(module).__module__.startswith("timm.")
-            and isinstance(stages, nn.Sequential) and len(stages) > 0
-            and all(isinstance(getattr(getattr(block, "attn", None), "softmax", None), nn.Softmax)
-                    and hasattr(block, "shift_size") and hasattr(block, "input_resolution")
-                    for stage in stages for block in getattr(stage, "blocks", [None]))
-        )
+        """Whether this adapter understands ``module``."""
+
+    @abstractmethod
+    def stages(self, module: nn.Module) -> list[list[nn.Module]]:
+        """Each stage's blocks, in the order the forward runs them."""
+
+    @abstractmethod
+    def first_grid(self, module: nn.Module) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(the first stage's grid, its patch in input pixels)."""
+
+    @abstractmethod
+    def block_window(self, block: nn.Module, grid_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(window, shift) of ``block`` on its stage's grid ``grid_hw``, as its forward uses them."""
+
+    @abstractmethod
+    def softmax_hooks(self, module: nn.Module, store: Callable[[int, torch.Tensor], None]) -> ExitStack:
+        """Hooks (and switches) that hand block i's softmax ``[b · windows, heads, area, area]`` to ``store(i, maps)`` on
+        the next forward; closing the stack undoes them."""
+
+    @abstractmethod
+    def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels ``[b, 3, H, W]`` → logits ``[b, classes]`` (``[b, 0]`` for a backbone)."""
+
+    @abstractmethod
+    def input_hw(self, module: nn.Module) -> tuple[int, int]:
+        """The input size the model was built for (its windows and masks are fixed by it)."""
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         """Every block of every stage, in the order the forward runs them."""
-        return [block for stage in module.layers for block in stage.blocks]
+        return [block for stage in self.stages(module) for block in stage]
 
     def stage_of_blocks(self, module: nn.Module) -> list[int]:
         """The stage of each block (``blocks``' order)."""
-        return [stage for stage, layer in enumerate(module.layers) for _ in layer.blocks]
-
-    def heads(self, module: nn.Module) -> list[int]:
-        """The heads of each block."""
-        return [block.attn.num_heads for block in self.blocks(module)]
+        return [index for index, stage in enumerate(self.stages(module)) for _ in stage]
 
     def geometries(self, module: nn.Module) -> list[WindowGeometry]:
-        """Each block's windows on its stage's grid (``blocks``' order)."""
-        first = tuple(module.patch_embed.grid_size)
-        patch = tuple(module.patch_embed.patch_size)
+        """Each block's windows on its stage's grid (``blocks``' order): each patch merging halves the grid."""
+        (rows, cols), (patch_h, patch_w) = self.first_grid(module)
         geometries = []
-        for block in self.blocks(module):
-            grid = tuple(block.input_resolution)
-            scale = (first[0] // grid[0], first[1] // grid[1])
-            geometries.append(WindowGeometry(grid_hw=grid, window_hw=tuple(block.window_size),
-                                             shift_hw=tuple(block.shift_size),
-                                             patch_hw=(patch[0] * scale[0], patch[1] * scale[1])))
+        for stage, blocks in enumerate(self.stages(module)):
+            grid, scale = (rows >> stage, cols >> stage), 1 << stage
+            for block in blocks:
+                window, shift = self.block_window(block, grid)
+                geometries.append(WindowGeometry(grid_hw=grid, window_hw=window, shift_hw=shift,
+                                                 patch_hw=(patch_h * scale, patch_w * scale)))
         return geometries
 
     @contextmanager
@@ -72,32 +87,124 @@ class SwinAdapter:
         """While active, the yielded function maps pixels ``[b, 3, H, W]`` to logits ``[b, classes]`` and puts each
         block's softmax as the block computed it, ``[b · windows, heads, area, area]`` (``by_window`` reads it), in
         ``sink[block]``. The output itself is stored, so that its gradient can be taken."""
-
-        def store(block: int, _module: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
-            sink[block] = output
-
-        attentions = [block.attn for block in self.blocks(module)]
-        with ExitStack() as stack:
-            for attention in attentions:
-                if hasattr(attention, "fused_attn"):  # V1 has a fused path, V2 only the explicit one
-                    stack.callback(setattr, attention, "fused_attn", attention.fused_attn)
-                    attention.fused_attn = False
-            for index, attention in enumerate(attentions):
-                stack.callback(attention.softmax.register_forward_hook(partial(store, index)).remove)
+        with self.softmax_hooks(module, sink.__setitem__):
             yield partial(self.logits, module)
+
+    def by_window(self, captured: torch.Tensor, images: int) -> torch.Tensor:
+        """A block's captured softmax ``[b · windows, heads, area, area]`` (images outermost, as both libraries cut them)
+        → ``[b, heads, windows, area, area]``."""
+        windows = captured.shape[0] // images
+        return captured.reshape(images, windows, *captured.shape[1:]).transpose(1, 2)
+
+    def check_input_hw(self, module: nn.Module, input_hw: tuple[int, int]) -> None:
+        """Refuse an input the model was not built for."""
+        built = self.input_hw(module)
+        if tuple(input_hw) != built:
+            raise VitExplorerError(f"this Swin takes {built[0]}×{built[1]} inputs, not {input_hw[0]}×{input_hw[1]}")
+
+
+class TimmSwinAdapter(WindowAdapter):
+    """timm's ``SwinTransformer`` and ``SwinTransformerV2``: each block's ``attn.softmax``."""
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        stages = getattr(module, "layers", None)
+        return (
+            type(module).__module__.startswith("timm.")
+            and isinstance(stages, nn.Sequential) and len(stages) > 0
+            and all(isinstance(getattr(getattr(block, "attn", None), "softmax", None), nn.Softmax)
+                    and hasattr(block, "shift_size") and hasattr(block, "window_size")
+                    for stage in stages for block in getattr(stage, "blocks", [None]))
+        )
+
+    def stages(self, module: nn.Module) -> list[list[nn.Module]]:
+        return [list(stage.blocks) for stage in module.layers]
+
+    def first_grid(self, module: nn.Module) -> tuple[tuple[int, int], tuple[int, int]]:
+        return tuple(module.patch_embed.grid_size), tuple(module.patch_embed.patch_size)
+
+    def block_window(self, block: nn.Module, grid_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        return tuple(block.window_size), tuple(block.shift_size)  # timm sets both for the grid it was built for
+
+    def softmax_hooks(self, module: nn.Module, store: Callable[[int, torch.Tensor], None]) -> ExitStack:
+        stack = ExitStack()
+        for index, block in enumerate(self.blocks(module)):
+            attention = block.attn
+            if hasattr(attention, "fused_attn"):  # V1 has a fused path, V2 only the explicit one
+                stack.callback(setattr, attention, "fused_attn", attention.fused_attn)
+                attention.fused_attn = False
+            stack.callback(attention.softmax.register_forward_hook(
+                lambda _module, _inputs, output, index=index: store(index, output)).remove)
+        return stack
 
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         output = module(pixels)
         return output if module.num_classes else output.new_zeros(output.shape[0], 0)
 
-    def by_window(self, captured: torch.Tensor, images: int) -> torch.Tensor:
-        """A block's captured softmax ``[b · windows, heads, area, area]`` (images outermost, as timm cuts them) →
-        ``[b, heads, windows, area, area]``."""
-        windows = captured.shape[0] // images
-        return captured.reshape(images, windows, *captured.shape[1:]).transpose(1, 2)
+    def input_hw(self, module: nn.Module) -> tuple[int, int]:
+        return tuple(module.patch_embed.img_size)
 
-    def check_input_hw(self, module: nn.Module, input_hw: tuple[int, int]) -> None:
-        """Refuse an input the model was not built for (its masks and windows are fixed at build time)."""
-        built = tuple(module.patch_embed.img_size)
-        if tuple(input_hw) != built:
-            raise VitExplorerError(f"this Swin takes {built[0]}×{built[1]} inputs, not {input_hw[0]}×{input_hw[1]}")
+
+class HFSwinAdapter(WindowAdapter):
+    """Hugging Face's Swin and Swin V2 (a bare model or one with a classifier)."""
+
+    @staticmethod
+    def backbone(module: nn.Module) -> nn.Module | None:
+        return getattr(module, "swin", None) or getattr(module, "swinv2", None) or module
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        backbone = cls.backbone(module)
+        return (type(module).__module__.startswith("transformers.")
+                and getattr(getattr(module, "config", None), "model_type", None) in ("swin", "swinv2")
+                and hasattr(getattr(backbone, "encoder", None), "layers"))
+
+    def stages(self, module: nn.Module) -> list[list[nn.Module]]:
+        return [list(stage.blocks) for stage in self.backbone(module).encoder.layers]
+
+    def first_grid(self, module: nn.Module) -> tuple[tuple[int, int], tuple[int, int]]:
+        patch = module.config.patch_size
+        patch_hw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        return tuple(self.backbone(module).embeddings.patch_grid), patch_hw
+
+    def block_window(self, block: nn.Module, grid_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        # the layer's own clamp (``set_shift_and_window_size``): a grid no larger than the window is one window, unshifted
+        window = min(block.window_size, *grid_hw) if min(grid_hw) <= block.window_size else block.window_size
+        shift = 0 if min(grid_hw) <= block.window_size else int(block.shift_size)
+        return (int(window), int(window)), (shift, shift)
+
+    def softmax_hooks(self, module: nn.Module, store: Callable[[int, torch.Tensor], None]) -> ExitStack:
+        stack = ExitStack()
+        if module.config.model_type == "swinv2":  # its own softmax, then ``attention.self.dropout``
+            for index, block in enumerate(self.blocks(module)):
+                stack.callback(block.attention.self.dropout.register_forward_hook(
+                    lambda _module, _inputs, output, index=index: store(index, output)).remove)
+            return stack
+        # Swin returns each layer's softmax beside its output, on the eager attention only
+        saved = module.config._attn_implementation
+        stack.callback(module.set_attn_implementation, saved)
+        module.set_attn_implementation("eager")
+        for index, block in enumerate(self.blocks(module)):
+            stack.callback(block.register_forward_hook(
+                lambda _module, _inputs, output, index=index: store(index, output[1])).remove)
+        return stack
+
+    def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        logits = getattr(module(pixel_values=pixels), "logits", None)
+        return logits if logits is not None else pixels.new_zeros(pixels.shape[0], 0)
+
+    def input_hw(self, module: nn.Module) -> tuple[int, int]:
+        size = module.config.image_size
+        return (size, size) if isinstance(size, int) else tuple(size)
+
+
+WINDOW_ADAPTERS: tuple[type[WindowAdapter], ...] = (TimmSwinAdapter, HFSwinAdapter)
+
+
+def window_adapter_for(module: nn.Module) -> WindowAdapter:
+    """The window adapter of ``module``'s family."""
+    for adapter in WINDOW_ADAPTERS:
+        if adapter.matches(module):
+            return adapter()
+    raise VitExplorerError(f"{type(module).__name__} is not a Swin that vit_explorer reads: it reads timm's and Hugging "
+                           "Face's Swin and Swin V2")
