@@ -7,6 +7,7 @@ import pytest
 import torch
 from swin_reference import hf_block_attention, timm_block_attention
 
+from vit_explorer.core.stage_attribution import stage_attnlrp, stage_legrad
 from vit_explorer.core.stage_rollout import capture_windows, stage_map, window_row
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.swin_adapter import HFSwinAdapter, TimmSwinAdapter
@@ -195,3 +196,64 @@ def test_hugging_face_swin_v2_capture_is_its_own_attention_output_and_leaves_the
         torch.testing.assert_close(windowed.maps[block], attentions.transpose(0, 1), atol=1e-6, rtol=1e-5)
     rollout = stage_map(windowed)
     assert rollout.shape == (16, 16) and torch.isclose(rollout.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_legrad_reads_the_last_stages_blocks_through_the_head_as_the_dense_formula_does(swin):
+    """LeGrad by hand on the dense maps: each last-stage block's read-out (final norm, average pool, head) differentiated
+    by its softmax, placed on the grid, clipped, averaged over heads and every query of the stage, then over blocks."""
+    torch.manual_seed(4)
+    pixels = torch.randn(1, 3, 64, 64)
+    adapter = TimmSwinAdapter()
+    blocks = adapter.blocks(swin)
+    softmaxes, streams = {}, {}
+    handles = [blocks[b].attn.softmax.register_forward_hook(lambda _m, _i, out, b=b: softmaxes.__setitem__(b, out))
+               for b in (2, 3)]
+    handles += [blocks[b].register_forward_hook(lambda _m, _i, out, b=b: streams.__setitem__(b, out)) for b in (2, 3)]
+    for block in (2, 3):
+        blocks[block].attn.fused_attn = False
+    try:
+        swin(pixels)
+    finally:
+        for handle in handles:
+            handle.remove()
+    geometries = adapter.geometries(swin)
+    per_block = []
+    for block in (2, 3):
+        score = swin.head(swin.norm(streams[block]))[0, 7]
+        (gradient,) = torch.autograd.grad(score, softmaxes[block], retain_graph=True)
+        windows = adapter.by_window(gradient, 1)[0]  # [heads, windows, area, area]
+        height, width = geometries[block].grid_hw
+        dense = torch.stack([window_row(windows, geometries[block], *divmod(t, width)).flatten(1)
+                             for t in range(height * width)], dim=1)  # [heads, n, n]
+        per_block.append(dense.clamp_min(0).mean(dim=(0, 1)).reshape(height, width))
+    expected = torch.stack(per_block).mean(0).repeat_interleave(2, 0).repeat_interleave(2, 1)
+    torch.testing.assert_close(stage_legrad(swin, adapter, pixels, 7), expected, atol=1e-9, rtol=1e-5)
+
+
+def test_attnlrp_conserves_the_logit_where_nothing_but_the_pixels_holds_relevance(swin):
+    """With every bias zero, the rules leave a linear map from pixels to logit: the relevance sums to the logit. With
+    the biases back, the map differs from plain gradient × input (the rules are in place)."""
+    import copy
+
+    unbiased = copy.deepcopy(swin)
+    with torch.no_grad():
+        for name, parameter in unbiased.named_parameters():
+            if name.endswith("bias") and "relative_position" not in name:
+                parameter.zero_()
+    torch.manual_seed(5)
+    pixels = torch.randn(1, 3, 64, 64)
+    adapter = TimmSwinAdapter()
+    relevance = stage_attnlrp(unbiased, adapter, pixels, 2)
+    assert relevance.shape == (16, 16)
+    with torch.no_grad():
+        logit = unbiased(pixels)[0, 2]
+    torch.testing.assert_close(relevance.sum(), logit, atol=1e-4, rtol=1e-4)
+    inputs = pixels.clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(swin(inputs)[0, 2], inputs)
+    plain = torch.nn.functional.avg_pool2d((inputs * gradient).sum(1, keepdim=True), 4)[0, 0] * 16
+    assert not torch.allclose(stage_attnlrp(swin, adapter, pixels, 2), plain, atol=1e-3)
+
+
+def test_attnlrp_is_refused_where_the_maps_cannot_be_held_constant():
+    with pytest.raises(VitExplorerError, match="cannot be held constant for AttnLRP"):
+        stage_attnlrp(hf_swin("swin"), HFSwinAdapter(), torch.randn(1, 3, 64, 64), 0)

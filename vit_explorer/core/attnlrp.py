@@ -26,6 +26,7 @@ from torch import nn
 
 from vit_explorer.core.capture import capture_lock, resolve
 from vit_explorer.models.base import CaptureAdapter, LoadedModel
+from vit_explorer.models.swin_adapter import WindowAdapter
 
 EPSILON = 1e-10  # LXT's stabiliser of out / in in the identity rule
 
@@ -65,7 +66,7 @@ def identity_rule(_activation: nn.Module, inputs: tuple, output: torch.Tensor) -
 
 
 @contextmanager
-def lrp_rules(module: nn.Module, adapter: CaptureAdapter) -> Iterator[None]:
+def lrp_rules(module: nn.Module, adapter: CaptureAdapter | WindowAdapter) -> Iterator[None]:
     """While active, ``module``'s LayerNorms and activations follow the rules above in the backward pass."""
     handles = [norm.register_forward_hook(constant_scale_norm) for norm in adapter.layer_norms(module)]
     handles += [activation.register_forward_hook(identity_rule) for activation in adapter.activations(module)]

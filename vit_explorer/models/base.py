@@ -28,6 +28,11 @@ ELEMENTWISE = (nn.GELU, nn.ReLU, nn.SiLU, nn.Mish, nn.Tanh)
 HEAD_TOO = "the classifier head is missing too; alone, that would load the model as a backbone"
 
 
+def layer_norms_of(module: nn.Module) -> list[nn.Module]:
+    """Every LayerNorm of ``module``."""
+    return [part for part in module.modules() if isinstance(part, nn.LayerNorm)]
+
+
 def listed(names: list[str], limit: int = 8) -> str:
     """``names`` quoted for a message, the first ``limit`` of them."""
     shown = ", ".join(repr(name) for name in names[:limit])
@@ -193,7 +198,7 @@ class CaptureAdapter(ABC):
 
     def layer_norms(self, module: nn.Module) -> list[nn.Module]:
         """Every LayerNorm of ``module`` (AttnLRP treats their scale as a constant)."""
-        return [part for part in module.modules() if isinstance(part, nn.LayerNorm)]
+        return layer_norms_of(module)
 
     def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
         """One module per layer, in layer order, whose forward output is that layer's MLP hidden activation

@@ -78,9 +78,7 @@ class HFAdapter(CaptureAdapter):
         return tokens[:, 0]  # the pooled output of ViT, DeiT and DINOv2 backbones: the class token after the final norm
 
     def activations(self, module: nn.Module) -> list[nn.Module]:
-        # transformers' activations (GELUActivation, ...) are modules of transformers.activations
-        return [part for part in module.modules()
-                if isinstance(part, ELEMENTWISE) or type(part).__module__ == "transformers.activations"]
+        return transformers_activations(module)
 
     def mlp_activations(self, module: nn.Module) -> list[nn.Module]:
         found = []
@@ -200,6 +198,13 @@ class HFAdapter(CaptureAdapter):
 EDITED = "vit_explorer_edited"  # the attention function ``HFAdapter.edited`` registers
 # the edit of each attention module while ``HFAdapter.edited`` is active (capture's lock keeps one pass per model)
 _edits: weakref.WeakKeyDictionary[nn.Module, Callable[[torch.Tensor], torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def transformers_activations(module: nn.Module) -> list[nn.Module]:
+    """Every element-wise non-linearity of a transformers model: its own (GELUActivation, ...) are modules of
+    transformers.activations."""
+    return [part for part in module.modules()
+            if isinstance(part, ELEMENTWISE) or type(part).__module__ == "transformers.activations"]
 
 
 def edited_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -19,11 +19,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models.base import layer_norms_of
+from vit_explorer.models.hf_adapter import transformers_activations
+from vit_explorer.models.timm_adapter import timm_activations
 from vit_explorer.models.window_layout import WindowGeometry
 
 
@@ -49,9 +53,22 @@ class WindowAdapter(ABC):
         """(window, shift) of ``block`` on its stage's grid ``grid_hw``, as its forward uses them."""
 
     @abstractmethod
-    def softmax_hooks(self, module: nn.Module, store: Callable[[int, torch.Tensor], None]) -> ExitStack:
-        """Hooks (and switches) that hand block i's softmax ``[b · windows, heads, area, area]`` to ``store(i, maps)`` on
-        the next forward; closing the stack undoes them."""
+    def softmax_hooks(self, module: nn.Module, edit: Callable[[int, torch.Tensor], torch.Tensor | None]) -> ExitStack:
+        """Hooks (and switches) that hand block i's softmax ``[b · windows, heads, area, area]`` to ``edit(i, maps)`` on
+        each forward; where ``edits_maps``, a tensor it returns replaces the maps the block applies to its values. Closing
+        the stack undoes them."""
+
+    @abstractmethod
+    def edits_maps(self, module: nn.Module) -> bool:
+        """Whether ``softmax_hooks`` can replace the maps a block uses (AttnLRP holds them constant that way)."""
+
+    @abstractmethod
+    def activations(self, module: nn.Module) -> list[nn.Module]:
+        """Every element-wise non-linearity module (AttnLRP's identity rule)."""
+
+    def layer_norms(self, module: nn.Module) -> list[nn.Module]:
+        """Every LayerNorm (AttnLRP holds their scale constant), the patch mergings' too."""
+        return layer_norms_of(module)
 
     @abstractmethod
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
@@ -60,6 +77,15 @@ class WindowAdapter(ABC):
     @abstractmethod
     def input_hw(self, module: nn.Module) -> tuple[int, int]:
         """The input size the model was built for (its windows and masks are fixed by it)."""
+
+    @abstractmethod
+    def block_stream(self, output: Any) -> torch.Tensor:
+        """The stream after a block ``[b, H·W, C]`` (its stage's tokens row by row), from the block's forward output."""
+
+    @abstractmethod
+    def readout(self, module: nn.Module, stream: torch.Tensor) -> torch.Tensor:
+        """The logits ``[b, classes]`` the model would give if ``stream`` ``[b, H·W, C]`` of its last stage were its
+        last block's output: the final norm, the average pool and the head (what LeGrad reads each block through)."""
 
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         """Every block of every stage, in the order the forward runs them."""
@@ -87,7 +113,20 @@ class WindowAdapter(ABC):
         """While active, the yielded function maps pixels ``[b, 3, H, W]`` to logits ``[b, classes]`` and puts each
         block's softmax as the block computed it, ``[b · windows, heads, area, area]`` (``by_window`` reads it), in
         ``sink[block]``. The output itself is stored, so that its gradient can be taken."""
-        with self.softmax_hooks(module, sink.__setitem__):
+        def store(block: int, maps: torch.Tensor) -> None:
+            sink[block] = maps
+
+        with self.softmax_hooks(module, store):
+            yield partial(self.logits, module)
+
+    @contextmanager
+    def constant_maps(self, module: nn.Module) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """While active, the yielded function maps pixels to logits with every block's maps out of the autograd graph:
+        gradients reach the values only (AttnLRP's attention rule)."""
+        if not self.edits_maps(module):
+            raise VitExplorerError(f"{type(module).__name__} computes its window attention inside a function no hook can "
+                                   "change, so its maps cannot be held constant for AttnLRP")
+        with self.softmax_hooks(module, lambda _block, maps: maps.detach()):
             yield partial(self.logits, module)
 
     def by_window(self, captured: torch.Tensor, images: int) -> torch.Tensor:
@@ -126,7 +165,7 @@ class TimmSwinAdapter(WindowAdapter):
     def block_window(self, block: nn.Module, grid_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
         return tuple(block.window_size), tuple(block.shift_size)  # timm sets both for the grid it was built for
 
-    def softmax_hooks(self, module: nn.Module, store: Callable[[int, torch.Tensor], None]) -> ExitStack:
+    def softmax_hooks(self, module: nn.Module, edit: Callable[[int, torch.Tensor], torch.Tensor | None]) -> ExitStack:
         stack = ExitStack()
         for index, block in enumerate(self.blocks(module)):
             attention = block.attn
@@ -134,8 +173,14 @@ class TimmSwinAdapter(WindowAdapter):
                 stack.callback(setattr, attention, "fused_attn", attention.fused_attn)
                 attention.fused_attn = False
             stack.callback(attention.softmax.register_forward_hook(
-                lambda _module, _inputs, output, index=index: store(index, output)).remove)
+                lambda _module, _inputs, output, index=index: edit(index, output)).remove)
         return stack
+
+    def edits_maps(self, module: nn.Module) -> bool:
+        return True
+
+    def activations(self, module: nn.Module) -> list[nn.Module]:
+        return timm_activations(module)
 
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         output = module(pixels)
@@ -143,6 +188,13 @@ class TimmSwinAdapter(WindowAdapter):
 
     def input_hw(self, module: nn.Module) -> tuple[int, int]:
         return tuple(module.patch_embed.img_size)
+
+    def block_stream(self, output: torch.Tensor) -> torch.Tensor:
+        return output.flatten(1, 2)  # timm's blocks keep the grid: [b, H, W, C]
+
+    def readout(self, module: nn.Module, stream: torch.Tensor) -> torch.Tensor:
+        side = self.geometries(module)[-1].grid_hw
+        return module.forward_head(module.norm(stream.unflatten(1, side)))
 
 
 class HFSwinAdapter(WindowAdapter):
@@ -173,21 +225,30 @@ class HFSwinAdapter(WindowAdapter):
         shift = 0 if min(grid_hw) <= block.window_size else int(block.shift_size)
         return (int(window), int(window)), (shift, shift)
 
-    def softmax_hooks(self, module: nn.Module, store: Callable[[int, torch.Tensor], None]) -> ExitStack:
+    def softmax_hooks(self, module: nn.Module, edit: Callable[[int, torch.Tensor], torch.Tensor | None]) -> ExitStack:
         stack = ExitStack()
-        if module.config.model_type == "swinv2":  # its own softmax, then ``attention.self.dropout``
+        if self.edits_maps(module):  # Swin V2: its own softmax, then ``attention.self.dropout``
             for index, block in enumerate(self.blocks(module)):
                 stack.callback(block.attention.self.dropout.register_forward_hook(
-                    lambda _module, _inputs, output, index=index: store(index, output)).remove)
+                    lambda _module, _inputs, output, index=index: edit(index, output)).remove)
             return stack
-        # Swin returns each layer's softmax beside its output, on the eager attention only
+        # Swin returns each layer's softmax beside its output, on the eager attention only: seen, not replaced
         saved = module.config._attn_implementation
         stack.callback(module.set_attn_implementation, saved)
         module.set_attn_implementation("eager")
+
+        def seen(index: int, _module: nn.Module, _inputs: tuple, output: tuple) -> None:
+            edit(index, output[1])
+
         for index, block in enumerate(self.blocks(module)):
-            stack.callback(block.register_forward_hook(
-                lambda _module, _inputs, output, index=index: store(index, output[1])).remove)
+            stack.callback(block.register_forward_hook(partial(seen, index)).remove)
         return stack
+
+    def edits_maps(self, module: nn.Module) -> bool:
+        return module.config.model_type == "swinv2"
+
+    def activations(self, module: nn.Module) -> list[nn.Module]:
+        return transformers_activations(module)
 
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         logits = getattr(module(pixel_values=pixels), "logits", None)
@@ -196,6 +257,16 @@ class HFSwinAdapter(WindowAdapter):
     def input_hw(self, module: nn.Module) -> tuple[int, int]:
         size = module.config.image_size
         return (size, size) if isinstance(size, int) else tuple(size)
+
+    def block_stream(self, output: tuple) -> torch.Tensor:
+        return output[0]
+
+    def readout(self, module: nn.Module, stream: torch.Tensor) -> torch.Tensor:
+        classifier = getattr(module, "classifier", None)
+        if classifier is None:
+            return stream.new_zeros(stream.shape[0], 0)
+        # ``SwinModel``: the final layer norm, then the average pool over the tokens; the classifier on top
+        return classifier(self.backbone(module).layernorm(stream).mean(dim=1))
 
 
 WINDOW_ADAPTERS: tuple[type[WindowAdapter], ...] = (TimmSwinAdapter, HFSwinAdapter)

@@ -176,9 +176,7 @@ class TimmAdapter(HookAdapter):
         module.num_prefix_tokens += 1
 
     def activations(self, module: nn.Module) -> list[nn.Module]:
-        # timm's own activation modules (GELUTanh, QuickGELU, ...) live in timm.layers.activations
-        return [part for part in module.modules()
-                if isinstance(part, ELEMENTWISE) or type(part).__module__.startswith("timm.layers.activations")]
+        return timm_activations(module)
 
     def map_shape(self, module: nn.Module) -> tuple[int, int]:
         attentions = attention_modules(module)
@@ -206,6 +204,13 @@ class TimmAdapter(HookAdapter):
                 raise VitExplorerError(f"this timm model takes {expected[0]}×{expected[1]} inputs, not "
                                        f"{input_hw[0]}×{input_hw[1]}")
         return TokenLayout(prefix_names=tuple(names), grid_hw=grid, patch_hw=tuple(patch_embed.patch_size))
+
+
+def timm_activations(module: nn.Module) -> list[nn.Module]:
+    """Every element-wise non-linearity of a timm model: timm's own (GELUTanh, QuickGELU, ...) live in
+    timm.layers.activations."""
+    return [part for part in module.modules()
+            if isinstance(part, ELEMENTWISE) or type(part).__module__.startswith("timm.layers.activations")]
 
 
 def num_registers(module: nn.Module) -> int:
