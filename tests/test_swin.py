@@ -230,30 +230,27 @@ def test_legrad_reads_the_last_stages_blocks_through_the_head_as_the_dense_formu
     torch.testing.assert_close(stage_legrad(swin, adapter, pixels, 7), expected, atol=1e-9, rtol=1e-5)
 
 
-def test_attnlrp_conserves_the_logit_where_nothing_but_the_pixels_holds_relevance(swin):
+@pytest.mark.parametrize("family", ["timm", "hf-swin", "hf-swinv2"])
+def test_attnlrp_conserves_the_logit_where_nothing_but_the_pixels_holds_relevance(swin, family):
     """With every bias zero, the rules leave a linear map from pixels to logit: the relevance sums to the logit. With
     the biases back, the map differs from plain gradient × input (the rules are in place)."""
     import copy
 
-    unbiased = copy.deepcopy(swin)
+    model, adapter = {"timm": (swin, TimmSwinAdapter()), "hf-swin": (hf_swin("swin"), HFSwinAdapter()),
+                      "hf-swinv2": (hf_swin("swinv2"), HFSwinAdapter())}[family]
+    unbiased = copy.deepcopy(model)
     with torch.no_grad():
         for name, parameter in unbiased.named_parameters():
-            if name.endswith("bias") and "relative_position" not in name:
+            if name.endswith("bias") and "relative_position" not in name and "logit_scale" not in name:
                 parameter.zero_()
     torch.manual_seed(5)
     pixels = torch.randn(1, 3, 64, 64)
-    adapter = TimmSwinAdapter()
     relevance = stage_attnlrp(unbiased, adapter, pixels, 2)
     assert relevance.shape == (16, 16)
     with torch.no_grad():
-        logit = unbiased(pixels)[0, 2]
+        logit = adapter.logits(unbiased, pixels)[0, 2]
     torch.testing.assert_close(relevance.sum(), logit, atol=1e-4, rtol=1e-4)
     inputs = pixels.clone().requires_grad_(True)
-    (gradient,) = torch.autograd.grad(swin(inputs)[0, 2], inputs)
+    (gradient,) = torch.autograd.grad(adapter.logits(model, inputs)[0, 2], inputs)
     plain = torch.nn.functional.avg_pool2d((inputs * gradient).sum(1, keepdim=True), 4)[0, 0] * 16
-    assert not torch.allclose(stage_attnlrp(swin, adapter, pixels, 2), plain, atol=1e-3)
-
-
-def test_attnlrp_is_refused_where_the_maps_cannot_be_held_constant():
-    with pytest.raises(VitExplorerError, match="cannot be held constant for AttnLRP"):
-        stage_attnlrp(hf_swin("swin"), HFSwinAdapter(), torch.randn(1, 3, 64, 64), 0)
+    assert not torch.allclose(stage_attnlrp(model, adapter, pixels, 2), plain, atol=1e-3)

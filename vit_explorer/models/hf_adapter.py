@@ -137,17 +137,8 @@ class HFAdapter(CaptureAdapter):
     def fused(self, module: nn.Module) -> AbstractContextManager[None]:
         return self.implementation(module, "sdpa")
 
-    @contextmanager
-    def implementation(self, module: nn.Module, name: str) -> Iterator[None]:
-        """``module`` computes attention with the registered attention function ``name`` while active."""
-        previous = module.config._attn_implementation
-        if previous != name:
-            module.set_attn_implementation(name)
-        try:
-            yield
-        finally:
-            if previous != name:
-                module.set_attn_implementation(previous)
+    def implementation(self, module: nn.Module, name: str) -> AbstractContextManager[None]:
+        return attention_implementation(module, name)
 
     @staticmethod
     def run(module: nn.Module, pixels: torch.Tensor, **options):
@@ -193,6 +184,19 @@ class HFAdapter(CaptureAdapter):
         finally:
             for attention in attentions:
                 _edits.pop(attention, None)
+
+
+@contextmanager
+def attention_implementation(module: nn.Module, name: str) -> Iterator[None]:
+    """``module`` computes attention with the registered attention function ``name`` while active."""
+    previous = module.config._attn_implementation
+    if previous != name:
+        module.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        if previous != name:
+            module.set_attn_implementation(previous)
 
 
 EDITED = "vit_explorer_edited"  # the attention function ``HFAdapter.edited`` registers

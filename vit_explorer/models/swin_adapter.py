@@ -9,8 +9,9 @@ the block's ``WindowGeometry``, and ``core.stage_rollout`` reads them.
 
 Each capture takes the softmax the block applies to its values: q·kᵀ·scale (V2: the scaled cosine) plus the
 relative-position bias plus the shifted windows' mask. timm's blocks make it in ``attn.softmax`` on their explicit path
-(``fused_attn`` off, restored on exit); Hugging Face's Swin returns it from each layer on its eager attention (switched to
-for the capture), and its Swin V2 passes it through ``attention.self.dropout``.
+(``fused_attn`` off, restored on exit); Hugging Face's Swin in the attention function it calls (switched to transformers'
+eager one with an edit, as ``hf_adapter`` does for ViT), and its Swin V2 passes it through ``attention.self.dropout``.
+An edit of the maps (AttnLRP holds them constant) replaces them where they are caught.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from torch import nn
 
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import layer_norms_of
-from vit_explorer.models.hf_adapter import transformers_activations
+from vit_explorer.models.hf_adapter import (
+    EDITED,
+    _edits,
+    attention_implementation,
+    edited_attention,
+    require_transformers,
+    transformers_activations,
+)
 from vit_explorer.models.timm_adapter import timm_activations
 from vit_explorer.models.window_layout import WindowGeometry
 
@@ -55,12 +63,8 @@ class WindowAdapter(ABC):
     @abstractmethod
     def softmax_hooks(self, module: nn.Module, edit: Callable[[int, torch.Tensor], torch.Tensor | None]) -> ExitStack:
         """Hooks (and switches) that hand block i's softmax ``[b · windows, heads, area, area]`` to ``edit(i, maps)`` on
-        each forward; where ``edits_maps``, a tensor it returns replaces the maps the block applies to its values. Closing
-        the stack undoes them."""
-
-    @abstractmethod
-    def edits_maps(self, module: nn.Module) -> bool:
-        """Whether ``softmax_hooks`` can replace the maps a block uses (AttnLRP holds them constant that way)."""
+        each forward; a tensor it returns replaces the maps the block applies to its values. Closing the stack undoes
+        them."""
 
     @abstractmethod
     def activations(self, module: nn.Module) -> list[nn.Module]:
@@ -123,9 +127,6 @@ class WindowAdapter(ABC):
     def constant_maps(self, module: nn.Module) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         """While active, the yielded function maps pixels to logits with every block's maps out of the autograd graph:
         gradients reach the values only (AttnLRP's attention rule)."""
-        if not self.edits_maps(module):
-            raise VitExplorerError(f"{type(module).__name__} computes its window attention inside a function no hook can "
-                                   "change, so its maps cannot be held constant for AttnLRP")
         with self.softmax_hooks(module, lambda _block, maps: maps.detach()):
             yield partial(self.logits, module)
 
@@ -176,9 +177,6 @@ class TimmSwinAdapter(WindowAdapter):
                 lambda _module, _inputs, output, index=index: edit(index, output)).remove)
         return stack
 
-    def edits_maps(self, module: nn.Module) -> bool:
-        return True
-
     def activations(self, module: nn.Module) -> list[nn.Module]:
         return timm_activations(module)
 
@@ -227,25 +225,18 @@ class HFSwinAdapter(WindowAdapter):
 
     def softmax_hooks(self, module: nn.Module, edit: Callable[[int, torch.Tensor], torch.Tensor | None]) -> ExitStack:
         stack = ExitStack()
-        if self.edits_maps(module):  # Swin V2: its own softmax, then ``attention.self.dropout``
+        if module.config.model_type == "swinv2":  # its own softmax, then ``attention.self.dropout``
             for index, block in enumerate(self.blocks(module)):
                 stack.callback(block.attention.self.dropout.register_forward_hook(
                     lambda _module, _inputs, output, index=index: edit(index, output)).remove)
             return stack
-        # Swin returns each layer's softmax beside its output, on the eager attention only: seen, not replaced
-        saved = module.config._attn_implementation
-        stack.callback(module.set_attn_implementation, saved)
-        module.set_attn_implementation("eager")
-
-        def seen(index: int, _module: nn.Module, _inputs: tuple, output: tuple) -> None:
-            edit(index, output[1])
-
+        # Swin calls an attention function: transformers' eager one, with the edit of each attention module (``hf_adapter``)
+        require_transformers().AttentionInterface.register(EDITED, edited_attention)
         for index, block in enumerate(self.blocks(module)):
-            stack.callback(block.register_forward_hook(partial(seen, index)).remove)
+            _edits[block.attention] = partial(replaced, edit, index)
+            stack.callback(_edits.pop, block.attention, None)
+        stack.enter_context(attention_implementation(module, EDITED))
         return stack
-
-    def edits_maps(self, module: nn.Module) -> bool:
-        return module.config.model_type == "swinv2"
 
     def activations(self, module: nn.Module) -> list[nn.Module]:
         return transformers_activations(module)
@@ -267,6 +258,12 @@ class HFSwinAdapter(WindowAdapter):
             return stream.new_zeros(stream.shape[0], 0)
         # ``SwinModel``: the final layer norm, then the average pool over the tokens; the classifier on top
         return classifier(self.backbone(module).layernorm(stream).mean(dim=1))
+
+
+def replaced(edit: Callable[[int, torch.Tensor], torch.Tensor | None], index: int, maps: torch.Tensor) -> torch.Tensor:
+    """Block ``index``'s maps after ``edit``: what it returns, or the maps themselves where it returns None."""
+    result = edit(index, maps)
+    return maps if result is None else result
 
 
 WINDOW_ADAPTERS: tuple[type[WindowAdapter], ...] = (TimmSwinAdapter, HFSwinAdapter)
