@@ -95,7 +95,7 @@ def large_child(kind: str) -> None:
     the peak RSS."""
     import timm
 
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     # what the process holds before any model: the Python runtime with torch, timm and this package imported (torch's
     # CUDA wheel alone maps about 690 MiB here, the same for every use of torch), which the model and analysis add to

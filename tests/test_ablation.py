@@ -95,7 +95,7 @@ def seed_model() -> LoadedModel:
 
 
 def timm_model() -> LoadedModel:
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     torch.manual_seed(0)
     module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, depth=2, num_classes=7)
@@ -177,7 +177,7 @@ def test_mean_mode_without_a_reference_is_uniform_attention(family):
 
 
 def timm_deit_model() -> LoadedModel:
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     torch.manual_seed(0)
     return from_timm_module(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=64, depth=2),

@@ -253,7 +253,7 @@ def test_model_cache_is_bounded(tmp_path):
 @pytest.mark.timm
 def test_app_views_handle_register_tokens_of_a_timm_model(upload):
     timm = pytest.importorskip("timm")
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     torch_model = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=2, img_size=98, num_classes=3)
     models = ModelCache()

@@ -10,7 +10,7 @@ import torch
 from tests.conftest import TINY, make_vit
 from vit_explorer.core.attnlrp import attnlrp, input_relevance
 from vit_explorer.models import adapter_for
-from vit_explorer.models.timm_adapter import from_timm_module
+from vit_explorer.models.timm_loading import from_timm_module
 
 REFERENCE = Path(__file__).with_name("lxt_reference.py")
 

@@ -15,7 +15,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.methods.ablation import ablated_logits
 from vit_explorer.methods.patching import patch
 from vit_explorer.models import load_model
-from vit_explorer.models.timm_adapter import from_timm_module
+from vit_explorer.models.timm_loading import from_timm_module
 
 timm = pytest.importorskip("timm")
 

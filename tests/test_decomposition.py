@@ -81,7 +81,7 @@ def test_a_backbones_similarity_score_is_decomposed_too(patch):
 def test_a_model_whose_attention_writes_through_a_norm_is_refused():
     module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=3,
                                scale_attn_norm=True)
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     model = from_timm_module(module, "timm-scale-norm")
     with pytest.raises(VitExplorerError, match="cannot be read off exactly"):
@@ -92,7 +92,7 @@ def test_each_part_equals_a_computation_on_timms_blocks():
     """Heads, their spatial split, MLPs, biases and embeddings against a forward written here on timm's blocks: per head
     its values through its slice of the out-projection and its layer scale, read at the class token through the final
     norm with its standard deviation held and the head's row."""
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     torch.manual_seed(0)
     module = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, img_size=56, depth=3, num_classes=5)
@@ -202,7 +202,7 @@ def test_an_upload_on_a_model_that_cannot_be_decomposed_still_gives_its_maps():
     from PIL import Image
 
     from vit_explorer.core.analysis import analyze
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
     from vit_explorer.run import decompose
 
     module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=1, num_classes=3,

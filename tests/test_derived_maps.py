@@ -21,7 +21,7 @@ SMALL_HF = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
 
 
 def timm_model(name: str, **options):
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     torch.manual_seed(0)
     return from_timm_module(timm.create_model(name, pretrained=False, depth=2, **options).eval(), f"timm:{name}@random")

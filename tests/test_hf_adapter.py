@@ -205,7 +205,7 @@ def test_a_config_saved_on_its_own_builds_and_another_family_is_refused_in_one_s
 
 
 # Hugging Face's families that are not its plain ViTs: the config class, and the family the refusal names
-HF_UNREADABLE = {"SwinConfig": "Swin", "Swinv2Config": "Swin", "HieraConfig": "Hiera", "PvtV2Config": "PVT",
+HF_UNREADABLE = {"HieraConfig": "Hiera", "PvtV2Config": "PVT",
                  "LevitConfig": "LeViT", "MobileViTConfig": "MobileViT", "CvtConfig": "hybrid and hierarchical ViT"}
 
 

@@ -9,7 +9,7 @@ from einops import rearrange
 
 from vit_explorer.core.legrad import LAST_LAYERS, legrad
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.timm_adapter import from_timm_module
+from vit_explorer.models.timm_loading import from_timm_module
 
 
 def min_max(logits: torch.Tensor) -> torch.Tensor:  # legrad/utils.py

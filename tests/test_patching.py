@@ -40,7 +40,7 @@ def test_patching_all_of_a_layers_stream_gives_b_and_nothing_gives_a(family):
 def test_a_patched_head_equals_a_forward_with_that_heads_output_from_b():
     """On timm blocks written out here: run B and keep each head's output (its attention-weighted values), then run A
     with one head's output at one layer replaced, through the out-projection and the rest of the model."""
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     torch.manual_seed(0)
     module = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, img_size=56, depth=3, num_classes=5)

@@ -193,7 +193,7 @@ def family_models():
     timm = pytest.importorskip("timm")
     from test_clip_families import tiny_open_clip
 
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     def timm_dinov2():
         torch.manual_seed(0)
@@ -257,7 +257,7 @@ def test_a_model_the_edit_does_not_fit_is_refused_with_the_reason():
     timm = pytest.importorskip("timm")
     transformers = pytest.importorskip("transformers")
     from vit_explorer.models.hf_adapter import from_hf_module
-    from vit_explorer.models.timm_adapter import from_timm_module
+    from vit_explorer.models.timm_loading import from_timm_module
 
     def neurons_for(model):
         return RegisterNeurons(model=model.name, neurons=((0, 1, 1.0),), top_k=1, highest_layer=0, detect_layer=-1, images=1,

@@ -10,6 +10,7 @@ from swin_reference import hf_block_attention, timm_block_attention
 from vit_explorer.core.stage_attribution import stage_attnlrp, stage_legrad
 from vit_explorer.core.stage_rollout import capture_windows, stage_map, window_row
 from vit_explorer.errors import VitExplorerError
+from vit_explorer.models import load_model
 from vit_explorer.models.swin_adapter import HFSwinAdapter, TimmSwinAdapter
 from vit_explorer.models.window_layout import WindowGeometry
 
@@ -254,3 +255,167 @@ def test_attnlrp_conserves_the_logit_where_nothing_but_the_pixels_holds_relevanc
     (gradient,) = torch.autograd.grad(adapter.logits(model, inputs)[0, 2], inputs)
     plain = torch.nn.functional.avg_pool2d((inputs * gradient).sum(1, keepdim=True), 4)[0, 0] * 16
     assert not torch.allclose(stage_attnlrp(model, adapter, pixels, 2), plain, atol=1e-3)
+
+
+# ---- a stage read as a plain ViT (``StageAdapter``), and its class maps chained across stages -----------------------
+
+
+@pytest.fixture(scope="module")
+def swin_model(swin):
+    from vit_explorer.models.timm_loading import from_timm_module
+
+    return from_timm_module(swin, "swin-test")
+
+
+def test_a_swin_loads_as_its_first_stage_and_each_stage_is_a_view_of_its_own(swin_model):
+    from vit_explorer.models import stage_view
+
+    assert swin_model.layout.grid_hw == (16, 16) and swin_model.layout.prefix_names == () and swin_model.map_shape == (2, 2)
+    assert swin_model.adapter.num_stages(swin_model.module) == 2
+    last = stage_view(swin_model, 1)
+    assert last.layout.grid_hw == (8, 8) and last.layout.patch_hw == (8, 8) and last.map_shape == (2, 4)
+    assert any("stage 1 of stages 0…1: blocks 2…3 on a 8×8 grid of 8 px patches" in note for note in last.notes)
+    with pytest.raises(VitExplorerError, match="stage 2 is outside"):
+        stage_view(swin_model, 2)
+    loaded = load_model("timm:swin_tiny_patch4_window7_224@random", device="cpu")
+    assert loaded.layout.grid_hw == (56, 56) and loaded.map_shape == (2, 3)
+    assert stage_view(loaded, 3).layout.grid_hw == (7, 7) and stage_view(loaded, 3).map_shape == (2, 24)
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_stages_maps_and_gradients_are_its_windows_placed_on_its_grid(swin_model, stage):
+    from vit_explorer.core.capture import record_attention_gradients
+    from vit_explorer.models import stage_view
+
+    view = stage_view(swin_model, stage)
+    torch.manual_seed(6)
+    pixels = torch.randn(1, 3, 64, 64)
+    logits, maps, gradients = record_attention_gradients(view, pixels, torch.tensor([3]))
+    windowed = capture_windows(swin_model.module, TimmSwinAdapter(), pixels, target=3)
+    torch.testing.assert_close(logits[0], windowed.logits, atol=1e-5, rtol=1e-5)
+    first = 2 * stage
+    height, width = view.layout.grid_hw
+    for layer in range(2):
+        geometry = windowed.geometries[first + layer]
+        for token in range(0, height * width, 7):
+            row, col = divmod(token, width)
+            torch.testing.assert_close(maps[0, layer, :, token],
+                                       window_row(windowed.maps[first + layer], geometry, row, col).flatten(1))
+            torch.testing.assert_close(gradients[0, layer, :, token],
+                                       window_row(windowed.gradients[first + layer], geometry, row, col).flatten(1),
+                                       atol=1e-9, rtol=1e-5)
+
+
+def test_removing_a_stage_head_equals_zeroing_its_windows(swin_model):
+    from vit_explorer.methods.ablation import ablated_logits
+    from vit_explorer.models import stage_view
+
+    view = stage_view(swin_model, 1)
+    torch.manual_seed(7)
+    pixels = torch.randn(1, 3, 64, 64)
+    attention = TimmSwinAdapter().blocks(swin_model.module)[3].attn  # stage 1's second block
+
+    def without_head(_module, _inputs, output):
+        return output * (torch.arange(4) != 2).to(output.dtype)[None, :, None, None]
+
+    handle = attention.softmax.register_forward_hook(without_head)
+    try:
+        with torch.no_grad():
+            attention.fused_attn = False
+            expected = swin_model.module(pixels)
+    finally:
+        handle.remove()
+    logits = ablated_logits(view, pixels, [[], [(1, 2)]])
+    torch.testing.assert_close(logits[1:], expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(logits[0], logits[1], atol=1e-4)
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_every_class_map_of_a_stage_is_chained_across_every_stage_and_drawn_on_its_grid(swin_model, stage):
+    from conftest import photo
+
+    from vit_explorer import explain
+    from vit_explorer.core.analysis import analyze, pixels_of
+    from vit_explorer.models import stage_view
+
+    view = stage_view(swin_model, stage)
+    image = photo((64, 64), seed=8)
+    pixels = pixels_of(view, analyze(view, image, explain=False))
+    target = int(swin_model.module(pixels).argmax())
+    windowed = capture_windows(swin_model.module, TimmSwinAdapter(), pixels, target=target)
+    side = 16 >> stage
+
+    def pooled(first_stage, mean=False):
+        summed = first_stage.double().reshape(side, 16 // side, side, 16 // side).sum(dim=(1, 3))
+        return summed / (16 // side) ** 2 if mean else summed
+
+    expected = {"rollout": pooled(stage_map(windowed, "rollout")),
+                "grad-rollout": pooled(stage_map(windowed, "grad-rollout")),
+                "relevance": pooled(stage_map(windowed, "relevance")),
+                "legrad": pooled(stage_legrad(swin_model.module, TimmSwinAdapter(), pixels, target), mean=True),
+                "attnlrp": pooled(stage_attnlrp(swin_model.module, TimmSwinAdapter(), pixels, target))}
+    for method, wanted in expected.items():
+        explained = explain(image, view, method)
+        assert explained.map.shape == (side, side), method
+        torch.testing.assert_close(explained.map.double(), wanted, atol=1e-7, rtol=1e-4, msg=method)
+    with pytest.raises(VitExplorerError, match="a start layer and a discard ratio are not applied"):
+        from vit_explorer.core.maps import RolloutOptions
+
+        explain(image, view, "rollout", options=RolloutOptions(discard_ratio=0.5))
+
+
+def test_hugging_face_swin_loads_as_stages_and_explains_across_them(tmp_path):
+    from conftest import photo
+
+    from vit_explorer import explain
+    from vit_explorer.models import stage_view
+
+    module = hf_swin("swin")
+    module.save_pretrained(tmp_path / "swin")
+    model = load_model(f"hf:{tmp_path / 'swin'}", device="cpu")
+    assert model.layout.grid_hw == (16, 16) and model.map_shape == (2, 2)
+    for method in ("rollout", "grad-rollout", "relevance", "legrad", "attnlrp"):
+        explained = explain(photo((64, 64), seed=9), stage_view(model, 1), method)
+        assert explained.map.shape == (8, 8) and torch.isfinite(explained.map).all(), method
+
+
+def test_every_tab_of_the_app_opens_on_a_swin_stage(swin_model, tmp_path):
+    import gradio as gr
+    from app_support import analysed, opened
+    from conftest import photo
+
+    from vit_explorer.web.session import ModelCache
+    from vit_explorer.web.tabs import TABS
+
+    models = ModelCache()
+    models.put("swin", swin_model)
+    upload = tmp_path / "upload.png"
+    photo((64, 64), seed=10).save(upload)
+    session, outputs = analysed(models, str(upload), "swin")
+    assert "2 layers × 2 heads" in outputs["summary"] and "stage 0 of stages 0…1" in outputs["summary"]
+    for tab in TABS:
+        if tab.title == "Queries and keys":
+            with pytest.raises(gr.Error, match="attends within windows"):
+                opened(tab.title, session)
+        else:
+            views = opened(tab.title, session)  # a tab that fails raises here
+            assert set(views) == set(tab.outputs), tab.title
+
+
+def test_a_stage_is_named_by_its_spec_and_the_cache_reads_it_from_the_loaded_model(swin_model):
+    from vit_explorer.models import stage_specs
+    from vit_explorer.web.session import ModelCache, model_choices
+
+    models = ModelCache()
+    models.put("swin-test", swin_model)
+    second = models.get("swin-test#stage=1")
+    assert second.module is swin_model.module and second.name == "swin-test#stage=1" and second.layout.grid_hw == (8, 8)
+    assert stage_specs(second) == ["swin-test#stage=0", "swin-test#stage=1"]
+    assert stage_specs(load_model("builtin:shapes")) == []
+    assert model_choices("swin-test", stage_specs(swin_model))[:3] == ["swin-test", "swin-test#stage=0", "swin-test#stage=1"]
+    loaded = load_model("timm:swin_tiny_patch4_window7_224@random#stage=2", device="cpu")
+    assert loaded.name == "timm:swin_tiny_patch4_window7_224@random#stage=2" and loaded.layout.grid_hw == (14, 14)
+    with pytest.raises(VitExplorerError, match="a stage is a number"):
+        load_model("builtin:shapes#stage=last")
+    with pytest.raises(VitExplorerError, match="has one patch grid, not stages"):
+        load_model("builtin:shapes#stage=1")

@@ -22,11 +22,12 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
-from vit_explorer.core import attnlrp, decomposition, legrad, relevance
+from vit_explorer.core import attnlrp, decomposition, legrad, relevance, stage_maps
 from vit_explorer.core.capture import TOP, Captured, InputsSink, ReducingSink, RowSink, StackingSink, capture
 from vit_explorer.core.decomposition import Decomposition
 from vit_explorer.core.images import ImageSource, fit_note, load_image, model_view, to_pixels
 from vit_explorer.core.map_store import MapStore, QueriesKeys, compact_layer, map_store, stack_compact
+from vit_explorer.core.stage_rollout import WindowedAttention
 from vit_explorer.core.targets import PromptAdapter, SimilarityAdapter
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import LoadedModel
@@ -102,6 +103,8 @@ class Analysis:
     similarity: bool = False
     prompted: bool = False
     reads_text: bool = False
+    # a stage of a windowed ViT: every block's window maps, from which its class maps chain every stage (``stage_maps``)
+    stage_windows: WindowedAttention | None = field(default=None, repr=False, compare=False)
     # tensors that views derive and reuse (rollout factors, query rows, statistics), bounded
     derived: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, repr=False, compare=False)
     derived_limit: ClassVar[int] = 32
@@ -210,8 +213,19 @@ MODEL_MAP_VARIANTS: dict[str, Callable[[LoadedModel], str]] = {"legrad": legrad.
 
 def method_maps(model: LoadedModel, pixels: torch.Tensor, target: int, methods: Iterable[str]) -> dict[str, torch.Tensor]:
     """The ``MODEL_MAPS`` maps among ``methods`` for class ``target`` of one image ``pixels`` ``[1, 3, H, W]``, each
-    ``[grid_h, grid_w]`` (the others need no pass of their own and are left out)."""
-    return {method: MODEL_MAPS[method](model, pixels, target) for method in dict.fromkeys(methods) if method in MODEL_MAPS}
+    ``[grid_h, grid_w]`` (the others need no pass of their own and are left out); for a stage of a windowed ViT, chained
+    across every stage (``stage_maps``)."""
+    wanted = [method for method in dict.fromkeys(methods) if method in MODEL_MAPS]
+    if model.windowed:
+        return {method: stage_maps.stage_model_map(model, method, pixels, target) for method in wanted}
+    return {method: MODEL_MAPS[method](model, pixels, target) for method in wanted}
+
+
+def method_variant(model: LoadedModel, method: str) -> str | None:
+    """How a ``MODEL_MAPS`` method runs for ``model``'s target, in words, where that varies (``MODEL_MAP_VARIANTS``)."""
+    if method == "legrad" and model.windowed:
+        return stage_maps.legrad_variant(model)
+    return MODEL_MAP_VARIANTS[method](model) if method in MODEL_MAP_VARIANTS else None
 
 
 @dataclass(frozen=True)
@@ -238,6 +252,8 @@ class ClassEvidence:
     variants: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     decomposition: Decomposition | None = field(default=None, repr=False, compare=False)
     not_decomposable: str | None = None
+    # a stage of a windowed ViT: every block's window maps with the target's gradients (``stage_maps``)
+    stage_windows: WindowedAttention | None = field(default=None, repr=False, compare=False)
 
     @property
     def decomposition_read(self) -> bool:
@@ -275,9 +291,12 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
     index = analysis.class_index(target)
 
     def compute() -> ClassEvidence:
-        captured = capture(model, pixels_of(model, analysis), target=index, reduce_gradients=relevance.layer_evidence,
+        pixels = pixels_of(model, analysis)
+        captured = capture(model, pixels, target=index, reduce_gradients=relevance.layer_evidence,
                            graph_reader=decomposition.reading if decompose else None)
-        return ClassEvidence.from_capture(captured, analysis.label)
+        evidence = ClassEvidence.from_capture(captured, analysis.label)
+        windowed = model.windowed
+        return replace(evidence, stage_windows=stage_maps.windows_of(model, pixels, index)) if windowed else evidence
 
     kept = analysis.evidence.get(index)
     if decompose and kept is not None and not kept.decomposition_read:  # kept without it: the pass again, for it
@@ -287,8 +306,8 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
     missing = [method for method in methods if method in MODEL_MAPS and method not in evidence.method_maps]
     if missing:
         evidence.method_maps.update(method_maps(model, pixels_of(model, analysis), index, missing))
-        evidence.variants.update({method: MODEL_MAP_VARIANTS[method](model) for method in missing
-                                  if method in MODEL_MAP_VARIANTS})
+        evidence.variants.update({method: variant for method in missing
+                                  if (variant := method_variant(model, method)) is not None})
     return evidence
 
 
@@ -366,11 +385,14 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
                       layer_tokens=captured.layer_tokens[0],
                       similarity=isinstance(model.adapter, SimilarityAdapter), prompted=isinstance(model.adapter, PromptAdapter),
                       reads_text=model.text is not None)
+    if model.windowed:  # one more pass: every stage's window maps, with the top class's gradients
+        top = int(captured.logits[0].argmax()) if target is not None else None
+        result.stage_windows = stage_maps.windows_of(model, pixels, top)
     if separate and target is not None:
         class_evidence(model, result, decompose=decompose)
     elif captured.targets is not None:
         evidence = ClassEvidence.from_capture(captured, result.label)
-        result.evidence[evidence.target] = evidence
+        result.evidence[evidence.target] = replace(evidence, stage_windows=result.stage_windows)
     return result
 
 

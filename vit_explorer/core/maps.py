@@ -16,6 +16,7 @@ import torch
 from vit_explorer.core.analysis import MODEL_MAPS, Analysis, ClassEvidence, memo
 from vit_explorer.core.relevance import grad_rollout_factors, relevance_factors
 from vit_explorer.core.rollout import block_factors, rollout_rows
+from vit_explorer.core.stage_maps import chained_map
 from vit_explorer.errors import VitExplorerError
 
 GRADIENT_IMPORTANCE = "gradient importance"
@@ -126,6 +127,10 @@ def rollout_map(analysis: Analysis, query: int | None, options: RolloutOptions) 
     """The query's rollout over the patches ``[grid_h, grid_w]``. The per-layer factors ``[layers, n, n]`` are built from
     the store's blocks of rows (``rollout.block_factors``) once per options and kept, so that another query or start layer
     costs only the row's products."""
+    if query is None and analysis.stage_windows is not None:
+        return memo(analysis, ("stage rollout", options), lambda: chained_map(
+            analysis.stage_windows, "rollout", analysis.grid, options.head_fusion, options.residual_weight,
+            options.discard_ratio, options.start_layer))
     if options.head_fusion != "mean" and not analysis.store.keeps_every_head:
         raise VitExplorerError("this analysis kept only head-mean maps to stay within its memory budget, so rollout can fuse "
                                "heads by mean only; raise the memory budget for max or min")
@@ -168,6 +173,10 @@ def class_map(analysis: Analysis, method: str, evidence: ClassEvidence | None, o
                                    f"{analysis.label(evidence.target)!r}: ask for it first, class_evidence(model, analysis, "
                                    f"target, methods=({method!r},))")
         return evidence.method_maps[method]
+    if evidence.stage_windows is not None:
+        return memo(analysis, ("stage map", method, evidence.target, options), lambda: chained_map(
+            evidence.stage_windows, method, analysis.grid, "mean", options.residual_weight, options.discard_ratio,
+            options.start_layer))
     weighted = evidence.weighted
     if method == "relevance":
         factors = memo(analysis, ("relevance_factors", evidence.target), lambda: relevance_factors(weighted))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vit_explorer.core.rollout import fused_rows
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.swin_adapter import WindowAdapter
 from vit_explorer.models.window_layout import WindowGeometry
@@ -109,12 +110,14 @@ def through_merge(weights: torch.Tensor, finer_hw: tuple[int, int]) -> torch.Ten
     return weights.repeat_interleave(2, dim=0).repeat_interleave(2, dim=1) / 4.0
 
 
-def block_factors(windowed: WindowedAttention, method: str, residual_weight: float = 0.5) -> list[torch.Tensor]:
-    """Each block's factor for ``method`` (``STAGE_METHODS``) ``[windows, area, area]``."""
+def block_factors(windowed: WindowedAttention, method: str, residual_weight: float = 0.5,
+                  head_fusion: str = "mean") -> list[torch.Tensor]:
+    """Each block's factor for ``method`` (``STAGE_METHODS``) ``[windows, area, area]``; rollout fuses the heads by
+    ``head_fusion`` (``rollout.HEAD_FUSIONS``), the gradient-weighted chains by the mean, as for a plain ViT."""
     if method not in STAGE_METHODS:
         raise VitExplorerError(f"unknown stage method {method!r}; use one of {', '.join(STAGE_METHODS)}")
     if method == "rollout":
-        return [rollout_factor(maps.mean(dim=0), residual_weight) for maps in windowed.maps]
+        return [rollout_factor(fused_rows(maps, head_fusion), residual_weight) for maps in windowed.maps]
     if windowed.gradients is None:
         raise VitExplorerError(f"{method} explains a class: capture the maps with a target")
     weighted = [(grad * maps).clamp_min(0.0).mean(dim=0) for maps, grad in zip(windowed.maps, windowed.gradients, strict=True)]
@@ -123,10 +126,11 @@ def block_factors(windowed: WindowedAttention, method: str, residual_weight: flo
     return [mean + torch.eye(mean.shape[-1], dtype=mean.dtype) for mean in weighted]
 
 
-def stage_map(windowed: WindowedAttention, method: str = "rollout", residual_weight: float = 0.5) -> torch.Tensor:
+def stage_map(windowed: WindowedAttention, method: str = "rollout", residual_weight: float = 0.5,
+              head_fusion: str = "mean") -> torch.Tensor:
     """What the average pool draws on, chained through every block and merge down to the first stage's grid
     ``[H₀, W₀]`` (float64, non-negative) for ``method`` (``STAGE_METHODS``)."""
-    factors = block_factors(windowed, method, residual_weight)
+    factors = block_factors(windowed, method, residual_weight, head_fusion)
     last = windowed.geometries[-1].grid_hw
     weights = torch.full(last, 1.0 / (last[0] * last[1]), dtype=torch.float64)
     for factor, geometry in zip(reversed(factors), reversed(windowed.geometries), strict=True):

@@ -8,6 +8,7 @@ to a ``.safetensors``/``.pt`` checkpoint of a vit-pytorch ViT with its config.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,11 +20,13 @@ from vit_explorer.models.cait_adapter import CaitAdapter
 from vit_explorer.models.hf_adapter import HFAdapter
 from vit_explorer.models.hf_clip_adapter import HFTowerAdapter
 from vit_explorer.models.open_clip_adapter import OpenClipAdapter
+from vit_explorer.models.swin_adapter import StageAdapter
 from vit_explorer.models.timm_adapter import TimmAdapter
 from vit_explorer.models.vit_pytorch import VitPytorchAdapter
 
 DEFAULT_MODEL = "builtin:shapes"
-ADAPTERS: list[type[CaptureAdapter]] = [VitPytorchAdapter, TimmAdapter, CaitAdapter, HFAdapter, HFTowerAdapter, OpenClipAdapter]
+ADAPTERS: list[type[CaptureAdapter]] = [VitPytorchAdapter, TimmAdapter, CaitAdapter, StageAdapter, HFAdapter, HFTowerAdapter,
+                                        OpenClipAdapter]
 CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin"}
 
 
@@ -35,6 +38,28 @@ def adapter_for(module: nn.Module) -> CaptureAdapter:
     raise VitExplorerError(f"vit_explorer does not know how to capture attention from a {type(module).__name__}")
 
 
+STAGE_MARK = "#stage="  # ``SPEC#stage=K``: stage K of a model with stages (a Swin's grids); without it, stage 0
+
+
+def stage_view(model: LoadedModel, stage: int) -> LoadedModel:
+    """``model`` read at stage ``stage`` (``CaptureAdapter.num_stages``: a Swin's grids), named ``SPEC#stage=K``: the
+    same module, that stage's layers, heads and grid."""
+    adapter = model.adapter.at_stage(model.module, stage)
+    if adapter is model.adapter:
+        return model
+    notes = [note for note in model.notes if note not in model.adapter.family_notes(model.module)]
+    return replace(model, adapter=adapter, layout=adapter.layout(model.module, model.preprocess.input_hw),
+                   name=f"{model.name.partition(STAGE_MARK)[0]}{STAGE_MARK}{stage}",
+                   notes=adapter.family_notes(model.module) + notes)
+
+
+def stage_specs(model: LoadedModel) -> list[str]:
+    """The spec of each stage of ``model`` (``SPEC#stage=K``); none for a model with one grid."""
+    stages = model.adapter.num_stages(model.module)
+    base = model.name.partition(STAGE_MARK)[0]
+    return [f"{base}{STAGE_MARK}{stage}" for stage in range(stages)] if stages > 1 else []
+
+
 def default_device() -> torch.device:
     """The GPU when there is one (maps come back to the CPU once per analysis), else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -43,12 +68,12 @@ def default_device() -> torch.device:
 def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = None,
                device: str | torch.device | None = None) -> LoadedModel:
     """Load a model by spec onto ``device`` (default: ``default_device()``); ``input_hw`` asks for
-    another input size where the family allows it."""
+    another input size where the family allows it. ``SPEC#stage=K`` reads stage K of a model with stages (a Swin)."""
     from vit_explorer.models.builtin import load_builtin
     from vit_explorer.models.checkpoint import load_vit_checkpoint
     from vit_explorer.models.hf_loading import load_hf
     from vit_explorer.models.open_clip_adapter import load_open_clip
-    from vit_explorer.models.timm_adapter import load_timm
+    from vit_explorer.models.timm_loading import load_timm
 
     try:
         target = torch.device(device) if device is not None else default_device()
@@ -56,6 +81,11 @@ def load_model(spec: str = DEFAULT_MODEL, input_hw: tuple[int, int] | None = Non
         raise VitExplorerError(f"unknown device {device!r}: {error}") from None
     if target.type == "cuda" and not torch.cuda.is_available():
         raise VitExplorerError(f"device {device!r} was asked for, but torch sees no CUDA GPU here; use --device cpu")
+    base, marked, stage = spec.partition(STAGE_MARK)
+    if marked:
+        if not stage.isdigit():
+            raise VitExplorerError(f"{spec!r}: a stage is a number, as in {base}{STAGE_MARK}1")
+        return stage_view(load_model(base, input_hw, device), int(stage))
     prefix, _, rest = spec.partition(":")
     if prefix == "builtin" and rest:
         loaded = fixed_size(load_builtin(rest), input_hw)
@@ -86,4 +116,5 @@ def fixed_size(loaded: LoadedModel, input_hw: tuple[int, int] | None) -> LoadedM
     return loaded
 
 
-__all__ = ["DEFAULT_MODEL", "CaptureAdapter", "LoadedModel", "Preprocess", "adapter_for", "default_device", "load_model"]
+__all__ = ["DEFAULT_MODEL", "CaptureAdapter", "LoadedModel", "Preprocess", "adapter_for", "default_device", "load_model",
+           "stage_view"]

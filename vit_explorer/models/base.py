@@ -110,6 +110,21 @@ class CaptureAdapter(ABC):
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         """One module per transformer layer, in layer order, holding all of that layer's parameters."""
 
+    def window_adapter(self, module: nn.Module) -> Any:
+        """For a stage of a windowed ViT (a Swin), the adapter of the whole model (``swin_adapter.WindowAdapter``), whose
+        methods chain every stage; None for a model with one grid."""
+        return None
+
+    def num_stages(self, module: nn.Module) -> int:
+        """How many stages, each with a grid of its own, ``module`` has (a Swin's four); 1 for a plain ViT."""
+        return 1
+
+    def at_stage(self, module: nn.Module, stage: int) -> CaptureAdapter:
+        """The adapter that reads stage ``stage`` of ``module`` (``num_stages``); a plain ViT's one stage is itself."""
+        if stage != 0:
+            raise VitExplorerError(f"{type(module).__name__} has one patch grid, not stages: there is no stage {stage}")
+        return self
+
     def family_notes(self, module: nn.Module) -> list[str]:
         """What a user should know about how this family's maps are laid out, shown with the model (default: nothing)."""
         return []
@@ -349,6 +364,11 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
+
+    @property
+    def windowed(self) -> bool:
+        """Whether this reads a stage of a windowed ViT (a Swin), whose class maps chain every stage (``core.stage_maps``)."""
+        return self.adapter.window_adapter(self.module) is not None
 
     @property
     def forward_flops(self) -> float:

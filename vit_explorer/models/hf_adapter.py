@@ -275,14 +275,14 @@ def preprocess_from(module: nn.Module, source: str | None) -> Preprocess:
 
 
 def from_hf_module(module: nn.Module, name: str, source: str | None = None, input_hw: tuple[int, int] | None = None,
-                   adapter: HFAdapter | None = None) -> LoadedModel:
-    """A ``LoadedModel`` around a built transformers model (through ``adapter``, default ``HFAdapter``); labels from
-    ``config.id2label``."""
+                   adapter: CaptureAdapter | None = None) -> LoadedModel:
+    """A ``LoadedModel`` around a built transformers model (through ``adapter``, default ``HFAdapter``; a Swin's is a
+    ``swin_adapter.StageAdapter``); labels from ``config.id2label``."""
     adapter = adapter or HFAdapter()
     if not adapter.matches(module):
         raise VitExplorerError(unreadable(name, type(module).__name__, "the Hugging Face ViTs of types "
                                                                        f"{', '.join(sorted(MODEL_TYPES))}, "
-                                          "CLIP and SigLIP (timm:NAME@FILE reads more families)"))
+                                          "CLIP, SigLIP, Swin and Swin V2 (timm:NAME@FILE reads more families)"))
     module.eval()
     preprocess = preprocess_from(module, source)
     if input_hw is not None:
@@ -295,6 +295,6 @@ def from_hf_module(module: nn.Module, name: str, source: str | None = None, inpu
     trained = adapter.layout(module, preprocess_from(module, None).input_hw).grid_hw  # the config's image size
     resampled = (f"position embedding resampled by transformers from its {trained[1]}×{trained[0]} grid to {layout.grid_hw[1]}×"
                  f"{layout.grid_hw[0]} on every pass (interpolate_pos_encoding): the maps are not the model's at its own grid")
-    notes = [] if trained == layout.grid_hw else [resampled]
+    notes = adapter.family_notes(module) + ([] if trained == layout.grid_hw else [resampled])
     return LoadedModel(module=module, name=name, preprocess=preprocess, layout=layout, adapter=adapter, labels=labels,
                        notes=notes)

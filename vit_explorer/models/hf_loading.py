@@ -15,6 +15,7 @@ from vit_explorer.models.base import HEAD_TOO, LoadedModel, listed
 from vit_explorer.models.hf_adapter import from_hf_module, require_transformers
 from vit_explorer.models.hf_clip_adapter import FULL_TYPES, from_hf_clip
 from vit_explorer.models.hub import load_cached_or_fetch
+from vit_explorer.models.swin_adapter import StageAdapter
 
 RANDOM_SUFFIX = "@random"  # ``hf:CONFIG_FOLDER@random``: the architecture of a config with random weights
 
@@ -115,7 +116,8 @@ def load_hf(source: str, input_hw: tuple[int, int] | None = None) -> LoadedModel
             except ValueError as error:  # not a model this Auto class knows: try the bare backbone
                 last_error = error
                 continue
-            loaded = from_hf_module(module, f"hf:{source}", where, input_hw)
+            loaded = from_hf_module(module, f"hf:{source}", where, input_hw,
+                                    StageAdapter() if StageAdapter.matches(module) else None)
             loaded.random_weights = random_weights
             loaded.notes = notes + loaded.notes  # what the weights lack first, then how they are run
             return loaded

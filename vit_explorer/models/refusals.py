@@ -12,8 +12,8 @@ import re
 # (pattern on the lower-cased class name, the family's name, why it is not read); the first match wins, so a name that
 # holds another's (MultiScaleVit and MobileViT hold LeViT) comes first
 FAMILY_REASONS: tuple[tuple[str, str, str], ...] = (
-    (r"swin", "Swin", "which attends within shifted windows on four grids that halve from stage to stage (56 × 56 to 7 × 7 "
-                      "patches at 224 px), a layout the maps are not yet drawn on"),
+    (r"swin", "Swin", "in a variant whose blocks are not the ones read (timm's SwinTransformer and SwinTransformerV2, "
+                      "Hugging Face's Swin and Swin V2)"),
     (r"xcit", "XCiT", "whose attention is over channels, not tokens: there is no patch-to-patch map to show"),
     (r"mobilevit|byob", "MobileViT", "which attends over unfolded convolutional features, not image patches"),
     (r"multiscale|mvit", "MViT", "which pools its queries and keys, so that a map runs between grids of different sizes"),

@@ -17,16 +17,17 @@ An edit of the maps (AttnLRP holds them constant) replaces them where they are c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.base import layer_norms_of
+from vit_explorer.models.base import CaptureAdapter, layer_norms_of
 from vit_explorer.models.hf_adapter import (
     EDITED,
     _edits,
@@ -35,6 +36,7 @@ from vit_explorer.models.hf_adapter import (
     require_transformers,
     transformers_activations,
 )
+from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.timm_adapter import timm_activations
 from vit_explorer.models.window_layout import WindowGeometry
 
@@ -83,8 +85,16 @@ class WindowAdapter(ABC):
         """The input size the model was built for (its windows and masks are fixed by it)."""
 
     @abstractmethod
+    def num_classes(self, module: nn.Module) -> int:
+        """How many class scores ``module`` gives; 0 for a backbone."""
+
+    @abstractmethod
     def block_stream(self, output: Any) -> torch.Tensor:
         """The stream after a block ``[b, H·W, C]`` (its stage's tokens row by row), from the block's forward output."""
+
+    @abstractmethod
+    def final_norm(self, module: nn.Module) -> nn.Module:
+        """The norm the last stage's output goes through."""
 
     @abstractmethod
     def readout(self, module: nn.Module, stream: torch.Tensor) -> torch.Tensor:
@@ -98,6 +108,10 @@ class WindowAdapter(ABC):
     def stage_of_blocks(self, module: nn.Module) -> list[int]:
         """The stage of each block (``blocks``' order)."""
         return [index for index, stage in enumerate(self.stages(module)) for _ in stage]
+
+    @abstractmethod
+    def heads(self, module: nn.Module) -> list[int]:
+        """The heads of each block (``blocks``' order)."""
 
     def geometries(self, module: nn.Module) -> list[WindowGeometry]:
         """Each block's windows on its stage's grid (``blocks``' order): each patch merging halves the grid."""
@@ -163,6 +177,9 @@ class TimmSwinAdapter(WindowAdapter):
     def first_grid(self, module: nn.Module) -> tuple[tuple[int, int], tuple[int, int]]:
         return tuple(module.patch_embed.grid_size), tuple(module.patch_embed.patch_size)
 
+    def heads(self, module: nn.Module) -> list[int]:
+        return [block.attn.num_heads for block in self.blocks(module)]
+
     def block_window(self, block: nn.Module, grid_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
         return tuple(block.window_size), tuple(block.shift_size)  # timm sets both for the grid it was built for
 
@@ -187,8 +204,14 @@ class TimmSwinAdapter(WindowAdapter):
     def input_hw(self, module: nn.Module) -> tuple[int, int]:
         return tuple(module.patch_embed.img_size)
 
+    def num_classes(self, module: nn.Module) -> int:
+        return int(module.num_classes)
+
     def block_stream(self, output: torch.Tensor) -> torch.Tensor:
         return output.flatten(1, 2)  # timm's blocks keep the grid: [b, H, W, C]
+
+    def final_norm(self, module: nn.Module) -> nn.Module:
+        return module.norm
 
     def readout(self, module: nn.Module, stream: torch.Tensor) -> torch.Tensor:
         side = self.geometries(module)[-1].grid_hw
@@ -216,6 +239,9 @@ class HFSwinAdapter(WindowAdapter):
         patch = module.config.patch_size
         patch_hw = (patch, patch) if isinstance(patch, int) else tuple(patch)
         return tuple(self.backbone(module).embeddings.patch_grid), patch_hw
+
+    def heads(self, module: nn.Module) -> list[int]:
+        return [heads for heads, stage in zip(module.config.num_heads, self.stages(module), strict=True) for _ in stage]
 
     def block_window(self, block: nn.Module, grid_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
         # the layer's own clamp (``set_shift_and_window_size``): a grid no larger than the window is one window, unshifted
@@ -249,8 +275,14 @@ class HFSwinAdapter(WindowAdapter):
         size = module.config.image_size
         return (size, size) if isinstance(size, int) else tuple(size)
 
+    def num_classes(self, module: nn.Module) -> int:
+        return int(module.config.num_labels) if getattr(module, "classifier", None) is not None else 0
+
     def block_stream(self, output: tuple) -> torch.Tensor:
         return output[0]
+
+    def final_norm(self, module: nn.Module) -> nn.Module:
+        return self.backbone(module).layernorm
 
     def readout(self, module: nn.Module, stream: torch.Tensor) -> torch.Tensor:
         classifier = getattr(module, "classifier", None)
@@ -276,3 +308,148 @@ def window_adapter_for(module: nn.Module) -> WindowAdapter:
             return adapter()
     raise VitExplorerError(f"{type(module).__name__} is not a Swin that vit_explorer reads: it reads timm's and Hugging "
                            "Face's Swin and Swin V2")
+
+
+class StageAdapter(CaptureAdapter):
+    """One stage of a windowed ViT, read as a plain ViT without prefix tokens: the stage's blocks are the layers, its
+    grid the tokens, and each block's map the dense ``[b, heads, n, n]`` its windows make on that grid (zero between
+    tokens of different windows), placed from the window maps as they are caught and taken apart again after any edit,
+    so that every view, statistic and edit of a plain ViT reads a stage. A map's gradient flows through the placement.
+
+    What needs the model's read-out (the final norm, average pool and head: LeGrad's per-layer read-out, a backbone's
+    embedding) takes the last stage's width only; an earlier stage's tokens are standardised for the token views instead
+    (``final_tokens``). The methods that chain across stages are ``core.stage_rollout``'s and ``core.stage_attribution``'s.
+    """
+
+    def __init__(self, windows: WindowAdapter | None = None, stage: int = 0) -> None:
+        self.windows = windows
+        self.stage = stage
+
+    @classmethod
+    def matches(cls, module: nn.Module) -> bool:
+        return any(kind.matches(module) for kind in WINDOW_ADAPTERS)
+
+    def window_adapter(self, module: nn.Module) -> WindowAdapter:
+        if self.windows is None:
+            self.windows = window_adapter_for(module)
+        return self.windows
+
+    def stage_blocks(self, module: nn.Module) -> list[int]:
+        """The indices (among every block) of this stage's blocks."""
+        stages = self.window_adapter(module).stage_of_blocks(module)
+        if not 0 <= self.stage <= stages[-1]:
+            raise VitExplorerError(f"stage {self.stage} is outside this Swin's stages 0…{stages[-1]}")
+        return [block for block, stage in enumerate(stages) if stage == self.stage]
+
+    def geometry(self, module: nn.Module, layer: int = 0) -> WindowGeometry:
+        return self.window_adapter(module).geometries(module)[self.stage_blocks(module)[layer]]
+
+    def num_stages(self, module: nn.Module) -> int:
+        return self.window_adapter(module).stage_of_blocks(module)[-1] + 1
+
+    def at_stage(self, module: nn.Module, stage: int) -> StageAdapter:
+        if not 0 <= stage < self.num_stages(module):
+            raise VitExplorerError(f"stage {stage} is outside this Swin's stages 0…{self.num_stages(module) - 1}")
+        return StageAdapter(self.window_adapter(module), stage)
+
+    def is_last_stage(self, module: nn.Module) -> bool:
+        return self.stage == self.window_adapter(module).stage_of_blocks(module)[-1]
+
+    def family_notes(self, module: nn.Module) -> list[str]:
+        windows = self.window_adapter(module)
+        geometry, stages = self.geometry(module), windows.stage_of_blocks(module)
+        blocks = self.stage_blocks(module)
+        return [f"Swin, stage {self.stage} of stages 0…{stages[-1]}: blocks {blocks[0]}…{blocks[-1]} on a "
+                f"{geometry.grid_hw[0]}×{geometry.grid_hw[1]} grid of {geometry.patch_hw[0]} px patches, each attending "
+                f"within {geometry.window_hw[0]}×{geometry.window_hw[1]} windows (every other block's shifted by "
+                f"{max(g.shift_hw[0] for g in windows.geometries(module)[blocks[0]:blocks[-1] + 1])}); the class maps "
+                "chain every stage"]
+
+    def recorded_inputs(self, module: nn.Module, record: Callable) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        raise VitExplorerError("a Swin block attends within windows, with a relative-position bias and the shifted "
+                               "windows' mask: its map over the stage is not a softmax of its queries against every key, "
+                               "so it is captured whole")
+
+    def layout(self, module: nn.Module, input_hw: tuple[int, int]) -> TokenLayout:
+        self.window_adapter(module).check_input_hw(module, input_hw)
+        geometry = self.geometry(module)
+        return TokenLayout(prefix_names=(), grid_hw=geometry.grid_hw, patch_hw=geometry.patch_hw)
+
+    def map_shape(self, module: nn.Module) -> tuple[int, int]:
+        blocks = self.stage_blocks(module)
+        return len(blocks), self.window_adapter(module).heads(module)[blocks[0]]
+
+    def num_classes(self, module: nn.Module) -> int:
+        return self.window_adapter(module).num_classes(module)
+
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        every = self.window_adapter(module).blocks(module)
+        return [every[block] for block in self.stage_blocks(module)]
+
+    def residual_after(self, inputs: tuple, output: Any) -> torch.Tensor:
+        return self.windows.block_stream(output)
+
+    def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        return self.window_adapter(module).logits(module, pixels)
+
+    def token_order(self, module: nn.Module, layer: int) -> torch.Tensor:
+        """The grid index of each window position of layer ``layer`` ``[windows, area]``."""
+        geometry = self.geometry(module, layer)
+        return geometry.to_windows(torch.arange(geometry.grid_hw[0] * geometry.grid_hw[1]).reshape(geometry.grid_hw))
+
+    @contextmanager
+    def edited(self, module: nn.Module,
+               edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        windows = self.window_adapter(module)
+        layer_of = {block: layer for layer, block in enumerate(self.stage_blocks(module))}
+        n = self.geometry(module).grid_hw[0] * self.geometry(module).grid_hw[1]
+
+        def edit(block: int, maps: torch.Tensor) -> torch.Tensor | None:
+            layer = layer_of.get(block)
+            if layer not in edits:
+                return None
+            order = self.token_order(module, layer).to(maps.device)
+            pairs = (order[:, :, None] * n + order[:, None, :]).flatten()  # [windows · area · area] in the dense map
+            images = maps.shape[0] // order.shape[0]
+            by_window = windows.by_window(maps, images)  # [b, heads, windows, area, area]
+            dense = by_window.new_zeros(*by_window.shape[:2], n * n).index_copy(-1, pairs, by_window.flatten(2))
+            edited = edits[layer](dense.view(*by_window.shape[:2], n, n))  # [b, heads, n, n]
+            back = edited.flatten(2)[..., pairs].view(by_window.shape)
+            return back.transpose(1, 2).reshape(maps.shape)
+
+        with windows.softmax_hooks(module, edit):
+            yield partial(self.logits, module)
+
+    @contextmanager
+    def attached(self, module: nn.Module,
+                 sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        def store(layer: int, attention: torch.Tensor) -> torch.Tensor:
+            sink[layer] = attention
+            return attention
+
+        with self.edited(module, {layer: partial(store, layer) for layer in range(self.map_shape(module)[0])}) as forward:
+            yield forward
+
+    def readout_only(self, module: nn.Module, what: str) -> None:
+        if not self.is_last_stage(module):
+            raise VitExplorerError(f"{what} reads a block's stream through Swin's final norm and head, whose width only the "
+                                   f"last stage has: choose stage {self.window_adapter(module).stage_of_blocks(module)[-1]}")
+
+    def classify(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        self.readout_only(module, "this view")
+        return self.window_adapter(module).readout(module, hidden)
+
+    def final_tokens(self, module: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        if self.is_last_stage(module):
+            return self.window_adapter(module).final_norm(module)(hidden)
+        return F.layer_norm(hidden, hidden.shape[-1:])  # no final norm takes this width: each token standardised
+
+    def pool(self, module: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        self.readout_only(module, "an image's embedding")
+        return tokens.mean(dim=1)  # Swin's average pool
+
+    def layer_norms(self, module: nn.Module) -> list[nn.Module]:
+        return self.window_adapter(module).layer_norms(module)
+
+    def activations(self, module: nn.Module) -> list[nn.Module]:
+        return self.window_adapter(module).activations(module)

@@ -26,7 +26,7 @@ from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET
 from vit_explorer.core.register_neurons import RegisterNeurons
 from vit_explorer.draw import render
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models import DEFAULT_MODEL
+from vit_explorer.models import DEFAULT_MODEL, stage_specs
 from vit_explorer.models.builtin import EXAMPLES
 from vit_explorer.shapes.generator import example_class
 from vit_explorer.web import quick_answer
@@ -73,7 +73,7 @@ button[role="tab"] {{ padding: 0 10px; }}"""
 NORMALISATIONS = ("per tile", "shared")
 
 
-def model_panel(model_spec: str, reads_text: bool, upload: gr.Image) -> dict:
+def model_panel(model_spec: str, reads_text: bool, upload: gr.Image, stages: list[str] | None = None) -> dict:
     """Above the tabs: the model and its fit, folded once chosen (``wire``), and the summary under it; beside them the
     target, in sight from every tab, and the text prompts of a model with a text tower (``reads_text``), folded once
     submitted; under both the examples and the view controls side by side (an example goes to ``upload``). At 1280 × 800 a
@@ -82,8 +82,9 @@ def model_panel(model_spec: str, reads_text: bool, upload: gr.Image) -> dict:
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=300):
             with gr.Accordion("Model and fit", open=True, elem_id="model-panel") as model_panel, gr.Row():
-                model = gr.Dropdown(model_choices(model_spec), value=model_spec, allow_custom_value=True, label="Model",
-                                    info="built-in, timm:NAME, hf:REPO or a checkpoint file", scale=3)
+                model = gr.Dropdown(model_choices(model_spec, stages), value=model_spec, allow_custom_value=True,
+                                    label="Model", info="built-in, timm:NAME, hf:REPO or a checkpoint file; a Swin's "
+                                                        "stages as SPEC#stage=K", scale=3)
                 fit = gr.Radio([("stretch", "stretch"), ("pad to square", "pad")], value="stretch",
                                label="Fit to the model's input",
                                info="for images of other proportions", scale=2, min_width=220)
@@ -120,6 +121,14 @@ def reads_text(models: ModelCache, spec: str) -> bool:
         return models.get(spec).text is not None
     except VitExplorerError:
         return False
+
+
+def stages_of(models: ModelCache, spec: str) -> list[str]:
+    """The spec of each stage of the model of ``spec`` (``models.stage_specs``); none where it cannot be loaded."""
+    try:
+        return stage_specs(models.get(spec))
+    except VitExplorerError:
+        return []
 
 
 def hard_cases_note(paths: list[Path]) -> str:
@@ -214,7 +223,7 @@ def build_demo(model_spec: str = DEFAULT_MODEL, models: ModelCache | None = None
                                             elem_id="upload")
                 ui.update(query_panel())
             with gr.Column(scale=5):
-                ui.update(model_panel(model_spec, reads_text(models, model_spec), ui["upload"]))
+                ui.update(model_panel(model_spec, reads_text(models, model_spec), ui["upload"], stages_of(models, model_spec)))
                 with gr.Tabs(overflow_behavior="wrap"):  # every tab in sight, in two rows on a narrow screen
                     containers = {}
                     for tab in TABS:

@@ -18,7 +18,7 @@ from vit_explorer.core import maps
 from vit_explorer.core.analysis import DEFAULT_MEMORY_BUDGET, Analysis, ClassEvidence
 from vit_explorer.core.comparison import Comparison
 from vit_explorer.core.register_neurons import RegisterNeurons
-from vit_explorer.models import LoadedModel, load_model
+from vit_explorer.models import STAGE_MARK, LoadedModel, load_model, stage_view
 from vit_explorer.models.builtin import builtin_names
 from vit_explorer.run import registered
 
@@ -47,11 +47,14 @@ class ModelCache:
                 self._models.popitem(last=False)
 
     def get(self, spec: str) -> LoadedModel:
+        base, marked, stage = spec.partition(STAGE_MARK)
         with self._lock:
             if spec in self._models:
                 self._models.move_to_end(spec)
                 return self._models[spec]
-            model = load_model(spec, input_hw=self.input_hw)
+            # another stage of a loaded model shares its module
+            model = (stage_view(self._models[base], int(stage)) if marked and base in self._models and stage.isdigit()
+                     else load_model(spec, input_hw=self.input_hw))
         self.put(spec, model)
         return model
 
@@ -244,8 +247,9 @@ CURATED_OPEN_CLIP = ("ViT-B-32@laion2b_s34b_b79k",)  # with its text tower: prom
 CURATED_TIMM_RANDOM = ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "vit_small_patch14_reg4_dinov2")
 
 
-def model_choices(initial: str) -> list[str]:
-    """The built-in models, then well-known hub models for the families whose package is installed."""
+def model_choices(initial: str, stages: list[str] | None = None) -> list[str]:
+    """The built-in models, then well-known hub models for the families whose package is installed; a model with stages
+    (a Swin) is offered at each of them (``stages``: ``models.stage_specs``), after the model chosen."""
     from importlib.util import find_spec
 
     names = [f"builtin:{name}" for name in builtin_names()]
@@ -256,6 +260,7 @@ def model_choices(initial: str) -> list[str]:
         names += [f"hf:{name}" for name in CURATED_HF]
     if find_spec("open_clip") is not None:
         names += [f"open_clip:{name}" for name in CURATED_OPEN_CLIP]
-    return names if initial in names else [initial, *names]
+    chosen = [name for name in dict.fromkeys([initial, *(stages or [])]) if name not in names]
+    return chosen + names
 
 

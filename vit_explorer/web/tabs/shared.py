@@ -16,7 +16,7 @@ from vit_explorer.core import maps
 from vit_explorer.core.targets import Target, prompted
 from vit_explorer.draw import pictures
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models import LoadedModel
+from vit_explorer.models import LoadedModel, stage_specs
 from vit_explorer.web.captions import (
     MEAN_PATCHES,
     model_summary,
@@ -26,7 +26,7 @@ from vit_explorer.web.captions import (
     target_choices,
     top_predictions,
 )
-from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, new_session
+from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, model_choices, new_session
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import Tab, in_order, refresh, require, unchanged, user_errors
 
@@ -263,14 +263,15 @@ def on_model_change(models: ModelCache, spec: str, current: str, upload: str | N
     if progress is not None:
         progress((0, 2), desc=f"loading {spec} (a hub model downloads once)", unit="step")
     try:
-        models.get(spec)
+        model = models.get(spec)
     except VitExplorerError as error:
         gr.Warning(f"{error} — still using {current}.")
         unchanged_views = in_order({"state": session, **unchanged(FULL_OUTPUTS[1:])}, FULL_OUTPUTS)
         return (current, gr.update(value=current), *unchanged_views)
     if progress is not None:
         progress((1, 2), desc="analysing the image", unit="step")
-    return (spec, gr.update(), *run_analysis(models, upload, spec, visible, *control_values))
+    choices = gr.update(choices=model_choices(spec, stage_specs(model)))  # a Swin's stages offered beside it
+    return (spec, choices, *run_analysis(models, upload, spec, visible, *control_values))
 
 
 @user_errors
