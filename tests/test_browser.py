@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CLI_MODEL, flag_all_calibration, photo, write_checkpoint, write_stats_folder
+from PIL import Image
 from serving import (
     chromium_page,
     click_natural,
@@ -719,4 +720,53 @@ def test_the_test_time_register_tab_shows_the_planted_spot_gone_in_chromium(tmp_
         assert page.locator("#register-board-text").inner_text().count("Scoreboard for") == 2
         assert not scrolls_sideways(page)
         page.screenshot(path=str(OUTPUT / "1280x1000-test-time-register.png"), full_page=True)
+        assert errors == []
+
+
+@pytest.mark.timm
+def test_a_swin_in_the_page_its_stage_grids_a_clicked_patchs_windows_and_the_rollout_across_stages(tmp_path):
+    """A random-weight Swin-T at 224 px: the first stage's 56 × 56 grid of 4 px patches, a clicked patch's row in each
+    block and head (its 7 × 7 window; the second block's is shifted by 3 patches), the rollout chained across the four
+    stages, and stage 2 (14 × 14 patches of 16 px) chosen from the model menu."""
+    pytest.importorskip("timm")
+    from skimage import data as skimage_data
+
+    upload = tmp_path / "chelsea.png"
+    Image.fromarray(skimage_data.chelsea()).crop((60, 0, 360, 300)).resize((224, 224)).save(upload)
+    spec = "timm:swin_tiny_patch4_window7_224@random"
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with running_server(spec, tmp_path / "server.log") as (url, _), chromium_page(1280, 900) as (page, errors):
+        open_and_upload(page, url, upload, timeout_ms=180_000)
+        prediction = page.locator("#top5").inner_text()
+        summary = page.locator("#summary").text_content()  # its details are folded
+        assert "2 layers × 3 heads" in summary and "56×56 patches of 4×4 px" in summary
+        assert "stage 0 of stages 0…3" in summary
+        page.screenshot(path=str(OUTPUT / "1280x900-swin-overview.png"), full_page=True)
+        open_tab(page, "Layers × heads")
+        page.wait_for_selector("#grid img", timeout=60_000)
+        query_before = image_bytes(page, "query-image")
+        click_natural(page, "query-image", 5.5 * 320 / 56, 5.5 * 320 / 56)  # patch (5, 5) of the 56 × 56 in the 320 px view
+        wait_for_change(page, "query-image", query_before)
+        page.locator("#query-caption >> text=patch at row 5, col 5").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)  # the grid follows the query
+        page.screenshot(path=str(OUTPUT / "1280x900-swin-clicked-window.png"), full_page=True)
+        open_tab(page, "Class maps")
+        page.wait_for_selector("#class-view img", timeout=120_000)
+        page.get_by_label("attention rollout", exact=True).check()
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(OUTPUT / "1280x900-swin-rollout.png"), full_page=True)
+        page.get_by_text("Model and fit").click()  # folded once an image is analysed
+        model = page.get_by_label("Model")
+        model.fill(f"{spec}#stage=2")
+        model.press("Enter")
+        page.wait_for_function("() => document.querySelector('#summary').textContent.includes('stage 2 of stages 0…3')",
+                               timeout=180_000)
+        assert "14×14 patches of 16×16 px" in page.locator("#summary").text_content()
+        # the stage is a view of the model loaded, not another random draw: the same prediction
+        assert page.locator("#top5").inner_text() == prediction, (tmp_path / "server.log").read_text()[-3000:]
+        open_tab(page, "Layers × heads")
+        page.wait_for_selector("#grid img", timeout=60_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(OUTPUT / "1280x900-swin-stage-2.png"), full_page=True)
+        assert not scrolls_sideways(page)
         assert errors == []

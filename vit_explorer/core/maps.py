@@ -53,6 +53,14 @@ def query_name(analysis: Analysis, query: int | None) -> str:
     return "mean of patch queries" if query is None else analysis.layout.token_name(query)
 
 
+def rollout_name(analysis: Analysis, query: int | None) -> str:
+    """What ``rollout_map`` follows for ``query``, in words: for a stage of a windowed ViT and no query, the model's
+    average pool chained through every stage."""
+    if query is None and analysis.stage_windows is not None:
+        return "the average pool, through every stage"
+    return query_name(analysis, query)
+
+
 def query_vector(analysis: Analysis, query: int | None) -> torch.Tensor:
     """Weights over query tokens ``[n]``: one-hot, or uniform over patches for None."""
     layout = analysis.layout

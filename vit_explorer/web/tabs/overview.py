@@ -29,7 +29,8 @@ def render(session: Session, controls: Controls) -> dict:
     last = maps.attention_map(analysis, query, analysis.map_shape[0] - 1, None)
     return {
         "overview_rollout": pictures.map_picture(analysis, rollout, cmap=controls.cmap, overlay=True, query=query,
-                                                 unit=f"rollout weight of {name}", scale=controls.colour_scale),
+                                                 unit=f"rollout weight of {maps.rollout_name(analysis, query)}",
+                                                 scale=controls.colour_scale),
         "overview_last": pictures.map_picture(analysis, last, cmap=controls.cmap, overlay=True, query=query,
                                               unit=f"attention weight of {name}", scale=controls.colour_scale),
     }
