@@ -95,7 +95,7 @@ def try_family(name: str) -> dict:
         except Exception as error:
             methods[method] = f"crash: {type(error).__name__}: {error}"
     return {"name": name, "loads": True, "grid_hw": list(model.layout.grid_hw), "prefix": list(model.layout.prefix_names),
-            "methods": methods}
+            "stages": model.adapter.num_stages(model.module), "methods": methods}
 
 
 def table(results: dict) -> str:
@@ -103,7 +103,9 @@ def table(results: dict) -> str:
              "| --- | --- | --- | " + " | ".join("---" for _ in METHODS) + " |"]
     for family, result in results.items():
         if result["loads"]:
-            cells = ["yes, " + "×".join(map(str, result["grid_hw"])) + " grid"]
+            stages = result.get("stages", 1)
+            cells = ["yes, " + "×".join(map(str, result["grid_hw"])) + " grid"
+                     + (f" (stage 0 of {stages}; `#stage=K` the others)" if stages > 1 else "")]
             cells += ["✓" if result["methods"][m] == "map" else result["methods"][m] for m in METHODS]
         else:
             why = result.get("refusal") or f"**crash**: {result['crash']}"

@@ -726,8 +726,9 @@ def test_the_test_time_register_tab_shows_the_planted_spot_gone_in_chromium(tmp_
 @pytest.mark.timm
 def test_a_swin_in_the_page_its_stage_grids_a_clicked_patchs_windows_and_the_rollout_across_stages(tmp_path):
     """A random-weight Swin-T at 224 px: the first stage's 56 × 56 grid of 4 px patches, a clicked patch's row in each
-    block and head (its 7 × 7 window; the second block's is shifted by 3 patches), the rollout chained across the four
-    stages, and stage 2 (14 × 14 patches of 16 px) chosen from the model menu."""
+    block and head (patch (1, 1): its 7 × 7 window in the first block; in the second, shifted by 3 patches, its window
+    wraps round the image's corner and the mask keeps it to the 3 × 3 patches of its own region), the rollout chained
+    across the four stages, and stage 2 (14 × 14 patches of 16 px) chosen from the model menu."""
     pytest.importorskip("timm")
     from skimage import data as skimage_data
 
@@ -737,6 +738,7 @@ def test_a_swin_in_the_page_its_stage_grids_a_clicked_patchs_windows_and_the_rol
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with running_server(spec, tmp_path / "server.log") as (url, _), chromium_page(1280, 900) as (page, errors):
         open_and_upload(page, url, upload, timeout_ms=180_000)
+        page.wait_for_function("() => document.querySelector('#target input').value !== ''", timeout=120_000)  # evidence
         prediction = page.locator("#top5").inner_text()
         summary = page.locator("#summary").text_content()  # its details are folded
         assert "2 layers × 3 heads" in summary and "56×56 patches of 4×4 px" in summary
@@ -745,9 +747,9 @@ def test_a_swin_in_the_page_its_stage_grids_a_clicked_patchs_windows_and_the_rol
         open_tab(page, "Layers × heads")
         page.wait_for_selector("#grid img", timeout=60_000)
         query_before = image_bytes(page, "query-image")
-        click_natural(page, "query-image", 5.5 * 320 / 56, 5.5 * 320 / 56)  # patch (5, 5) of the 56 × 56 in the 320 px view
+        click_natural(page, "query-image", 1.5 * 320 / 56, 1.5 * 320 / 56)  # patch (1, 1) of the 56 × 56 in the 320 px view
         wait_for_change(page, "query-image", query_before)
-        page.locator("#query-caption >> text=patch at row 5, col 5").first.wait_for(timeout=60_000)
+        page.locator("#query-caption >> text=patch at row 1, col 1").first.wait_for(timeout=60_000)
         page.wait_for_timeout(1500)  # the grid follows the query
         page.screenshot(path=str(OUTPUT / "1280x900-swin-clicked-window.png"), full_page=True)
         open_tab(page, "Class maps")
