@@ -170,3 +170,22 @@ def test_every_tab_of_the_app_opens_on_cait_and_the_queries_and_keys_tab_says_wh
         else:
             views = opened(tab.title, session)  # a tab that fails raises here
             assert set(views) == set(tab.outputs), tab.title
+
+
+def test_attnlrp_conserves_the_logit_where_nothing_but_the_pixels_holds_relevance(cait):
+    """With every bias, the class token and the position embedding at zero, AttnLRP's rules leave a linear map from
+    pixels to logit (the talking heads mix maps the rules hold constant): the relevance sums to the logit."""
+    import copy
+
+    from vit_explorer.core.attnlrp import input_relevance
+
+    unbiased = copy.deepcopy(cait)
+    with torch.no_grad():
+        for name, parameter in unbiased.module.named_parameters():
+            if name.endswith("bias") or name in ("cls_token", "pos_embed"):
+                parameter.zero_()
+    pixels = images(1)
+    logits = unbiased.logits(pixels)[0]
+    for target in (0, 5):
+        relevance = input_relevance(unbiased, pixels, target)
+        assert float(relevance.sum()) == pytest.approx(float(logits[target]), rel=1e-4, abs=1e-5)

@@ -419,3 +419,33 @@ def test_a_stage_is_named_by_its_spec_and_the_cache_reads_it_from_the_loaded_mod
         load_model("builtin:shapes#stage=last")
     with pytest.raises(VitExplorerError, match="has one patch grid, not stages"):
         load_model("builtin:shapes#stage=1")
+
+
+@pytest.mark.slow
+def test_attnlrp_equals_lxt_on_the_same_hugging_face_swin(tmp_path):
+    """LXT's own LayerNorm, GELU and CP-LRP attention patches on Hugging Face's Swin, in a process of its own
+    (``lxt_swin_reference``), against ``stage_attnlrp`` on the same weights and input."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("lxt")
+    transformers = pytest.importorskip("transformers")
+    script = Path(__file__).with_name("lxt_swin_reference.py")
+    out = tmp_path / "reference.pt"
+    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True)
+    reference = torch.load(out)
+    sys.path.insert(0, str(script.parent))
+    try:
+        from lxt_swin_reference import CONFIG
+    finally:
+        sys.path.pop(0)
+    module = transformers.SwinForImageClassification(transformers.SwinConfig(**CONFIG)).eval()
+    module.load_state_dict(reference["state"])
+    with torch.no_grad():
+        assert float(module(pixel_values=reference["inputs"]).logits[0, reference["target"]]) == pytest.approx(
+            reference["logit"], abs=1e-5)
+    theirs = reference["relevance"][0].sum(dim=0).reshape(16, 4, 16, 4).sum(dim=(1, 3))
+    assert theirs.abs().max() > 1e-2 and (theirs < 0).any() and (theirs > 0).any()  # spread and signed
+    ours = stage_attnlrp(module, HFSwinAdapter(), reference["inputs"], reference["target"])
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
