@@ -764,6 +764,8 @@ def test_a_swin_in_the_page_its_stage_grids_a_clicked_patchs_windows_and_the_rol
         page.wait_for_function("() => document.querySelector('#summary').textContent.includes('stage 2 of stages 0…3')",
                                timeout=180_000)
         assert "14×14 patches of 16×16 px" in page.locator("#summary").text_content()
+        # the clicked patch stays on the image: patch (1, 1) of 4 px is in patch (0, 0) of 16 px
+        assert "Query: patch at row 0, col 0" in page.locator("#query-caption").inner_text()
         # the stage is a view of the model loaded, not another random draw: the same prediction
         assert page.locator("#top5").inner_text() == prediction, (tmp_path / "server.log").read_text()[-3000:]
         open_tab(page, "Layers × heads")

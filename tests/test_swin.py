@@ -449,3 +449,46 @@ def test_attnlrp_equals_lxt_on_the_same_hugging_face_swin(tmp_path):
     assert theirs.abs().max() > 1e-2 and (theirs < 0).any() and (theirs > 0).any()  # spread and signed
     ours = stage_attnlrp(module, HFSwinAdapter(), reference["inputs"], reference["target"])
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
+def test_switching_stage_keeps_the_clicked_patch_where_it_was_on_the_image(swin_model, tmp_path):
+    from app_support import CONTROLS, analysed
+
+    from vit_explorer.web.session import ModelCache
+    from vit_explorer.web.tabs.shared import FULL_OUTPUTS, on_model_change
+
+    models = ModelCache()
+    models.put("swin-test", swin_model)
+    upload = tmp_path / "upload.png"
+    from conftest import photo
+
+    photo((64, 64), seed=11).save(upload)
+    session, _ = analysed(models, str(upload), "swin-test")
+    session.query = session.analysis.layout.patch_token(5, 9)  # of the 16 × 16 grid
+    spec, _, *views = on_model_change(models, "swin-test#stage=1", "swin-test", str(upload), session, "Overview", *CONTROLS)
+    switched = views[FULL_OUTPUTS.index("state")]
+    assert spec == "swin-test#stage=1" and switched.analysis.grid == (8, 8)
+    assert switched.query == switched.analysis.layout.patch_token(2, 4)  # the 8 × 8 patch that covers it
+    session.query = None  # the default query stays the default
+    _, _, *views = on_model_change(models, "swin-test#stage=1", "swin-test", str(upload), session, "Overview", *CONTROLS)
+    assert views[FULL_OUTPUTS.index("state")].query is None
+
+
+def test_what_windows_rule_out_is_refused_with_the_reason(swin_model):
+    from conftest import photo
+
+    from vit_explorer.core.analysis import analyze, class_evidence, pixels_of
+    from vit_explorer.methods.patching import patch
+    from vit_explorer.models import stage_view
+
+    view = stage_view(swin_model, 1)
+    analysis = analyze(view, photo((64, 64), seed=12))
+    evidence = class_evidence(view, analysis, decompose=True)
+    assert evidence.decomposition is None and "not split over heads" in evidence.not_decomposable
+    pixels = pixels_of(view, analysis)
+    with pytest.raises(VitExplorerError, match="heads meet window by window"):
+        patch(view, pixels, pixels, target=0)
+    with pytest.raises(VitExplorerError, match="whose width only the last stage has: choose stage 1"):
+        from vit_explorer.core.legrad import legrad
+
+        legrad(stage_view(swin_model, 0), pixels, 0)

@@ -430,6 +430,15 @@ class StageAdapter(CaptureAdapter):
         with self.edited(module, {layer: partial(store, layer) for layer in range(self.map_shape(module)[0])}) as forward:
             yield forward
 
+    def attention_writes(self, module: nn.Module) -> list[nn.Module]:
+        raise VitExplorerError("a Swin block joins its windows' outputs and undoes the shift inside the block, so no module "
+                               "outputs what its attention adds to the stream, and its last stage's stream is not the "
+                               "earlier stages' (patch merging): its prediction is not split over heads")
+
+    def head_projections(self, module: nn.Module) -> list[nn.Module]:
+        raise VitExplorerError("a Swin block's heads meet window by window inside the block: one head's output cannot be "
+                               "patched from another image there")
+
     def readout_only(self, module: nn.Module, what: str) -> None:
         if not self.is_last_stage(module):
             raise VitExplorerError(f"{what} reads a block's stream through Swin's final norm and head, whose width only the "

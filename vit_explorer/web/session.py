@@ -214,6 +214,22 @@ class Session:
 SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "the query patch: its own output token"}
 
 
+def query_place(analysis: Analysis, query: int | None) -> tuple[float, float] | None:
+    """Where the query patch's centre is on the image, as fractions of its height and width; None for a prefix token or
+    the default query."""
+    patch = None if query is None else analysis.layout.token_patch(query)
+    if patch is None:
+        return None
+    rows, cols = analysis.grid
+    return (patch[0] + 0.5) / rows, (patch[1] + 0.5) / cols
+
+
+def query_at(analysis: Analysis, place: tuple[float, float]) -> int:
+    """The patch token of ``analysis`` that covers ``place`` (``query_place``): the same spot on another grid."""
+    rows, cols = analysis.grid
+    return analysis.layout.patch_token(min(int(place[0] * rows), rows - 1), min(int(place[1] * cols), cols - 1))
+
+
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None, models: ModelCache | None = None) -> Session:
     return Session(analysis=analysis, model_spec=model_spec, query=maps.default_query(analysis),
                    layer=analysis.map_shape[0] - 1, models=models, head=None, evidence=evidence)

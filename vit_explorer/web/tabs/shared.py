@@ -26,7 +26,16 @@ from vit_explorer.web.captions import (
     target_choices,
     top_predictions,
 )
-from vit_explorer.web.session import SIMILARITY_TARGETS, Controls, ModelCache, Session, model_choices, new_session
+from vit_explorer.web.session import (
+    SIMILARITY_TARGETS,
+    Controls,
+    ModelCache,
+    Session,
+    model_choices,
+    new_session,
+    query_at,
+    query_place,
+)
 from vit_explorer.web.tabs import TABS
 from vit_explorer.web.tabs.base import Tab, in_order, refresh, require, unchanged, user_errors
 
@@ -161,19 +170,21 @@ UNREADABLE = "This image could not be analysed"
 STAGED_FLOPS = 2e9
 
 
-def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values) -> tuple:
+def run_analysis(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values,
+                 place: tuple[float, float] | None = None) -> tuple:
     """Upload (or model change) → the views of its analysis (``FULL_OUTPUTS``): the last of ``analysis_answers``."""
-    *_, last = analysis_answers(models, upload, spec, visible, *control_values)
+    *_, last = analysis_answers(models, upload, spec, visible, *control_values, place=place)
     return last
 
 
 def analysis_answers(models: ModelCache, upload: str | None, spec: str, visible: str, *control_values,
-                    made: Session | None = None) -> Iterator[tuple]:
+                     made: Session | None = None, place: tuple[float, float] | None = None) -> Iterator[tuple]:
     """Upload → one forward pass, and one backward pass for the top class → the shared views and the ``visible``
     tab's; the other tabs are cleared, to be drawn when opened (``FULL_OUTPUTS``). A classifier dearer than
     ``STAGED_FLOPS`` answers twice: first the views of a forward pass without a graph, then, after one forward and
     backward pass for the top class's evidence and decomposition, every view again with them. ``made``: the upload's
     session made already (``upload_session``, by the page's quick answer, ``web.quick_answer``), shown as it is.
+    ``place``: where on the image the query patch was before (``session.query_place``), kept as the query.
 
     An image that cannot be analysed (not an image, too large, …) empties the views and says why, in the summary and in
     one notice: raising would also stamp a red "Error" on each of the event's outputs."""
@@ -181,7 +192,8 @@ def analysis_answers(models: ModelCache, upload: str | None, spec: str, visible:
         yield empty_outputs()
         return
     try:
-        yield from analysed_outputs(models, upload, spec, visible, upload_controls(Controls.from_values(control_values)), made)
+        yield from analysed_outputs(models, upload, spec, visible, upload_controls(Controls.from_values(control_values)), made,
+                                    place)
     except VitExplorerError as error:
         gr.Warning(str(error), title=UNREADABLE)
         yield empty_outputs(f"⚠️ **{UNREADABLE}:** {error}")
@@ -193,7 +205,7 @@ def upload_controls(controls: Controls) -> Controls:
 
 
 def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, controls: Controls,
-                     made: Session | None) -> Iterator[tuple]:
+                     made: Session | None, place: tuple[float, float] | None = None) -> Iterator[tuple]:
     """``analysis_answers`` of an upload, raising a ``VitExplorerError`` where it cannot be analysed."""
     if made is not None:
         yield analysed_views(made, controls, visible)
@@ -201,6 +213,8 @@ def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, c
     model = prompted(models.get(spec), controls.prompts)
     staged = answers_twice(model)
     session = first_session(models, model, upload, spec, controls, explain=not staged)
+    if place is not None:
+        session.query = query_at(session.analysis, place)
     if staged:
         yield analysed_views(session, controls, visible)
         session.screen = type(session.screen)()  # what was drawn without the evidence is drawn again
@@ -271,7 +285,9 @@ def on_model_change(models: ModelCache, spec: str, current: str, upload: str | N
     if progress is not None:
         progress((1, 2), desc="analysing the image", unit="step")
     choices = gr.update(choices=model_choices(spec, stage_specs(model)))  # a Swin's stages offered beside it
-    return (spec, choices, *run_analysis(models, upload, spec, visible, *control_values))
+    # a clicked patch stays where it was on the image: on another stage's grid, the patch that covers it
+    place = query_place(session.analysis, session.query) if session is not None else None
+    return (spec, choices, *run_analysis(models, upload, spec, visible, *control_values, place=place))
 
 
 @user_errors
