@@ -2,11 +2,10 @@
 
     python benchmarks/swin_stages.py [--pairs 5]
 
-In one process, alternately: the plain forward (timm's fused attention), and ``analyze`` of each stage (the stage's maps
-placed densely on its grid, with the top class's gradients, plus the pass that keeps every block's window maps for the
-class maps across stages), then the first screen (the overview: the rollout across stages and the last block's map).
-Reports medians, their ratios to the plain forward, and the bytes each ``Analysis`` holds (its maps, and the window maps
-of every block beside them). Writes benchmarks/swin_stages.json.
+In one process, alternately: the plain forward (timm's fused attention), and ``analyze`` of each stage (one pass that keeps
+every block's window maps with the top class's gradients, and the stage's token norms), then the first screen (the
+overview: the rollout across stages and the last block's map, placed on the stage's grid when drawn). Reports medians,
+their ratios to the plain forward, and the bytes each ``Analysis`` holds. Writes benchmarks/swin_stages.json.
 """
 
 from __future__ import annotations
@@ -36,11 +35,6 @@ def timed(function) -> float:
     return time.perf_counter() - started
 
 
-def window_bytes(analysis) -> int:
-    windows = analysis.stage_windows
-    return sum(maps.nbytes for maps in windows.maps) + sum(grad.nbytes for grad in windows.gradients or [])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=5)
@@ -64,7 +58,8 @@ def main() -> None:
                 maps.overview(analysis)
                 held[stage] = {"grid": list(view.layout.grid_hw), "layers x heads": list(view.map_shape),
                                "analysis MiB": round(analysis.nbytes / 2**20, 1),
-                               "window maps and gradients MiB": round(window_bytes(analysis) / 2**20, 1)}
+                               "of which every block's window maps and gradients MiB":
+                                   round(analysis.stage_windows.nbytes / 2**20, 1)}
             per_stage[stage].append(timed(upload))
     plain = statistics.median(forward)
     result = {"machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "model": SPEC, "pairs": arguments.pairs,

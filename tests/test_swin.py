@@ -492,3 +492,33 @@ def test_what_windows_rule_out_is_refused_with_the_reason(swin_model):
         from vit_explorer.core.legrad import legrad
 
         legrad(stage_view(swin_model, 0), pixels, 0)
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_an_analysis_of_a_stage_keeps_windows_and_reads_as_the_dense_maps_would(swin_model, stage):
+    """The analysis keeps every block's windows, never a grid's n × n; its store answers rows, blocks, statistics and
+    the attention received exactly as a store of the dense maps (captured through the stage's placement) does."""
+    from conftest import photo
+
+    from vit_explorer.core.analysis import analyze, pixels_of
+    from vit_explorer.core.capture import record_attention, record_attention_gradients
+    from vit_explorer.core.map_store import FullMaps
+    from vit_explorer.models import stage_view
+
+    view = stage_view(swin_model, stage)
+    analysis = analyze(view, photo((64, 64), seed=13))
+    assert "window maps" in analysis.storage and analysis.attentions is None
+    n = view.layout.num_tokens
+    assert analysis.store.nbytes < 2 * 2 * 4 * n * n  # less than two layers' dense maps would be
+    _, dense = record_attention(view, pixels_of(view, analysis))
+    full = FullMaps(view.layout, dense[0])
+    torch.testing.assert_close(analysis.store.full_maps(), dense[0])
+    for token in (0, 17, n - 1):
+        torch.testing.assert_close(analysis.store.token_rows(token), full.token_rows(token))
+    for name in ("entropy", "distance"):
+        torch.testing.assert_close(analysis.store.head_statistic(name), full.head_statistic(name), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(analysis.store.received_attention(), full.received_attention(), atol=1e-7, rtol=1e-5)
+    evidence = next(iter(analysis.evidence.values()))
+    assert evidence.weighted is None
+    _, maps, gradients = record_attention_gradients(view, pixels_of(view, analysis), torch.tensor([evidence.target]))
+    torch.testing.assert_close(evidence.importance, (gradients[0] * maps[0]).abs().sum(dim=(-2, -1)), atol=1e-9, rtol=1e-5)

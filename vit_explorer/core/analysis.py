@@ -116,7 +116,10 @@ class Analysis:
     map_shape: tuple[int, int] = field(init=False)  # (layers, heads)
 
     def __post_init__(self) -> None:
-        self.store = map_store(self.layout, self.attentions, self.compact, self.queries_keys)
+        # a stage of a windowed ViT keeps its windows only; an analysis given its maps otherwise (a dataset's) reads those
+        windows = (stage_maps.stage_form(self.stage_windows, self.layout.grid_hw) if self.stage_windows is not None
+                   and self.attentions is None and self.compact is None and self.queries_keys is None else None)
+        self.store = map_store(self.layout, self.attentions, self.compact, self.queries_keys, windows)
         self.map_shape = self.store.shape
 
     def __repr__(self) -> str:
@@ -180,7 +183,9 @@ class Analysis:
         """Bytes of arrays this analysis holds (image, maps, logits), derived caches excluded."""
         arrays = [self.image, self.logits] + [array for array in (self.token_norms, self.output_tokens, self.layer_tokens)
                                               if array is not None]
-        return sum(array.nbytes for array in arrays) + self.store.nbytes
+        # a stage of a windowed ViT: its store reads a part of every block's windows, which it holds
+        maps = self.store.nbytes if self.stage_windows is None else self.stage_windows.nbytes
+        return sum(array.nbytes for array in arrays) + maps
 
 
 def memo(analysis: Analysis, key: tuple, compute: Callable[[], T]) -> T:
@@ -235,7 +240,8 @@ class ClassEvidence:
     Attributes:
         target: the class index.
         weighted: Ē = mean over heads of (∇A ⊙ A)⁺ ``[layers, n, n]`` float32, shared by
-            gradient-weighted rollout and relevance (``relevance`` module).
+            gradient-weighted rollout and relevance (``relevance`` module); None for a stage of a windowed ViT, whose
+            chains read ``stage_windows``.
         importance: Σ |∇A ⊙ A| per head ``[layers, heads]``.
         method_maps: the ``MODEL_MAPS`` maps of the target ``[grid_h, grid_w]`` by method, each added when first asked
             for (``class_evidence``'s ``methods``): tensors, so that drawing them never runs the model.
@@ -246,7 +252,7 @@ class ClassEvidence:
     """
 
     target: int
-    weighted: torch.Tensor
+    weighted: torch.Tensor | None
     importance: torch.Tensor
     method_maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     variants: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -292,11 +298,11 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
 
     def compute() -> ClassEvidence:
         pixels = pixels_of(model, analysis)
+        if model.windowed:
+            return windowed_evidence(model, stage_maps.windows_of(model, pixels, index))
         captured = capture(model, pixels, target=index, reduce_gradients=relevance.layer_evidence,
                            graph_reader=decomposition.reading if decompose else None)
-        evidence = ClassEvidence.from_capture(captured, analysis.label)
-        windowed = model.windowed
-        return replace(evidence, stage_windows=stage_maps.windows_of(model, pixels, index)) if windowed else evidence
+        return ClassEvidence.from_capture(captured, analysis.label)
 
     kept = analysis.evidence.get(index)
     if decompose and kept is not None and not kept.decomposition_read:  # kept without it: the pass again, for it
@@ -309,6 +315,19 @@ def class_evidence(model: LoadedModel, analysis: Analysis, target: int | str | N
         evidence.variants.update({method: variant for method in missing
                                   if (variant := method_variant(model, method)) is not None})
     return evidence
+
+
+def windowed_evidence(model: LoadedModel, windows: WindowedAttention) -> ClassEvidence:
+    """The evidence of a stage of a windowed ViT from every block's windows and their gradients for ``windows.target``
+    (``stage_maps``); its decomposition is refused with the family's reason."""
+    try:
+        model.adapter.attention_writes(model.module)
+        refused = None
+    except VitExplorerError as error:
+        refused = str(error)
+    importance = stage_maps.head_importance(windows, model.layout.grid_hw)
+    return ClassEvidence(target=windows.target, weighted=None, importance=importance, stage_windows=windows,
+                         not_decomposable=refused)
 
 
 def check_model(model: LoadedModel, analysis: Analysis) -> None:
@@ -369,30 +388,41 @@ def analyze(model: LoadedModel, image: ImageSource, name: str | None = None, mem
     pixels = to_pixels(view, model.preprocess).to(model.device)
     # a backbone has no class to differentiate: no graph is built for it (one forward under inference mode)
     target = TOP if explain and model.num_classes else None
+    facts = {"image": view, "layout": model.layout, "labels": model.labels, "model_name": model.name,
+             "view_note": fit_note(decoded.size, model.preprocess.input_hw, fit), "model_notes": tuple(model.notes),
+             "prompt_notes": tuple(model.prompt_notes), "random_weights": model.random_weights,
+             "similarity": isinstance(model.adapter, SimilarityAdapter), "prompted": isinstance(model.adapter, PromptAdapter),
+             "reads_text": model.text is not None}
+    if model.windowed:
+        return windowed_analysis(model, pixels, target, facts)
     sink = map_sink(model, memory_budget, gradients=target is not None)
     separate = isinstance(sink, InputsSink)
     captured = capture(model, pixels, sink, target=None if separate else target, reduce_gradients=relevance.layer_evidence,
                        norms=True, graph_reader=decomposition.reading if decompose and not separate else None)
     kept = captured.kept
-    result = Analysis(image=view, attentions=kept[0].cpu() if isinstance(sink, StackingSink) else None,  # one transfer
+    result = Analysis(attentions=kept[0].cpu() if isinstance(sink, StackingSink) else None,  # one transfer
                       compact=kept if isinstance(sink, ReducingSink) else None, queries_keys=kept[0] if separate else None,
-                      logits=captured.logits[0].float().cpu(), layout=model.layout,
-                      labels=model.labels, model_name=model.name,
+                      logits=captured.logits[0].float().cpu(),
                       ood=model.ood.verdict(captured.logits[0]) if model.ood is not None else None,
-                      view_note=fit_note(decoded.size, model.preprocess.input_hw, fit), model_notes=tuple(model.notes),
-                      prompt_notes=tuple(model.prompt_notes), random_weights=model.random_weights,
                       token_norms=captured.token_norms[0], output_tokens=captured.output_tokens[0],
-                      layer_tokens=captured.layer_tokens[0],
-                      similarity=isinstance(model.adapter, SimilarityAdapter), prompted=isinstance(model.adapter, PromptAdapter),
-                      reads_text=model.text is not None)
-    if model.windowed:  # one more pass: every stage's window maps, with the top class's gradients
-        top = int(captured.logits[0].argmax()) if target is not None else None
-        result.stage_windows = stage_maps.windows_of(model, pixels, top)
+                      layer_tokens=captured.layer_tokens[0], **facts)
     if separate and target is not None:
         class_evidence(model, result, decompose=decompose)
     elif captured.targets is not None:
         evidence = ClassEvidence.from_capture(captured, result.label)
-        result.evidence[evidence.target] = replace(evidence, stage_windows=result.stage_windows)
+        result.evidence[evidence.target] = evidence
+    return result
+
+
+def windowed_analysis(model: LoadedModel, pixels: torch.Tensor, target: str | None, facts: dict) -> Analysis:
+    """A stage of a windowed ViT analysed from one pass that keeps every block's window maps (with ``target``, and the
+    top class's gradients) and the stage's token norms: no grid's n × n map is made (``stage_maps``)."""
+    windows, (token_norms, output_tokens, layer_tokens) = stage_maps.windows_and_norms(model, pixels, target)
+    result = Analysis(attentions=None, logits=windows.logits.cpu(), stage_windows=windows, token_norms=token_norms[0],
+                      output_tokens=output_tokens[0], layer_tokens=layer_tokens[0],
+                      ood=model.ood.verdict(windows.logits) if model.ood is not None else None, **facts)
+    if windows.target is not None:
+        result.evidence[windows.target] = windowed_evidence(model, windows)
     return result
 
 

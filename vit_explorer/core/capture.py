@@ -289,6 +289,16 @@ def recording_norms(module: nn.Module, adapter: CaptureAdapter, active: bool) ->
         yield norms
 
 
+def read_norms(recorded: dict, module: nn.Module, adapter: CaptureAdapter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What ``recording_norms`` recorded through one pass, as ``Captured`` holds it: the token norms ``[b, layers, n]``,
+    the output tokens ``[b, n, dim]`` (float32) and every layer's tokens ``[b, layers, n, dim]`` (float16), on the CPU."""
+    _, last = recorded.pop(LAST)
+    layer_tokens = recorded.pop(LAYER_TOKENS)
+    with torch.no_grad():
+        output_tokens = adapter.final_tokens(module, last).float().cpu()
+    return torch.stack([recorded[layer] for layer in range(len(recorded))], dim=1).cpu(), output_tokens, layer_tokens
+
+
 @dataclass
 class Captured:
     """What one ``capture`` call returns.
@@ -374,13 +384,7 @@ def capture(
                     gradients = [reduce_gradients(attention.detach(), gradient) for attention,
                                  gradient in zip(maps, layer_gradients, strict=True)]
             del maps, graph
-    output_tokens = token_norms = layer_tokens = None
-    if norms:
-        _, last = layer_norms.pop(LAST)
-        layer_tokens = layer_norms.pop(LAYER_TOKENS)
-        with torch.no_grad():
-            output_tokens = adapter.final_tokens(module, last).float().cpu()
-        token_norms = torch.stack([layer_norms[layer] for layer in range(len(layer_norms))], dim=1).cpu()
+    token_norms, output_tokens, layer_tokens = read_norms(layer_norms, module, adapter) if norms else (None, None, None)
     return Captured(logits=logits.detach(), kept=sink.result() if sink is not None else None, targets=targets,
                     gradients=gradients,
                     token_norms=token_norms, output_tokens=output_tokens, layer_tokens=layer_tokens, reading=reading)

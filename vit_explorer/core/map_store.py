@@ -1,4 +1,4 @@
-"""The captured maps of one image, kept one of three ways, behind one interface.
+"""The captured maps of one image, kept one of four ways, behind one interface.
 
 - ``DerivedMaps``: each layer's queries and keys ``[layers, heads, n, head_dim]`` and any additive term of its logits,
   recorded on the model's fused forward (``models.attention_inputs``). Every map is derived from them when asked, exactly,
@@ -6,6 +6,7 @@
   (the lesson of FlashAttention). What every family the tool loads keeps.
 - ``FullMaps``: every head's map ``[layers, heads, n, n]`` (float32, or float16 above the memory budget), for a family
   whose attention is not softmax(q·kᵀ + bias) of inputs it can record, and for maps made elsewhere (a dataset's batch).
+- ``WindowMaps``: a stage of a windowed ViT (a Swin), each layer's maps by window, placed on the grid when asked.
 - ``CompactMaps`` (such a family above twice the budget): per layer the head-mean matrix ``[layers, n, n]``, every head's
   rows of the prefix tokens and of the mean patch query (float16) and the head statistics, reduced by ``compact_layer`` as
   each layer arrived. It keeps no patch query's rows; those are recomputed with the model
@@ -31,6 +32,7 @@ from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.attention_inputs import AttentionInputs
 from vit_explorer.models.base import softmax_in_place
 from vit_explorer.models.layout import TokenLayout
+from vit_explorer.models.window_layout import WindowGeometry
 
 # the bytes of one block of derived rows ``[heads, rows, n]`` float32: small enough to stay in cache while a block's
 # statistics pass over it, large enough that a block's product q·Kᵀ is one efficient matrix product
@@ -281,6 +283,53 @@ class DerivedMaps(MapStore):
         return torch.stack([self.rows(layer, token, 1, self.widened_keys(layer))[:, 0] for layer in range(self.shape[0])])
 
 
+class WindowMaps(MapStore):
+    """A stage of a windowed ViT (a Swin): each layer's maps by window ``[heads, windows, area, area]``, placed on the
+    stage's grid when asked (a row holds its window's weights and zero elsewhere), so that the grid's n × n is never
+    held: memory linear in the tokens."""
+
+    def __init__(self, layout: TokenLayout, windows: list[torch.Tensor], geometries: list[WindowGeometry]) -> None:
+        super().__init__(layout, (len(windows), windows[0].shape[0]), geometries[0].grid_hw[0] * geometries[0].grid_hw[1])
+        self.windows = windows
+        self.placements = [window_placement(geometry) for geometry in geometries]
+        self.block_rows = max(1, BLOCK_BYTES // (self.shape[1] * layout.num_tokens * 4))
+
+    @property
+    def storage(self) -> str:
+        return "window maps, placed on the grid when asked (float32)"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(maps.nbytes for maps in self.windows)
+
+    def rows(self, layer: int, first: int, count: int) -> torch.Tensor:
+        """Every head's rows ``first … first + count - 1`` of ``layer`` on the grid ``[heads, count, n]`` float32."""
+        order, window, inside = self.placements[layer]
+        tokens = torch.arange(first, min(first + count, self.layout.num_tokens))
+        values = self.windows[layer][:, window[tokens], inside[tokens]]  # [heads, count, area]
+        columns = order[window[tokens]].expand(values.shape[0], -1, -1)  # the grid index of each of their keys
+        placed = values.new_zeros(values.shape[0], tokens.numel(), self.layout.num_tokens)
+        return placed.scatter_(2, columns, values)
+
+    def head_blocks(self, layer: int) -> Iterator[tuple[int, torch.Tensor]]:
+        for first in range(0, self.layout.num_tokens, self.block_rows):
+            yield first, self.rows(layer, first, self.block_rows)
+
+    def token_rows(self, token: int) -> torch.Tensor:
+        return torch.stack([self.rows(layer, token, 1)[:, 0] for layer in range(self.shape[0])])
+
+
+def window_placement(geometry: WindowGeometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where a block's windows sit on its grid: the grid index of each window position ``[windows, area]``, and each
+    token's window ``[n]`` and position in it ``[n]``."""
+    height, width = geometry.grid_hw
+    order = geometry.to_windows(torch.arange(height * width).reshape(height, width))
+    window, inside = torch.empty(height * width, dtype=torch.long), torch.empty(height * width, dtype=torch.long)
+    window[order.flatten()] = torch.arange(order.shape[0]).repeat_interleave(order.shape[1])
+    inside[order.flatten()] = torch.arange(order.shape[1]).repeat(order.shape[0])
+    return order, window, inside
+
+
 class CompactMaps(MapStore):
     """The compact form only (module doc): head means, prefix and mean-patch rows, statistics; a patch query's rows once
     the model recomputed them."""
@@ -333,11 +382,15 @@ class CompactMaps(MapStore):
 
 
 def map_store(layout: TokenLayout, full: torch.Tensor | None = None, compact: dict[str, Any] | None = None,
-              inputs: QueriesKeys | None = None) -> MapStore:
-    """The store of whichever one of the three forms is given."""
-    given = [form for form in (full, compact, inputs) if form is not None]
+              inputs: QueriesKeys | None = None,
+              windows: tuple[list[torch.Tensor], list[WindowGeometry]] | None = None) -> MapStore:
+    """The store of whichever one of the four forms is given (``windows``: a stage's window maps and geometry)."""
+    given = [form for form in (full, compact, inputs, windows) if form is not None]
     if len(given) != 1:
-        raise ValueError("a map store keeps exactly one of the full maps, the compact form or the queries and keys")
+        raise ValueError("a map store keeps exactly one of the full maps, the compact form, the queries and keys or the "
+                         "window maps")
     if inputs is not None:
         return DerivedMaps(layout, inputs)
+    if windows is not None:
+        return WindowMaps(layout, *windows)
     return FullMaps(layout, full) if full is not None else CompactMaps(layout, compact)

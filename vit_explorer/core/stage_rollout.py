@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vit_explorer.core.capture import TOP, capture_lock
 from vit_explorer.core.rollout import fused_rows
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.swin_adapter import WindowAdapter
@@ -51,22 +52,30 @@ class WindowedAttention:
     gradients: list[torch.Tensor] | None = None
     target: int | None = None
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the maps and gradients held."""
+        return sum(maps.nbytes for maps in self.maps) + sum(grad.nbytes for grad in self.gradients or [])
+
 
 def capture_windows(module: nn.Module, adapter: WindowAdapter, pixels: torch.Tensor,
-                    target: int | None = None) -> WindowedAttention:
-    """One forward pass of one image ``pixels`` ``[1, 3, H, W]`` with every block's window maps, and with ``target`` one
-    backward pass from that class's logit to them."""
+                    target: int | str | None = None) -> WindowedAttention:
+    """One forward pass of one image ``pixels`` ``[1, 3, H, W]`` with every block's window maps, and with ``target`` (a
+    class, or ``capture.TOP``: the top one) one backward pass from that class's logit to them."""
     if pixels.ndim != 4 or pixels.shape[0] != 1:
         raise VitExplorerError(f"expected one image, pixels [1, 3, H, W], not {list(pixels.shape)}")
     adapter.check_input_hw(module, tuple(pixels.shape[-2:]))
     captured: dict[int, torch.Tensor] = {}
-    with torch.set_grad_enabled(target is not None), adapter.attached(module, captured) as forward:
-        logits = forward(pixels)
+    with (capture_lock(module), torch.set_grad_enabled(target is not None),
+          adapter.attached(module, captured) as forward):
+        logits = forward(pixels.detach().requires_grad_(target is not None))
     blocks = adapter.blocks(module)
     if sorted(captured) != list(range(len(blocks))):
         raise RuntimeError(f"captured {len(captured)} of {len(blocks)} Swin blocks' maps")
     raw = [captured[block] for block in range(len(blocks))]
     gradients = None
+    if target == TOP:
+        target = int(logits[0].argmax()) if logits.shape[-1] else None
     if target is not None:
         if not 0 <= target < logits.shape[-1]:
             raise VitExplorerError(f"class {target} is outside this model's {logits.shape[-1]} classes")
