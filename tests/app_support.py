@@ -83,3 +83,32 @@ def tile_colour(picture: np.ndarray, geometry, layer: int, head: int) -> np.ndar
     """The colour near a heat-map tile's corner, clear of its centred value and of an outline."""
     y, x = geometry.tile_origin(layer, head)
     return picture[y + 4, x + 4].astype(int)
+
+
+def analysed_model(model, name: str, upload: Path):
+    """The session and outputs of ``upload`` analysed in the app with ``model`` (built in the test), cached as ``name``."""
+    from vit_explorer.web.session import ModelCache
+
+    models = ModelCache()
+    models.put(name, model)
+    return (models, *analysed(models, str(upload), name))
+
+
+def open_every_tab(session, refused: dict[str, str]) -> None:
+    """Open every tab on ``session``: each sends all its outputs, except the tabs in ``refused``, which say why they
+    cannot (a ``gr.Error`` whose message matches the pattern given)."""
+    import re
+
+    from vit_explorer.web.tabs import TABS
+
+    for tab in TABS:
+        if tab.title in refused:
+            try:
+                opened(tab.title, session)
+            except gr.Error as error:
+                assert re.search(refused[tab.title], str(error)), (tab.title, str(error))
+            else:
+                raise AssertionError(f"{tab.title} opened instead of saying why it cannot")
+        else:
+            views = opened(tab.title, session)  # a tab that fails raises here
+            assert set(views) == set(tab.outputs), tab.title

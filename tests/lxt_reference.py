@@ -18,13 +18,18 @@ import torch
 CONFIG = {"image_size": 32, "patch_size": 8, "num_layers": 2, "num_heads": 2, "hidden_dim": 32, "mlp_dim": 64, "num_classes": 5}
 
 
-def lxt_vit_rules() -> dict:
-    """lxt's ``cp_LRP`` patch map for torchvision's ViT (``lxt/efficient/models/vit_torch.py``)."""
+def bare_lxt_packages() -> None:
+    """``lxt.efficient`` and ``lxt.efficient.models`` as bare packages, so that their files import past the ``__init__``s."""
     root = Path(importlib.util.find_spec("lxt").origin).parent
     for package in ("lxt.efficient", "lxt.efficient.models"):
         bare = types.ModuleType(package)
         bare.__path__ = [str(root / package.split(".", 1)[1].replace(".", "/"))]
         sys.modules[package] = bare
+
+
+def lxt_vit_rules() -> dict:
+    """lxt's ``cp_LRP`` patch map for torchvision's ViT (``lxt/efficient/models/vit_torch.py``)."""
+    bare_lxt_packages()
     from lxt.efficient.models.vit_torch import cp_LRP
 
     return cp_LRP

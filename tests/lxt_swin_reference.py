@@ -5,30 +5,25 @@ LXT ships no Swin rules, so the patch map is assembled from its own pieces as it
 and ``patch_cp_attention`` on ``modeling_swin``, which stops the gradient at the queries and keys of every attention
 function it calls (CP-LRP). LXT patches classes for every model in the process, so it must never run inside the test
 session; the package ``__init__``s, which import its BERT patches (transformers < 5), are passed by
-(``lxt_reference.lxt_vit_rules``'s way).
+(``lxt_reference.bare_lxt_packages``).
 
 usage: python lxt_swin_reference.py OUT.pt — writes the config, the state dict, the input, the target and LXT's relevance
 at every input value ``[1, 3, H, W]``.
 """
 
-import importlib.util
 import sys
-import types
 from functools import partial
 from pathlib import Path
 
 import torch
+from lxt_reference import bare_lxt_packages
 
 CONFIG = {"image_size": 64, "patch_size": 4, "embed_dim": 24, "depths": [2, 2], "num_heads": [2, 4], "window_size": 4,
           "num_labels": 10}
 
 
 def lxt_swin_rules() -> dict:
-    root = Path(importlib.util.find_spec("lxt").origin).parent
-    for package in ("lxt.efficient",):
-        bare = types.ModuleType(package)
-        bare.__path__ = [str(root / package.split(".", 1)[1].replace(".", "/"))]
-        sys.modules[package] = bare
+    bare_lxt_packages()
     from lxt.efficient.patches import layer_norm_forward, non_linear_forward, patch_cp_attention, patch_method
     from transformers.activations import GELUActivation
     from transformers.models.swin import modeling_swin

@@ -151,25 +151,12 @@ def test_what_talking_heads_rule_out_is_refused_by_name(cait):
 
 
 def test_every_tab_of_the_app_opens_on_cait_and_the_queries_and_keys_tab_says_why_it_cannot(cait, tmp_path):
-    import gradio as gr
-    from app_support import analysed, opened
+    from app_support import analysed_model, open_every_tab
 
-    from vit_explorer.web.session import ModelCache
-    from vit_explorer.web.tabs import TABS
-
-    models = ModelCache()
-    models.put("cait", cait)
-    upload = tmp_path / "upload.png"
-    photo((64, 64), seed=4).save(upload)
-    session, outputs = analysed(models, str(upload), "cait")
+    photo((64, 64), seed=4).save(tmp_path / "upload.png")
+    _, session, outputs = analysed_model(cait, "cait", tmp_path / "upload.png")
     assert "5 layers × 4 heads" in outputs["summary"] and "class token exists only in the last 2 layers" in outputs["summary"]
-    for tab in TABS:
-        if tab.title == "Queries and keys":
-            with pytest.raises(gr.Error, match="CaiT mixes its heads' logits before the softmax"):
-                opened(tab.title, session)
-        else:
-            views = opened(tab.title, session)  # a tab that fails raises here
-            assert set(views) == set(tab.outputs), tab.title
+    open_every_tab(session, {"Queries and keys": "CaiT mixes its heads' logits before the softmax"})
 
 
 def test_attnlrp_conserves_the_logit_where_nothing_but_the_pixels_holds_relevance(cait):

@@ -380,26 +380,13 @@ def test_hugging_face_swin_loads_as_stages_and_explains_across_them(tmp_path):
 
 
 def test_every_tab_of_the_app_opens_on_a_swin_stage(swin_model, tmp_path):
-    import gradio as gr
-    from app_support import analysed, opened
+    from app_support import analysed_model, open_every_tab
     from conftest import photo
 
-    from vit_explorer.web.session import ModelCache
-    from vit_explorer.web.tabs import TABS
-
-    models = ModelCache()
-    models.put("swin", swin_model)
-    upload = tmp_path / "upload.png"
-    photo((64, 64), seed=10).save(upload)
-    session, outputs = analysed(models, str(upload), "swin")
+    photo((64, 64), seed=10).save(tmp_path / "upload.png")
+    _, session, outputs = analysed_model(swin_model, "swin", tmp_path / "upload.png")
     assert "2 layers × 2 heads" in outputs["summary"] and "stage 0 of stages 0…1" in outputs["summary"]
-    for tab in TABS:
-        if tab.title == "Queries and keys":
-            with pytest.raises(gr.Error, match="attends within windows"):
-                opened(tab.title, session)
-        else:
-            views = opened(tab.title, session)  # a tab that fails raises here
-            assert set(views) == set(tab.outputs), tab.title
+    open_every_tab(session, {"Queries and keys": "attends within windows"})
 
 
 def test_a_stage_is_named_by_its_spec_and_the_cache_reads_it_from_the_loaded_model(swin_model):
@@ -452,18 +439,14 @@ def test_attnlrp_equals_lxt_on_the_same_hugging_face_swin(tmp_path):
 
 
 def test_switching_stage_keeps_the_clicked_patch_where_it_was_on_the_image(swin_model, tmp_path):
-    from app_support import CONTROLS, analysed
-
-    from vit_explorer.web.session import ModelCache
-    from vit_explorer.web.tabs.shared import FULL_OUTPUTS, on_model_change
-
-    models = ModelCache()
-    models.put("swin-test", swin_model)
-    upload = tmp_path / "upload.png"
+    from app_support import CONTROLS, analysed_model
     from conftest import photo
 
+    from vit_explorer.web.tabs.shared import FULL_OUTPUTS, on_model_change
+
+    upload = tmp_path / "upload.png"
     photo((64, 64), seed=11).save(upload)
-    session, _ = analysed(models, str(upload), "swin-test")
+    models, session, _ = analysed_model(swin_model, "swin-test", upload)
     session.query = session.analysis.layout.patch_token(5, 9)  # of the 16 × 16 grid
     spec, _, *views = on_model_change(models, "swin-test#stage=1", "swin-test", str(upload), session, "Overview", *CONTROLS)
     switched = views[FULL_OUTPUTS.index("state")]

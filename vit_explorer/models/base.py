@@ -274,6 +274,16 @@ class CaptureAdapter(ABC):
             handle.remove()
 
 
+def keeping(sink: MutableMapping[int, torch.Tensor], layers: int) -> dict[int, Callable[[torch.Tensor], torch.Tensor]]:
+    """The edits of ``layers`` layers that put each map in ``sink`` and change nothing: a capture, as an edit."""
+    return {layer: partial(kept, sink, layer) for layer in range(layers)}
+
+
+def kept(sink: MutableMapping[int, torch.Tensor], layer: int, attention: torch.Tensor) -> torch.Tensor:
+    sink[layer] = attention
+    return attention
+
+
 def map_place(slot: Callable[..., torch.Tensor | None] | None, shape: tuple[int, ...], dtype: torch.dtype,
               device: torch.device, plain: bool = True) -> torch.Tensor | None:
     """Where an attention map ``[b, heads, n, n]`` can be computed in place: the sink's place for it (``slot(shape, dtype,
@@ -306,12 +316,7 @@ class HookAdapter(CaptureAdapter):
     @contextmanager
     def attached(self, module: nn.Module,
                  sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-        def store(layer: int, attention: torch.Tensor) -> torch.Tensor:
-            sink[layer] = attention
-            return attention
-
-        # capture is the edit that keeps each map and changes nothing
-        with self.edited(module, {layer: partial(store, layer) for layer in range(len(self.softmax_modules(module)))}) as forward:
+        with self.edited(module, keeping(sink, len(self.softmax_modules(module)))) as forward:
             yield forward
 
     @contextmanager

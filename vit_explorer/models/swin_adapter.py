@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit_explorer.errors import VitExplorerError
-from vit_explorer.models.base import CaptureAdapter, layer_norms_of
+from vit_explorer.models.base import CaptureAdapter, keeping, layer_norms_of
 from vit_explorer.models.hf_adapter import (
     EDITED,
     _edits,
@@ -423,11 +423,7 @@ class StageAdapter(CaptureAdapter):
     @contextmanager
     def attached(self, module: nn.Module,
                  sink: MutableMapping[int, torch.Tensor]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-        def store(layer: int, attention: torch.Tensor) -> torch.Tensor:
-            sink[layer] = attention
-            return attention
-
-        with self.edited(module, {layer: partial(store, layer) for layer in range(self.map_shape(module)[0])}) as forward:
+        with self.edited(module, keeping(sink, self.map_shape(module)[0])) as forward:
             yield forward
 
     def attention_writes(self, module: nn.Module) -> list[nn.Module]:
