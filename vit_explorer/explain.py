@@ -90,6 +90,9 @@ def explain(image: ImageSource | np.ndarray, model: str | LoadedModel | None = N
     A CLIP or SigLIP model explains a text: ``target="a photo of a dog"``, or several prompts, ``target=["a dog", "a
     cat"]`` (the best match explained; ``analysis.top_k()`` is the zero-shot prediction over them); the score is the model's
     own image–text logit.
+
+    A Swin is read one stage at a time (``"timm:swin_tiny_patch4_window7_224#stage=2"``; stage 0 without the mark): the
+    map is on that stage's grid, and every method chains all of its stages (``core.stage_maps``).
     """
     loaded, image = loaded_inputs(image, model)
     if registers is not None:
