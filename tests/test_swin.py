@@ -7,10 +7,12 @@ import pytest
 import torch
 from swin_reference import hf_block_attention, timm_block_attention
 
+from vit_explorer.core.map_store import WindowMaps
 from vit_explorer.core.stage_attribution import stage_attnlrp, stage_legrad
-from vit_explorer.core.stage_rollout import capture_windows, stage_map, window_row
+from vit_explorer.core.stage_rollout import capture_windows, stage_map
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models import load_model
+from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.swin_adapter import HFSwinAdapter, TimmSwinAdapter
 from vit_explorer.models.window_layout import WindowGeometry
 
@@ -43,13 +45,22 @@ def block_inputs(module, pixels: torch.Tensor) -> list[torch.Tensor]:
     return inputs
 
 
+def placed(maps: torch.Tensor, geometry: WindowGeometry) -> torch.Tensor:
+    """One block's window maps ``[heads, windows, area, area]`` on its grid ``[heads, n, n]``, as an analysis of its stage
+    places them (``map_store.WindowMaps``)."""
+    layout = TokenLayout(prefix_names=(), grid_hw=geometry.grid_hw, patch_hw=geometry.patch_hw)
+    return WindowMaps(layout, [maps], [geometry]).full_maps()[0]
+
+
 def test_the_windows_round_trip_through_the_grid_and_a_patch_lands_in_its_shifted_window():
     geometry = WindowGeometry(grid_hw=(8, 12), window_hw=(4, 4), shift_hw=(2, 2), patch_hw=(4, 4))
     values = torch.arange(96.0).reshape(8, 12)
     assert torch.equal(geometry.from_windows(geometry.to_windows(values)), values)
     # after the roll by −2, patch (0, 0) sits at (6, 10): window row 1, column 2, inside position (2, 2)
-    assert geometry.window_of(0, 0) == (1 * 3 + 2, 2 * 4 + 2)
+    order, window, inside = geometry.placement()
+    assert (window[0], inside[0]) == (1 * 3 + 2, 2 * 4 + 2) and order[5, 10] == 0
     assert geometry.to_windows(values)[5, 10] == values[0, 0]
+    assert torch.equal(order[window, inside], torch.arange(96))  # every token placed once
     with pytest.raises(VitExplorerError, match="not cut into whole"):
         WindowGeometry(grid_hw=(10, 12), window_hw=(4, 4), shift_hw=(0, 0), patch_hw=(4, 4))
 
@@ -67,19 +78,13 @@ def test_capture_placed_on_the_grid_equals_the_dense_attention_and_leaves_the_lo
     for block, (module_block, x) in enumerate(zip(adapter.blocks(swin), block_inputs(swin, pixels), strict=True)):
         with torch.no_grad():
             dense = timm_block_attention(module_block, x)[0]  # [heads, n, n]
-        geometry, maps = windowed.geometries[block], windowed.maps[block]
-        height, width = geometry.grid_hw
-        for token in range(height * width):
-            row, col = divmod(token, width)
-            placed = window_row(maps, geometry, row, col)  # [heads, H, W]
-            torch.testing.assert_close(placed.flatten(1), dense[:, token], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(placed(windowed.maps[block], windowed.geometries[block]), dense, atol=1e-6, rtol=1e-5)
 
 
 def dense_factor(maps: torch.Tensor, geometry: WindowGeometry, residual_weight: float = 0.5) -> torch.Tensor:
     """A block's rollout factor as an n × n matrix, from its rows placed on the grid (the test's own chain)."""
     height, width = geometry.grid_hw
-    mean = torch.stack([window_row(maps, geometry, *divmod(token, width)).mean(0).flatten()
-                        for token in range(height * width)]).double()
+    mean = placed(maps, geometry).mean(0).double()
     mixed = (1 - residual_weight) * mean + residual_weight * torch.eye(height * width, dtype=torch.float64)
     return mixed / mixed.sum(-1, keepdim=True)
 
@@ -177,10 +182,7 @@ def test_hugging_face_swin_capture_equals_the_dense_attention_and_leaves_the_log
         window, shift = geometry.window_hw[0], geometry.shift_hw[0]
         with torch.no_grad():
             dense = hf_block_attention(adapter.blocks(module)[block], inputs[block], geometry.grid_hw, window, shift)[0]
-        height, width = geometry.grid_hw
-        for token in range(height * width):
-            placed = window_row(windowed.maps[block], geometry, *divmod(token, width))
-            torch.testing.assert_close(placed.flatten(1), dense[:, token], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(placed(windowed.maps[block], geometry), dense, atol=1e-6, rtol=1e-5)
 
 
 def test_hugging_face_swin_v2_capture_is_its_own_attention_output_and_leaves_the_logits():
@@ -224,8 +226,7 @@ def test_legrad_reads_the_last_stages_blocks_through_the_head_as_the_dense_formu
         (gradient,) = torch.autograd.grad(score, softmaxes[block], retain_graph=True)
         windows = adapter.by_window(gradient, 1)[0]  # [heads, windows, area, area]
         height, width = geometries[block].grid_hw
-        dense = torch.stack([window_row(windows, geometries[block], *divmod(t, width)).flatten(1)
-                             for t in range(height * width)], dim=1)  # [heads, n, n]
+        dense = placed(windows, geometries[block])  # [heads, n, n]
         per_block.append(dense.clamp_min(0).mean(dim=(0, 1)).reshape(height, width))
     expected = torch.stack(per_block).mean(0).repeat_interleave(2, 0).repeat_interleave(2, 1)
     torch.testing.assert_close(stage_legrad(swin, adapter, pixels, 7), expected, atol=1e-9, rtol=1e-5)
@@ -294,16 +295,11 @@ def test_a_stages_maps_and_gradients_are_its_windows_placed_on_its_grid(swin_mod
     windowed = capture_windows(swin_model.module, TimmSwinAdapter(), pixels, target=3)
     torch.testing.assert_close(logits[0], windowed.logits, atol=1e-5, rtol=1e-5)
     first = 2 * stage
-    height, width = view.layout.grid_hw
     for layer in range(2):
         geometry = windowed.geometries[first + layer]
-        for token in range(0, height * width, 7):
-            row, col = divmod(token, width)
-            torch.testing.assert_close(maps[0, layer, :, token],
-                                       window_row(windowed.maps[first + layer], geometry, row, col).flatten(1))
-            torch.testing.assert_close(gradients[0, layer, :, token],
-                                       window_row(windowed.gradients[first + layer], geometry, row, col).flatten(1),
-                                       atol=1e-9, rtol=1e-5)
+        torch.testing.assert_close(maps[0, layer], placed(windowed.maps[first + layer], geometry))
+        torch.testing.assert_close(gradients[0, layer], placed(windowed.gradients[first + layer], geometry),
+                                   atol=1e-9, rtol=1e-5)
 
 
 def test_removing_a_stage_head_equals_zeroing_its_windows(swin_model):

@@ -291,7 +291,7 @@ class WindowMaps(MapStore):
     def __init__(self, layout: TokenLayout, windows: list[torch.Tensor], geometries: list[WindowGeometry]) -> None:
         super().__init__(layout, (len(windows), windows[0].shape[0]), geometries[0].grid_hw[0] * geometries[0].grid_hw[1])
         self.windows = windows
-        self.placements = [window_placement(geometry) for geometry in geometries]
+        self.placements = [geometry.placement() for geometry in geometries]
         self.block_rows = max(1, BLOCK_BYTES // (self.shape[1] * layout.num_tokens * 4))
 
     @property
@@ -317,17 +317,6 @@ class WindowMaps(MapStore):
 
     def token_rows(self, token: int) -> torch.Tensor:
         return torch.stack([self.rows(layer, token, 1)[:, 0] for layer in range(self.shape[0])])
-
-
-def window_placement(geometry: WindowGeometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where a block's windows sit on its grid: the grid index of each window position ``[windows, area]``, and each
-    token's window ``[n]`` and position in it ``[n]``."""
-    height, width = geometry.grid_hw
-    order = geometry.to_windows(torch.arange(height * width).reshape(height, width))
-    window, inside = torch.empty(height * width, dtype=torch.long), torch.empty(height * width, dtype=torch.long)
-    window[order.flatten()] = torch.arange(order.shape[0]).repeat_interleave(order.shape[1])
-    inside[order.flatten()] = torch.arange(order.shape[1]).repeat(order.shape[0])
-    return order, window, inside
 
 
 class CompactMaps(MapStore):

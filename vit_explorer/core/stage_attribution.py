@@ -22,13 +22,8 @@ from torch import nn
 from vit_explorer.core.attnlrp import lrp_rules
 from vit_explorer.core.capture import capture_lock
 from vit_explorer.core.legrad import LAST_LAYERS
-from vit_explorer.errors import VitExplorerError
+from vit_explorer.core.stage_rollout import check_one_image
 from vit_explorer.models.swin_adapter import WindowAdapter
-
-
-def check_one_image(pixels: torch.Tensor) -> None:
-    if pixels.ndim != 4 or pixels.shape[0] != 1:
-        raise VitExplorerError(f"expected one image, pixels [1, 3, H, W], not {list(pixels.shape)}")
 
 
 def legrad_blocks(adapter: WindowAdapter, module: nn.Module) -> list[int]:

@@ -1,11 +1,12 @@
-"""Rollout, gradient-weighted rollout and relevance across the stages of a windowed ViT (Swin), and a clicked patch's row.
+"""Rollout, gradient-weighted rollout and relevance across the stages of a windowed ViT (Swin).
 
 Each block's attention is a block-diagonal matrix over its stage's tokens: one ``[area, area]`` block per window
 (``models.window_layout``), so that its factor is applied to a row of weights window by window, never as an n × n
 matrix. The chain runs from what the model reads out down to the first stage's grid:
 
 - the read-out is Swin's average pool: every token of the last stage weighs 1 / n;
-- a block's factor is rollout's rownorm((1 − w)·Ā + w·I), with Ā the mean of its heads' maps (Abnar & Zuidema), or
+- a block's factor is rollout's rownorm((1 − w)·Ā + w·I) (``rollout.mixed_rows``, window by window), with Ā the mean
+  of its heads' maps (Abnar & Zuidema), or
   for the class-specific maps the same of Ē = mean over heads of (∇A ⊙ A)⁺ (gradient-weighted rollout), or
   I + Ē (Chefer et al.'s relevance, unnormalised), as ``core.relevance`` chains a plain ViT's layers;
 - a patch merging makes each token of the next stage from a 2 × 2 block of this stage's tokens by one linear map of
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from vit_explorer.core.capture import TOP, capture_lock
-from vit_explorer.core.rollout import fused_rows
+from vit_explorer.core.rollout import fused_rows, mixed_rows
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.swin_adapter import WindowAdapter
 from vit_explorer.models.window_layout import WindowGeometry
@@ -58,12 +59,16 @@ class WindowedAttention:
         return sum(maps.nbytes for maps in self.maps) + sum(grad.nbytes for grad in self.gradients or [])
 
 
+def check_one_image(pixels: torch.Tensor) -> None:
+    if pixels.ndim != 4 or pixels.shape[0] != 1:
+        raise VitExplorerError(f"expected one image, pixels [1, 3, H, W], not {list(pixels.shape)}")
+
+
 def capture_windows(module: nn.Module, adapter: WindowAdapter, pixels: torch.Tensor,
                     target: int | str | None = None) -> WindowedAttention:
     """One forward pass of one image ``pixels`` ``[1, 3, H, W]`` with every block's window maps, and with ``target`` (a
     class, or ``capture.TOP``: the top one) one backward pass from that class's logit to them."""
-    if pixels.ndim != 4 or pixels.shape[0] != 1:
-        raise VitExplorerError(f"expected one image, pixels [1, 3, H, W], not {list(pixels.shape)}")
+    check_one_image(pixels)
     adapter.check_input_hw(module, tuple(pixels.shape[-2:]))
     captured: dict[int, torch.Tensor] = {}
     with (capture_lock(module), torch.set_grad_enabled(target is not None),
@@ -84,23 +89,6 @@ def capture_windows(module: nn.Module, adapter: WindowAdapter, pixels: torch.Ten
     return WindowedAttention(maps=[adapter.by_window(maps.detach(), 1)[0].float() for maps in raw],
                              geometries=adapter.geometries(module), stages=adapter.stage_of_blocks(module),
                              logits=logits[0].detach().float(), gradients=gradients, target=target)
-
-
-def window_row(maps: torch.Tensor, geometry: WindowGeometry, row: int, col: int) -> torch.Tensor:
-    """Where the patch at (row, col) of the stage's grid looks in one block, every head ``[heads, H, W]``: its row of its
-    window's map on the grid, zero outside the window."""
-    window, inside = geometry.window_of(row, col)
-    placed = maps.new_zeros(maps.shape[0], geometry.num_windows, geometry.window_area)
-    placed[:, window] = maps[:, window, inside]
-    return geometry.from_windows(placed)
-
-
-def rollout_factor(fused: torch.Tensor, residual_weight: float = 0.5) -> torch.Tensor:
-    """rownorm((1 − w)·fused + w·I) of a block's head-fused maps by window ``[windows, area, area]``."""
-    if not 0.0 <= residual_weight <= 1.0:
-        raise VitExplorerError(f"residual_weight must be in [0, 1], got {residual_weight}")
-    mixed = (1.0 - residual_weight) * fused + residual_weight * torch.eye(fused.shape[-1], dtype=fused.dtype)
-    return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(mixed.dtype).tiny)
 
 
 def through_block(weights: torch.Tensor, factor: torch.Tensor, geometry: WindowGeometry) -> torch.Tensor:
@@ -126,12 +114,13 @@ def block_factors(windowed: WindowedAttention, method: str, residual_weight: flo
     if method not in STAGE_METHODS:
         raise VitExplorerError(f"unknown stage method {method!r}; use one of {', '.join(STAGE_METHODS)}")
     if method == "rollout":
-        return [rollout_factor(fused_rows(maps, head_fusion), residual_weight) for maps in windowed.maps]
+        return [mixed_rows(fused_rows(maps, head_fusion), residual_weight=residual_weight, num_protected=0)
+                for maps in windowed.maps]
     if windowed.gradients is None:
         raise VitExplorerError(f"{method} explains a class: capture the maps with a target")
     weighted = [(grad * maps).clamp_min(0.0).mean(dim=0) for maps, grad in zip(windowed.maps, windowed.gradients, strict=True)]
     if method == "grad-rollout":
-        return [rollout_factor(mean, residual_weight) for mean in weighted]
+        return [mixed_rows(mean, residual_weight=residual_weight, num_protected=0) for mean in weighted]
     return [mean + torch.eye(mean.shape[-1], dtype=mean.dtype) for mean in weighted]
 
 

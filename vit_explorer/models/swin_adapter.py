@@ -341,8 +341,9 @@ class StageAdapter(CaptureAdapter):
             raise VitExplorerError(f"stage {self.stage} is outside this Swin's stages 0…{stages[-1]}")
         return [block for block, stage in enumerate(stages) if stage == self.stage]
 
-    def geometry(self, module: nn.Module, layer: int = 0) -> WindowGeometry:
-        return self.window_adapter(module).geometries(module)[self.stage_blocks(module)[layer]]
+    def geometry(self, module: nn.Module) -> WindowGeometry:
+        """The stage's grid, as its first block cuts it (its blocks differ in their shift only)."""
+        return self.window_adapter(module).geometries(module)[self.stage_blocks(module)[0]]
 
     def num_stages(self, module: nn.Module) -> int:
         return self.window_adapter(module).stage_of_blocks(module)[-1] + 1
@@ -392,23 +393,21 @@ class StageAdapter(CaptureAdapter):
     def logits(self, module: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
         return self.window_adapter(module).logits(module, pixels)
 
-    def token_order(self, module: nn.Module, layer: int) -> torch.Tensor:
-        """The grid index of each window position of layer ``layer`` ``[windows, area]``."""
-        geometry = self.geometry(module, layer)
-        return geometry.to_windows(torch.arange(geometry.grid_hw[0] * geometry.grid_hw[1]).reshape(geometry.grid_hw))
-
     @contextmanager
     def edited(self, module: nn.Module,
                edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
         windows = self.window_adapter(module)
         layer_of = {block: layer for layer, block in enumerate(self.stage_blocks(module))}
-        n = self.geometry(module).grid_hw[0] * self.geometry(module).grid_hw[1]
+        geometries = windows.geometries(module)
+        orders = {layer: geometries[block].placement()[0] for block, layer in layer_of.items()}  # [windows, area] each
+        height, width = self.geometry(module).grid_hw
+        n = height * width
 
         def edit(block: int, maps: torch.Tensor) -> torch.Tensor | None:
             layer = layer_of.get(block)
             if layer not in edits:
                 return None
-            order = self.token_order(module, layer).to(maps.device)
+            order = orders[layer].to(maps.device)
             pairs = (order[:, :, None] * n + order[:, None, :]).flatten()  # [windows · area · area] in the dense map
             images = maps.shape[0] // order.shape[0]
             by_window = windows.by_window(maps, images)  # [b, heads, windows, area, area]

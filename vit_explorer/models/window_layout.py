@@ -65,11 +65,12 @@ class WindowGeometry:
         shifted = joined.reshape(*values.shape[:-2], *self.grid_hw)
         return torch.roll(shifted, shifts=self.shift_hw, dims=(-2, -1))
 
-    def window_of(self, row: int, col: int) -> tuple[int, int]:
-        """(window, position inside it) of the patch at (row, col) of the stage's grid."""
+    def placement(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where the windows sit on the grid: the grid index (row by row) of each window position ``[windows, area]``,
+        and each grid token's window ``[n]`` and position in it ``[n]``."""
         height, width = self.grid_hw
-        if not (0 <= row < height and 0 <= col < width):
-            raise VitExplorerError(f"patch at row {row}, col {col} is outside this stage's {height}×{width} grid")
-        shifted_row, shifted_col = (row - self.shift_hw[0]) % height, (col - self.shift_hw[1]) % width
-        window = (shifted_row // self.window_hw[0]) * self.windows_hw[1] + shifted_col // self.window_hw[1]
-        return window, (shifted_row % self.window_hw[0]) * self.window_hw[1] + shifted_col % self.window_hw[1]
+        order = self.to_windows(torch.arange(height * width).reshape(height, width))
+        window, inside = torch.empty(height * width, dtype=torch.long), torch.empty(height * width, dtype=torch.long)
+        window[order.flatten()] = torch.arange(order.shape[0]).repeat_interleave(order.shape[1])
+        inside[order.flatten()] = torch.arange(order.shape[1]).repeat(order.shape[0])
+        return order, window, inside
