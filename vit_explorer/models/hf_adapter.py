@@ -172,18 +172,24 @@ class HFAdapter(CaptureAdapter):
     @contextmanager
     def edited(self, module: nn.Module,
                edits: Mapping[int, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-        # the edits reach the attention function through a table by attention module: not every family passes its
-        # forward's keywords down to the attention function (SigLIP does not)
         attentions = self.attention_modules(module)
-        require_transformers().AttentionInterface.register(EDITED, edited_attention)
-        try:
-            for layer, edit in edits.items():
-                _edits[attentions[layer]] = edit
-            with self.implementation(module, EDITED):
-                yield partial(self.logits, module)
-        finally:
-            for attention in attentions:
-                _edits.pop(attention, None)
+        with editing_attention(module, {attentions[layer]: edit for layer, edit in edits.items()}):
+            yield partial(self.logits, module)
+
+
+@contextmanager
+def editing_attention(module: nn.Module, edits: Mapping[nn.Module, Callable[[torch.Tensor], torch.Tensor]]) -> Iterator[None]:
+    """While active, ``module`` computes attention with transformers' eager function (``edited_attention``), each
+    attention module in ``edits`` passing its map through its edit. The edits reach the attention function through a
+    table by attention module: not every family passes its forward's keywords down to it (SigLIP does not)."""
+    require_transformers().AttentionInterface.register(EDITED, edited_attention)
+    try:
+        _edits.update(edits)
+        with attention_implementation(module, EDITED):
+            yield
+    finally:
+        for attention in edits:
+            _edits.pop(attention, None)
 
 
 @contextmanager
@@ -199,8 +205,8 @@ def attention_implementation(module: nn.Module, name: str) -> Iterator[None]:
             module.set_attn_implementation(previous)
 
 
-EDITED = "vit_explorer_edited"  # the attention function ``HFAdapter.edited`` registers
-# the edit of each attention module while ``HFAdapter.edited`` is active (capture's lock keeps one pass per model)
+EDITED = "vit_explorer_edited"  # the attention function ``editing_attention`` registers
+# the edit of each attention module while ``editing_attention`` is active (capture's lock keeps one pass per model)
 _edits: weakref.WeakKeyDictionary[nn.Module, Callable[[torch.Tensor], torch.Tensor]] = weakref.WeakKeyDictionary()
 
 

@@ -28,14 +28,7 @@ from torch import nn
 
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.base import CaptureAdapter, keeping, layer_norms_of
-from vit_explorer.models.hf_adapter import (
-    EDITED,
-    _edits,
-    attention_implementation,
-    edited_attention,
-    require_transformers,
-    transformers_activations,
-)
+from vit_explorer.models.hf_adapter import editing_attention, transformers_activations
 from vit_explorer.models.layout import TokenLayout
 from vit_explorer.models.timm_adapter import timm_activations
 from vit_explorer.models.window_layout import WindowGeometry
@@ -257,11 +250,8 @@ class HFSwinAdapter(WindowAdapter):
                     lambda _module, _inputs, output, index=index: edit(index, output)).remove)
             return stack
         # Swin calls an attention function: transformers' eager one, with the edit of each attention module (``hf_adapter``)
-        require_transformers().AttentionInterface.register(EDITED, edited_attention)
-        for index, block in enumerate(self.blocks(module)):
-            _edits[block.attention] = partial(replaced, edit, index)
-            stack.callback(_edits.pop, block.attention, None)
-        stack.enter_context(attention_implementation(module, EDITED))
+        stack.enter_context(editing_attention(module, {block.attention: partial(replaced, edit, index)
+                                                       for index, block in enumerate(self.blocks(module))}))
         return stack
 
     def activations(self, module: nn.Module) -> list[nn.Module]:
