@@ -116,9 +116,8 @@ class Analysis:
     map_shape: tuple[int, int] = field(init=False)  # (layers, heads)
 
     def __post_init__(self) -> None:
-        # a stage of a windowed ViT keeps its windows only; an analysis given its maps otherwise (a dataset's) reads those
-        windows = (stage_maps.stage_form(self.stage_windows, self.layout.grid_hw) if self.stage_windows is not None
-                   and self.attentions is None and self.compact is None and self.queries_keys is None else None)
+        # a stage of a windowed ViT keeps its windows only: its store reads its own blocks' of them
+        windows = stage_maps.stage_form(self.stage_windows, self.layout.grid_hw) if self.stage_windows is not None else None
         self.store = map_store(self.layout, self.attentions, self.compact, self.queries_keys, windows)
         self.map_shape = self.store.shape
 

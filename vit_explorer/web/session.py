@@ -216,18 +216,12 @@ SIMILARITY_TARGETS = {"own": "similarity to its own embedding", "patch": "the qu
 
 def query_place(analysis: Analysis, query: int | None) -> tuple[float, float] | None:
     """Where the query patch's centre is on the image, as fractions of its height and width; None for a prefix token or
-    the default query."""
+    the default query. On another grid, ``pictures.token_at`` of it in a picture of 1 × 1 is the patch that covers it."""
     patch = None if query is None else analysis.layout.token_patch(query)
     if patch is None:
         return None
     rows, cols = analysis.grid
     return (patch[0] + 0.5) / rows, (patch[1] + 0.5) / cols
-
-
-def query_at(analysis: Analysis, place: tuple[float, float]) -> int:
-    """The patch token of ``analysis`` that covers ``place`` (``query_place``): the same spot on another grid."""
-    rows, cols = analysis.grid
-    return analysis.layout.patch_token(min(int(place[0] * rows), rows - 1), min(int(place[1] * cols), cols - 1))
 
 
 def new_session(analysis: Analysis, model_spec: str, evidence: ClassEvidence | None, models: ModelCache | None = None) -> Session:

@@ -33,7 +33,6 @@ from vit_explorer.web.session import (
     Session,
     model_choices,
     new_session,
-    query_at,
     query_place,
 )
 from vit_explorer.web.tabs import TABS
@@ -213,8 +212,8 @@ def analysed_outputs(models: ModelCache, upload: str, spec: str, visible: str, c
     model = prompted(models.get(spec), controls.prompts)
     staged = answers_twice(model)
     session = first_session(models, model, upload, spec, controls, explain=not staged)
-    if place is not None:
-        session.query = query_at(session.analysis, place)
+    if place is not None:  # the patch of this grid that covers it
+        session.query = pictures.token_at(session.analysis, place[1], place[0], (1, 1))
     if staged:
         yield analysed_views(session, controls, visible)
         session.screen = type(session.screen)()  # what was drawn without the evidence is drawn again
