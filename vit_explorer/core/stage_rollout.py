@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from vit_explorer.core.capture import TOP, capture_lock
+from vit_explorer.core.relevance import relevance_factors
 from vit_explorer.core.rollout import fused_rows, mixed_rows
 from vit_explorer.errors import VitExplorerError
 from vit_explorer.models.swin_adapter import WindowAdapter
@@ -121,7 +122,7 @@ def block_factors(windowed: WindowedAttention, method: str, residual_weight: flo
     weighted = [(grad * maps).clamp_min(0.0).mean(dim=0) for maps, grad in zip(windowed.maps, windowed.gradients, strict=True)]
     if method == "grad-rollout":
         return [mixed_rows(mean, residual_weight=residual_weight, num_protected=0) for mean in weighted]
-    return [mean + torch.eye(mean.shape[-1], dtype=mean.dtype) for mean in weighted]
+    return [relevance_factors(mean) for mean in weighted]
 
 
 def stage_map(windowed: WindowedAttention, method: str = "rollout", residual_weight: float = 0.5,
