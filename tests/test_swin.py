@@ -81,11 +81,19 @@ def test_capture_placed_on_the_grid_equals_the_dense_attention_and_leaves_the_lo
         torch.testing.assert_close(placed(windowed.maps[block], windowed.geometries[block]), dense, atol=1e-6, rtol=1e-5)
 
 
-def dense_factor(maps: torch.Tensor, geometry: WindowGeometry, residual_weight: float = 0.5) -> torch.Tensor:
-    """A block's rollout factor as an n × n matrix, from its rows placed on the grid (the test's own chain)."""
-    height, width = geometry.grid_hw
-    mean = placed(maps, geometry).mean(0).double()
-    mixed = (1 - residual_weight) * mean + residual_weight * torch.eye(height * width, dtype=torch.float64)
+def dense_factor(windowed, block: int, method: str, residual_weight: float = 0.5) -> torch.Tensor:
+    """A block's factor for ``method`` as an n × n matrix, from its maps (and gradients) placed on the grid (the test's
+    own chain): rownorm((1 − w)·Ā + w·I) of the head mean, or of Ē = mean over heads of (∇A ⊙ A)⁺, or I + Ē."""
+    geometry = windowed.geometries[block]
+    maps = placed(windowed.maps[block], geometry).double()
+    n = maps.shape[-1]
+    if method == "rollout":
+        fused = maps.mean(0)
+    else:
+        fused = (placed(windowed.gradients[block], geometry).double() * maps).clamp_min(0).mean(0)
+        if method == "relevance":
+            return fused + torch.eye(n, dtype=torch.float64)
+    mixed = (1 - residual_weight) * fused + residual_weight * torch.eye(n, dtype=torch.float64)
     return mixed / mixed.sum(-1, keepdim=True)
 
 
@@ -101,20 +109,23 @@ def merge_matrix(coarse_hw: tuple[int, int]) -> torch.Tensor:
     return matrix
 
 
-def test_rollout_across_stages_equals_the_dense_product_read_by_the_average_pool(swin):
+@pytest.mark.parametrize("method", ["rollout", "grad-rollout", "relevance"])
+def test_each_chain_across_stages_equals_the_dense_product_read_by_the_average_pool(swin, method):
     torch.manual_seed(2)
-    windowed = capture_windows(swin, TimmSwinAdapter(), torch.randn(1, 3, 64, 64))
+    windowed = capture_windows(swin, TimmSwinAdapter(), torch.randn(1, 3, 64, 64), target=6)
     product = None
-    for maps, geometry in zip(windowed.maps, windowed.geometries, strict=True):
-        factor = dense_factor(maps, geometry)
+    for block, geometry in enumerate(windowed.geometries):
+        factor = dense_factor(windowed, block, method)
         if product is not None and product.shape[0] != factor.shape[0]:
             product = merge_matrix(geometry.grid_hw) @ product
         product = factor if product is None else factor @ product
     expected = product.mean(dim=0).reshape(16, 16)  # the average pool's row
-    rollout = stage_map(windowed, "rollout")
-    assert rollout.shape == (16, 16)
-    torch.testing.assert_close(rollout, expected, atol=1e-9, rtol=1e-7)
-    torch.testing.assert_close(rollout.sum(), torch.tensor(1.0, dtype=torch.float64))  # every row is a distribution
+    chained = stage_map(windowed, method)
+    assert chained.shape == (16, 16)
+    # ∇A ⊙ A is formed in float32 before the float64 chain; the test forms it in float64
+    torch.testing.assert_close(chained, expected, atol=1e-9, rtol=1e-7 if method == "rollout" else 1e-5)
+    if method != "relevance":  # every rollout row is a distribution; relevance is not normalised
+        torch.testing.assert_close(chained.sum(), torch.tensor(1.0, dtype=torch.float64))
 
 
 def test_the_class_specific_chains_take_the_gradients_of_the_class_logit(swin):
